@@ -1,0 +1,97 @@
+"""The `asyncgrpo` command. Each subcommand imports only what it needs: `asyncgrpo worker` and
+`asyncgrpo learner` never import the web stack or SQLAlchemy."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    help="Asynchronous GRPO + LoRA fine-tuning on cheap, elastic, preemptible GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
+admin_token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(admin_token_app, name="admin-token")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _settings():  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from server.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        _fail("; ".join(e["msg"] for e in exc.errors()))
+
+
+@app.command()
+def server(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    workers: int = typer.Option(1, help="Uvicorn worker processes (Postgres only)."),
+) -> None:
+    """Run the control plane (API, rollout proxy, dashboard). With no configuration it uses the
+    embedded default: ./asyncgrpo.db (SQLite), ./bucket, in-process jobs."""
+    import uvicorn
+
+    settings = _settings()
+    if settings.embedded and workers != 1:
+        _fail("the embedded SQLite mode runs one server process; use Postgres for --workers > 1")
+    if settings.embedded:
+        from server.app import create_app
+
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        return
+    uvicorn.run(
+        "server.main:app", host=host, port=port, workers=workers, log_level="info"
+    )
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
+    """Upgrade the schema (under an advisory lock on Postgres)."""
+    from server.db import make_engine
+    from server.migrate import upgrade
+
+    settings = _settings()
+    upgrade(make_engine(settings.database_url), revision)
+    typer.echo(f"database at {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. base.")) -> None:
+    """Downgrade the schema."""
+    from server.db import make_engine
+    from server.migrate import downgrade
+
+    settings = _settings()
+    downgrade(make_engine(settings.database_url), revision)
+    typer.echo(f"database at {revision}")
+
+
+@admin_token_app.command("create")
+def admin_token_create(name: str = typer.Option("cli", help="A label for the token.")) -> None:
+    """Create an admin token and print it once."""
+    from server.db import make_engine, make_sessionmaker, transaction
+    from server.migrate import upgrade
+    from server.tokens import service as tokens
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    if settings.embedded:
+        upgrade(engine)
+    with transaction(make_sessionmaker(engine)) as session:
+        minted = tokens.mint(session, "admin", name=name)
+    typer.echo(minted.plaintext)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""Local-folder object store (implementation in progress)."""

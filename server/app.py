@@ -1,0 +1,105 @@
+"""The control plane: REST API v1, the rollout proxy, signed blob URLs and the dashboard."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from server.config import Settings, get_settings
+from server.db import make_engine, make_sessionmaker, transaction
+from server.errors import install_error_handler
+from server.limits import BodySizeLimit
+from server.storage_factory import make_store
+
+log = logging.getLogger("asyncgrpo.server")
+
+
+def create_app(settings: Settings | None = None, *, migrate: bool | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    engine = make_engine(settings.database_url)
+    if migrate if migrate is not None else settings.embedded:
+        from server.migrate import upgrade
+
+        upgrade(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.print_admin_token:
+            bootstrap_admin_token(app)
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="asyncgrpo",
+        version="0.1.0",
+        description="Asynchronous GRPO + LoRA on elastic, preemptible GPUs.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.store = make_store(settings)
+    install_error_handler(app)
+    _install_validation_handler(app)
+    _include_routers(app)
+    app.add_middleware(
+        BodySizeLimit, max_bytes=settings.security.max_body_bytes, exempt_prefixes=("/blobs/",)
+    )
+    return app
+
+
+def _include_routers(app: FastAPI) -> None:
+    from server.adapters.router import router as adapters_router
+    from server.blobs.router import router as blobs_router
+    from server.health import router as health_router
+    from server.leases.router import router as leases_router
+    from server.learner.router import router as learner_router
+    from server.runs.router import router as runs_router
+    from server.tokens.router import router as tokens_router
+    from server.workers.router import router as workers_router
+
+    for router in (
+        health_router,
+        runs_router,
+        adapters_router,
+        tokens_router,
+        workers_router,
+        leases_router,
+        learner_router,
+        blobs_router,
+    ):
+        app.include_router(router)
+
+
+def _install_validation_handler(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {
+                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
+                "message": err.get("msg", ""),
+                "type": err.get("type", ""),
+            }
+            for err in exc.errors()
+        ]
+        return JSONResponse({"detail": "invalid request", "errors": errors}, status_code=422)
+
+
+def bootstrap_admin_token(app: FastAPI) -> None:
+    from server.tokens import service as tokens
+
+    with transaction(app.state.sessionmaker) as session:
+        if tokens.admin_token_count(session) > 0:
+            return
+        minted = tokens.mint(session, "admin", name="bootstrap")
+    print(
+        "\n  asyncgrpo: first start — admin token (shown once, keep it):\n"
+        f"    {minted.plaintext}\n",
+        flush=True,
+    )

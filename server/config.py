@@ -1,0 +1,115 @@
+"""Control-plane settings: one pydantic-settings root with nested groups (env prefix ASYNCGRPO_)."""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
+EMBEDDED_BUCKET_URL = "./bucket"
+
+
+class S3Settings(BaseModel):
+    """How to reach an S3-compatible bucket (AWS S3, MinIO, R2, Hugging Face buckets)."""
+
+    endpoint_url: str | None = Field(None, description="S3 endpoint; None means AWS.")
+    region: str = Field("us-east-1", description="Region used to sign requests.")
+    path_style: bool = Field(False, description="Path-style addressing (MinIO, moto).")
+    access_key_id: str | None = Field(None, description="Access key; None uses boto3's chain.")
+    secret_access_key: str | None = Field(None, description="Secret key; None uses boto3's chain.")
+
+
+class SecuritySettings(BaseModel):
+    """Secrets and request limits."""
+
+    secret_key: str | None = Field(
+        None,
+        description="HMAC key for signed blob URLs and session cookies. Required outside the "
+        "embedded mode; the embedded mode keeps a random one in ./asyncgrpo.secret.",
+    )
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, description="Largest JSON or form body the API accepts (413 above)."
+    )
+    max_blob_bytes: int = Field(
+        2 * 1024**3, description="Largest object accepted through the local store's blob URLs."
+    )
+    url_ttl_s: int = Field(900, description="Lifetime of presigned and signed blob URLs.")
+
+
+class JobsSettings(BaseModel):
+    """Background jobs."""
+
+    mode: str = Field(
+        "inprocess",
+        description="'inprocess' runs the job functions inside the server; 'celery' leaves "
+        "them to `asyncgrpo jobs`.",
+    )
+    broker_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker URL.")
+    sweep_interval_s: float = Field(2.0, description="Lease expiry sweep period.")
+
+
+class Settings(BaseSettings):
+    """Root settings. Nested groups use `__`, e.g. ASYNCGRPO_S3__ENDPOINT_URL."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ASYNCGRPO_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    database_url: str = Field(
+        EMBEDDED_DATABASE_URL,
+        description="SQLAlchemy URL: sqlite:///file (embedded) or postgresql+psycopg://…",
+    )
+    bucket_url: str = Field(
+        EMBEDDED_BUCKET_URL, description="A local folder, or s3://bucket[/prefix]."
+    )
+    public_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="Base URL workers and learners use to reach this server (signed blob URLs).",
+    )
+    s3: S3Settings = Field(default_factory=S3Settings, description="S3 connection options.")
+    security: SecuritySettings = Field(
+        default_factory=SecuritySettings, description="Secrets and limits."
+    )
+    jobs: JobsSettings = Field(default_factory=JobsSettings, description="Background jobs.")
+    lease_long_poll_s: float = Field(
+        10.0, description="Longest time acquire and claim wait for work before answering."
+    )
+    learner_lease_ttl_s: float = Field(
+        30.0, description="A learner that stops heartbeating loses the run after this long."
+    )
+    print_admin_token: bool = Field(
+        True, description="On first start with no admin token, create one and print it once."
+    )
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @model_validator(mode="after")
+    def _refuse_insecure_defaults(self) -> Settings:
+        if not self.embedded and not self.security.secret_key:
+            raise ValueError(
+                "ASYNCGRPO_SECURITY__SECRET_KEY must be set outside the embedded (SQLite) mode"
+            )
+        if self.security.secret_key is not None and len(self.security.secret_key) < 32:
+            raise ValueError("ASYNCGRPO_SECURITY__SECRET_KEY must be at least 32 characters")
+        return self
+
+    def secret_key(self) -> str:
+        """The configured key, or the embedded mode's persisted random key."""
+        if self.security.secret_key:
+            return self.security.secret_key
+        path = Path("asyncgrpo.secret")
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(48))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,81 @@
+"""Column types and database-time expressions that behave the same on Postgres and SQLite."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, types
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(types.TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps; stored naive (UTC) on SQLite, timestamptz on Postgres."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        if dialect.name == "sqlite":
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class db_now(FunctionElement[datetime]):  # noqa: N801 - reads like SQL's now()
+    """The database's current time with sub-second precision (never the client's clock)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+@compiles(db_now)
+def _now_default(element: Any, compiler: Any, **kw: Any) -> str:
+    return "clock_timestamp()"
+
+
+@compiles(db_now, "sqlite")
+def _now_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    return "strftime('%Y-%m-%d %H:%M:%f','now')"
+
+
+class db_now_plus(FunctionElement[datetime]):  # noqa: N801
+    """Database time plus a number of seconds (a bound float)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+@compiles(db_now_plus)
+def _now_plus_default(element: Any, compiler: Any, **kw: Any) -> str:
+    (seconds,) = list(element.clauses)
+    return f"clock_timestamp() + make_interval(secs => {compiler.process(seconds, **kw)})"
+
+
+@compiles(db_now_plus, "sqlite")
+def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    (seconds,) = list(element.clauses)
+    sec = compiler.process(seconds, **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f','now', printf('%+.3f seconds', {sec}))"
+
+
+def new_uuid() -> uuid.UUID:
+    return uuid.uuid4()

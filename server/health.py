@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from server.db import ping
+from server.deps import SessionDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz(session: SessionDep) -> dict[str, str]:
+    ping(session)
+    return {"status": "ok"}

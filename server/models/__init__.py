@@ -1,0 +1,25 @@
+"""All tables; importing this module registers them on Base.metadata."""
+
+from server.models.adapter import AdapterVersion
+from server.models.base import Base
+from server.models.lease import Lease, RolloutBatch
+from server.models.run import DatasetRow, PromptRow, Run
+from server.models.telemetry import CostRecord, Event, MetricPoint
+from server.models.token import Token
+from server.models.worker import GpuPrice, Worker
+
+__all__ = [
+    "AdapterVersion",
+    "Base",
+    "CostRecord",
+    "DatasetRow",
+    "Event",
+    "GpuPrice",
+    "Lease",
+    "MetricPoint",
+    "PromptRow",
+    "RolloutBatch",
+    "Run",
+    "Token",
+    "Worker",
+]

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, Uuid
+from sqlalchemy.orm import Mapped, mapped_column
+
+from server.db_types import BigIntPK, JSONType, UTCDateTime
+from server.models.base import Base, CreatedAt, UUIDPk
+
+
+class Run(UUIDPk, CreatedAt, Base):
+    __tablename__ = "runs"
+
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(32), default="pending", index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    base_model: Mapped[str] = mapped_column(String(500), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    current_version: Mapped[int] = mapped_column(Integer, default=0)
+    tokenizer_fingerprint: Mapped[str | None] = mapped_column(String(128))
+    # Monotonic source of fencing tokens for every grant on this run (leases and learner).
+    fencing_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Admission control: groups leased, accepted or claimed and not yet consumed.
+    groups_in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    # Re-queued prompt rows take positions below this (the front of the queue).
+    queue_head: Mapped[int] = mapped_column(BigInteger, default=0)
+    learner_fencing: Mapped[int | None] = mapped_column(BigInteger)
+    learner_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    learner_attached_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_version_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_lease_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    spent_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class DatasetRow(Base):
+    """One dataset row: the prompt workers see and the reference columns they never see."""
+
+    __tablename__ = "dataset_rows"
+    __table_args__ = (Index("ix_dataset_rows_run_index", "run_id", "row_index", unique=True),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("runs.id", ondelete="CASCADE"))
+    row_index: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[Any] = mapped_column(JSONType)
+    reference: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+
+
+class PromptRow(Base):
+    """A dataset row in one epoch: the unit the queue leases, tracks and accounts for."""
+
+    __tablename__ = "prompt_rows"
+    __table_args__ = (
+        Index("ix_prompt_rows_queue", "run_id", "state", "queue_pos"),
+        Index("ix_prompt_rows_lease", "lease_id"),
+        Index("ix_prompt_rows_batch", "batch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("runs.id", ondelete="CASCADE"))
+    dataset_row_id: Mapped[int] = mapped_column(
+        BigIntPK, ForeignKey("dataset_rows.id", ondelete="CASCADE")
+    )
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    queue_pos: Mapped[int] = mapped_column(BigInteger)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    drop_reason: Mapped[str | None] = mapped_column(String(64))
+    last_requeue_reason: Mapped[str | None] = mapped_column(String(64))
+    lease_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    consumed_version: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import Integer, String, Uuid
+from sqlalchemy.orm import Mapped, mapped_column
+
+from server.db_types import UTCDateTime
+from server.models.base import Base, CreatedAt, UUIDPk
+
+
+class Token(UUIDPk, CreatedAt, Base):
+    """An API token, stored only as its SHA-256 digest."""
+
+    __tablename__ = "tokens"
+
+    kind: Mapped[str] = mapped_column(String(16))  # admin | registration | worker | learner
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(24))  # shown in listings, e.g. agr_wkr_ab12
+    name: Mapped[str | None] = mapped_column(String(200))
+    # learner: the run id; worker: the worker id; registration/admin: None
+    scope_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    max_uses: Mapped[int | None] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

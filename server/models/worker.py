@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import Float, ForeignKey, Integer, String, Uuid
+from sqlalchemy.orm import Mapped, mapped_column
+
+from server.db_types import JSONType, UTCDateTime
+from server.models.base import Base, CreatedAt, UUIDPk
+
+
+class Worker(UUIDPk, CreatedAt, Base):
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200))
+    gpu_type: Mapped[str] = mapped_column(String(100), default="cpu")
+    gpu_count: Mapped[int] = mapped_column(Integer, default=1)
+    price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
+    price_override: Mapped[float | None] = mapped_column(Float)
+    models: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="active", index=True)
+    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    registration_token_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("tokens.id", ondelete="SET NULL")
+    )
+    accepted_batches: Mapped[int] = mapped_column(Integer, default=0)
+    rejected_batches: Mapped[int] = mapped_column(Integer, default=0)
+    spot_checks: Mapped[int] = mapped_column(Integer, default=0)
+    spot_check_mismatch: Mapped[float | None] = mapped_column(Float)
+    quarantine_reason: Mapped[str | None] = mapped_column(String(500))
+
+
+class GpuPrice(Base):
+    """Admin price table: overrides a worker's self-reported price for its GPU type."""
+
+    __tablename__ = "gpu_prices"
+
+    gpu_type: Mapped[str] = mapped_column(String(100), primary_key=True)
+    price_per_hour: Mapped[float] = mapped_column(Float)

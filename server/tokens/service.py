@@ -1,0 +1,93 @@
+"""Token minting and verification (invariant 9): high-entropy, prefixed, digests only at rest,
+constant-time comparison, revocable, expiring, use-limited."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from server.errors import Forbidden, Unauthorized
+from server.models import Token
+from server.tokens import repository
+
+PREFIXES = {
+    "admin": "agr_adm_",
+    "registration": "agr_reg_",
+    "worker": "agr_wkr_",
+    "learner": "agr_lrn_",
+}
+KIND_BY_PREFIX = {prefix: kind for kind, prefix in PREFIXES.items()}
+
+
+def digest(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class MintedToken:
+    token: Token
+    plaintext: str
+
+
+def mint(
+    session: Session,
+    kind: str,
+    *,
+    name: str | None = None,
+    scope_id: uuid.UUID | None = None,
+    ttl: timedelta | None = None,
+    max_uses: int | None = None,
+    now: datetime | None = None,
+) -> MintedToken:
+    plaintext = PREFIXES[kind] + secrets.token_urlsafe(32)
+    expires_at = (now or repository.db_time(session)) + ttl if ttl else None
+    token = repository.insert(
+        session,
+        kind=kind,
+        digest=digest(plaintext),
+        prefix=plaintext[: len(PREFIXES[kind]) + 6],
+        name=name,
+        scope_id=scope_id,
+        expires_at=expires_at,
+        max_uses=max_uses,
+    )
+    return MintedToken(token, plaintext)
+
+
+def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> Token:
+    """Resolve a bearer token. 401 when unknown, revoked or expired; 403 when valid but of a
+    kind this endpoint does not take."""
+    kind = next((k for p, k in KIND_BY_PREFIX.items() if plaintext.startswith(p)), None)
+    if kind is None:
+        raise Unauthorized("invalid token")
+    wanted = digest(plaintext)
+    token = repository.by_digest(session, wanted)
+    if token is None or not hmac.compare_digest(token.digest, wanted):
+        raise Unauthorized("invalid token")
+    if token.revoked_at is not None:
+        raise Unauthorized("token revoked")
+    if token.expires_at is not None and token.expires_at <= repository.db_time(session):
+        raise Unauthorized("token expired")
+    if token.kind not in allowed:
+        raise Forbidden(f"a {token.kind} token cannot call this endpoint")
+    return token
+
+
+def consume_registration(session: Session, token: Token) -> None:
+    """Count one use of a registration token, atomically against its limit."""
+    if not repository.increment_uses(session, token.id):
+        raise Unauthorized("registration token has reached its use limit")
+
+
+def revoke_scope(session: Session, kind: str, scope_id: uuid.UUID) -> int:
+    return repository.revoke_scope(session, kind, scope_id)
+
+
+def admin_token_count(session: Session) -> int:
+    return repository.count_active(session, "admin")

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, status
+
+from server.deps import AdminDep, RegistrationDep, SessionDep
+from server.workers import service
+from server.workers.schemas import WorkerOut, WorkerRegister, WorkerRegistered
+
+router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
+
+
+@router.post("/register", status_code=status.HTTP_201_CREATED, response_model=WorkerRegistered)
+def register(
+    body: WorkerRegister, session: SessionDep, registration: RegistrationDep
+) -> WorkerRegistered:
+    worker, token = service.register(session, registration, body)
+    return WorkerRegistered(id=worker.id, token=token)
+
+
+@router.get("", response_model=list[WorkerOut])
+def list_workers(session: SessionDep, _admin: AdminDep) -> list[WorkerOut]:
+    return service.list_workers(session)
+
+
+@router.post("/{worker_id}/revoke", response_model=WorkerOut)
+def revoke(worker_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> WorkerOut:
+    return service.revoke(session, worker_id)

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WorkerRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, description="Worker name shown in the fleet.")
+    gpu_type: str = Field("cpu", min_length=1, max_length=100, description="e.g. H100, L4, cpu.")
+    gpu_count: int = Field(1, ge=0, le=64, description="GPUs on this box.")
+    price_per_hour: float = Field(0.0, ge=0, le=10_000, description="Self-reported USD/hour.")
+    models: list[str] = Field(
+        default_factory=list, max_length=64, description="Base models this worker serves."
+    )
+
+
+class WorkerRegistered(BaseModel):
+    id: uuid.UUID
+    token: str = Field(description="The worker token; shown only in this response.")
+
+
+class WorkerOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    name: str
+    gpu_type: str
+    gpu_count: int
+    price_per_hour: float
+    effective_price_per_hour: float
+    models: list[str]
+    status: str
+    last_seen_at: datetime | None
+    created_at: datetime
+    accepted_batches: int
+    rejected_batches: int
+    spot_checks: int
+    spot_check_mismatch: float | None
+    quarantine_reason: str | None

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from server.errors import NotFound, Unauthorized
+from server.models import Token, Worker
+from server.tokens import service as tokens
+from server.workers import repository
+from server.workers.schemas import WorkerOut, WorkerRegister
+
+
+def register(session: Session, registration: Token, body: WorkerRegister) -> tuple[Worker, str]:
+    tokens.consume_registration(session, registration)
+    worker = repository.insert(
+        session,
+        name=body.name,
+        gpu_type=body.gpu_type,
+        gpu_count=body.gpu_count,
+        price_per_hour=body.price_per_hour,
+        models=body.models,
+        registration_token_id=registration.id,
+    )
+    minted = tokens.mint(session, "worker", name=body.name, scope_id=worker.id)
+    return worker, minted.plaintext
+
+
+def effective_price(worker: Worker, table: dict[str, float]) -> float:
+    """Admin override, then the admin price table per GPU type, then the self-report."""
+    if worker.price_override is not None:
+        return worker.price_override
+    if worker.gpu_type in table:
+        return table[worker.gpu_type] * max(worker.gpu_count, 1)
+    return worker.price_per_hour
+
+
+def to_out(worker: Worker, table: dict[str, float]) -> WorkerOut:
+    return WorkerOut.model_validate(
+        {**{c: getattr(worker, c) for c in WorkerOut.model_fields if hasattr(worker, c)},
+         "effective_price_per_hour": effective_price(worker, table)}
+    )
+
+
+def list_workers(session: Session) -> list[WorkerOut]:
+    table = repository.price_table(session)
+    return [to_out(w, table) for w in repository.list_all(session)]
+
+
+def revoke(session: Session, worker_id: uuid.UUID) -> WorkerOut:
+    if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
+        raise NotFound("worker not found")
+    tokens.revoke_scope(session, "worker", worker_id)
+    worker = repository.get(session, worker_id)
+    assert worker is not None
+    session.refresh(worker)
+    return to_out(worker, repository.price_table(session))
+
+
+def worker_of(session: Session, token: Token) -> Worker:
+    """The worker behind a worker token; revoked workers are refused like revoked tokens."""
+    assert token.scope_id is not None
+    worker = repository.get(session, token.scope_id)
+    if worker is None or worker.status == "revoked":
+        raise Unauthorized("worker revoked")
+    return worker

@@ -1,0 +1,140 @@
+"""Shared fixtures: real Postgres (a migrated template database cloned per test), SQLite files,
+the app on either, and tokens."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+PG_ADMIN_URL = os.environ.get(
+    "ASYNCGRPO_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+TEST_SECRET = "test-secret-key-" + "x" * 32
+
+
+def _pg_url(dbname: str) -> str:
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + dbname
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Engine]:
+    engine = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin: Engine) -> Iterator[str]:
+    """A database migrated to head once per session; tests clone it."""
+    from server.db import make_engine
+    from server.migrate import upgrade
+
+    name = f"agr_tpl_{os.getpid()}"
+    with pg_admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = make_engine(_pg_url(name))
+    upgrade(engine)
+    engine.dispose()
+    yield name
+    with pg_admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def pg_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
+    """A fresh migrated Postgres database for this test."""
+    name = f"agr_t_{uuid.uuid4().hex[:12]}"
+    with pg_admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
+    yield _pg_url(name)
+    with pg_admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'asyncgrpo.db'}"
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Runs the test on both databases."""
+    name = "pg_url" if request.param == "postgres" else "sqlite_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+def db_session(pg_url: str) -> Iterator[Session]:
+    """A session in one transaction, rolled back after the test."""
+    from server.db import make_engine
+
+    engine = make_engine(pg_url)
+    conn = engine.connect()
+    trans = conn.begin()
+    session = Session(bind=conn, join_transaction_mode="create_savepoint")
+    yield session
+    session.close()
+    trans.rollback()
+    conn.close()
+    engine.dispose()
+
+
+def make_settings(database_url: str, bucket_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    from server.config import Settings
+
+    return Settings(
+        database_url=database_url,
+        bucket_url=str(bucket_dir),
+        public_url="http://testserver",
+        security={"secret_key": TEST_SECRET},
+        print_admin_token=False,
+        lease_long_poll_s=0.0,
+        **overrides,
+    )
+
+
+@pytest.fixture
+def settings(pg_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    return make_settings(pg_url, tmp_path / "bucket")
+
+
+@pytest.fixture
+def app(settings):  # type: ignore[no-untyped-def]
+    from server.app import create_app
+
+    application = create_app(settings, migrate=True)
+    yield application
+    application.state.engine.dispose()
+
+
+@pytest.fixture
+def client(app):  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def mint_token(app, kind: str, **kwargs: object) -> str:  # type: ignore[no-untyped-def]
+    from server.db import transaction
+    from server.tokens import service as tokens
+
+    with transaction(app.state.sessionmaker) as session:
+        return tokens.mint(session, kind, **kwargs).plaintext  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def admin_token(app) -> str:  # type: ignore[no-untyped-def]
+    return mint_token(app, "admin", name="test")
+
+
+@pytest.fixture
+def admin_headers(admin_token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {admin_token}"}
