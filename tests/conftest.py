@@ -138,3 +138,6 @@ def admin_token(app) -> str:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def admin_headers(admin_token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token}"}
+
+
+pytest_plugins = ["tests.s3_fixtures", "tests.ml_fixtures"]

@@ -1,0 +1,1 @@
+"""Small-model fixtures (owned by the format/model work)."""

@@ -1,0 +1,1 @@
+"""moto S3 server fixtures (owned by the object-store work)."""
