@@ -1,0 +1,261 @@
+"""Typed HTTP client for every endpoint of the control plane (httpx).
+
+Used by the worker, the learner, the tests and CI scripts. Transient failures (connection
+errors, timeouts, 502/503/504, 429) are retried with exponential backoff and jitter; any other
+error status raises an `ApiError` subclass at once. Fenced calls are compare-and-set on the
+server, so a retried call never lands twice: at worst its retry answers 409.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+T = TypeVar("T", bound=BaseModel)
+
+TRANSIENT_STATUS = {429, 502, 503, 504}
+TRANSIENT_ERRORS = (httpx.TransportError,)
+
+
+class ApiError(Exception):
+    """An error answer from the control plane."""
+
+    def __init__(self, status_code: int, detail: Any, body: Any = None) -> None:
+        super().__init__(f"{status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
+        self.body = body
+
+
+class BadRequestError(ApiError): ...
+
+
+class UnauthorizedError(ApiError): ...
+
+
+class ForbiddenError(ApiError): ...
+
+
+class NotFoundError(ApiError): ...
+
+
+class ConflictError(ApiError):
+    """409: a fenced call lost its lease (drop the work) or a state change was refused."""
+
+
+class ValidationFailed(ApiError): ...
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequestError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: ValidationFailed,
+}
+
+
+def _raise_for(response: httpx.Response) -> None:
+    try:
+        body = response.json()
+        detail = body.get("detail", body) if isinstance(body, dict) else body
+    except ValueError:
+        body, detail = None, response.text
+    raise _BY_STATUS.get(response.status_code, ApiError)(response.status_code, detail, body)
+
+
+class Backoff:
+    """Exponential backoff with full jitter."""
+
+    def __init__(self, base_s: float = 0.25, cap_s: float = 10.0) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        delay = random.uniform(0, min(self.cap_s, self.base_s * 2**self.attempt))
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class AsyncGrpoClient:
+    """Client of one control plane with one bearer token."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        http: httpx.Client | None = None,
+        timeout_s: float = 30.0,
+        max_retries: int = 5,
+        retry_cap_s: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.http = http or httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self.max_retries = max_retries
+        self.retry_cap_s = retry_cap_s
+        self._sleep = sleep
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> AsyncGrpoClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        token: str | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """Send with retries on transient failures; raise ApiError on other error statuses."""
+        headers = {}
+        bearer = token or self.token
+        if bearer:
+            headers["Authorization"] = f"Bearer {bearer}"
+        backoff = Backoff(cap_s=self.retry_cap_s)
+        url = path if path.startswith("http") else self.base_url + path
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self.http.request(
+                    method,
+                    url,
+                    json=json,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except TRANSIENT_ERRORS:
+                if attempt == self.max_retries:
+                    raise
+                self._sleep(backoff.next_delay())
+                continue
+            if response.status_code in TRANSIENT_STATUS and attempt < self.max_retries:
+                self._sleep(backoff.next_delay())
+                continue
+            if response.status_code >= 400:
+                _raise_for(response)
+            return response
+        raise AssertionError("unreachable")
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.request(method, path, **kwargs)
+        return None if response.status_code == 204 else response.json()
+
+    def _model(self, model: type[T], method: str, path: str, **kwargs: Any) -> T | None:
+        response = self.request(method, path, **kwargs)
+        if response.status_code == 204:
+            return None
+        return model.model_validate(response.json())
+
+    @staticmethod
+    def _body(body: BaseModel | dict[str, Any]) -> Any:
+        return (
+            body.model_dump(mode="json", exclude_unset=False)
+            if isinstance(body, BaseModel)
+            else body
+        )
+
+    # -- anyone -------------------------------------------------------------------------------
+
+    def healthz(self) -> dict[str, Any]:
+        return dict(self._json("GET", "/healthz"))
+
+    # -- admin: runs ----------------------------------------------------------------------------
+
+    def create_run(self, config: BaseModel | dict[str, Any]) -> dict[str, Any]:
+        """201 with the run and its learner token (shown once)."""
+        return dict(self._json("POST", "/api/v1/runs", json=self._body(config)))
+
+    def list_runs(self, status: str | None = None) -> list[dict[str, Any]]:
+        params = {"status": status} if status else None
+        return list(self._json("GET", "/api/v1/runs", params=params))
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return dict(self._json("GET", f"/api/v1/runs/{run_id}"))
+
+    def pause_run(self, run_id: str) -> dict[str, Any]:
+        return dict(self._json("POST", f"/api/v1/runs/{run_id}/pause"))
+
+    def resume_run(self, run_id: str) -> dict[str, Any]:
+        return dict(self._json("POST", f"/api/v1/runs/{run_id}/resume"))
+
+    def cancel_run(self, run_id: str) -> dict[str, Any]:
+        return dict(self._json("POST", f"/api/v1/runs/{run_id}/cancel"))
+
+    def run_metrics(self, run_id: str, since_step: int | None = None) -> dict[str, Any]:
+        params = {"since_step": since_step} if since_step is not None else None
+        return dict(self._json("GET", f"/api/v1/runs/{run_id}/metrics", params=params))
+
+    def run_ledger(self, run_id: str) -> dict[str, Any]:
+        return dict(self._json("GET", f"/api/v1/runs/{run_id}/ledger"))
+
+    def list_adapters(self, run_id: str) -> list[dict[str, Any]]:
+        return list(self._json("GET", f"/api/v1/runs/{run_id}/adapters"))
+
+    def get_adapter(self, run_id: str, version: int | str = "latest") -> dict[str, Any]:
+        """`version` is an integer, 'latest' or 'final'; files come with download URLs."""
+        return dict(self._json("GET", f"/api/v1/runs/{run_id}/adapters/{version}"))
+
+    # -- admin: fleet ---------------------------------------------------------------------------
+
+    def create_registration_token(
+        self, *, name: str | None = None, ttl_hours: float = 24.0, max_uses: int = 1
+    ) -> dict[str, Any]:
+        body = {"name": name, "ttl_hours": ttl_hours, "max_uses": max_uses}
+        return dict(self._json("POST", "/api/v1/registration-tokens", json=body))
+
+    def list_workers(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/api/v1/workers"))
+
+    def revoke_worker(self, worker_id: str) -> dict[str, Any]:
+        return dict(self._json("POST", f"/api/v1/workers/{worker_id}/revoke"))
+
+    # -- registration ---------------------------------------------------------------------------
+
+    def register_worker(
+        self,
+        registration_token: str,
+        *,
+        name: str,
+        gpu_type: str = "cpu",
+        gpu_count: int = 1,
+        price_per_hour: float = 0.0,
+        models: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """201 with the worker id and the worker token (shown once)."""
+        body = {
+            "name": name,
+            "gpu_type": gpu_type,
+            "gpu_count": gpu_count,
+            "price_per_hour": price_per_hour,
+            "models": models or [],
+        }
+        return dict(
+            self._json("POST", "/api/v1/workers/register", json=body, token=registration_token)
+        )
+
+    # -- worker calls (lease engine) -------------------------------------------------------------
+
+    # -- learner calls ---------------------------------------------------------------------------
