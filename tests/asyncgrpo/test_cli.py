@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "asyncgrpo.cli"]
+
+
+def _run(args, cwd, env=None):  # type: ignore[no-untyped-def]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRPO_")}
+    full_env.update(env or {})
+    return subprocess.run(CLI + args, cwd=cwd, env=full_env, capture_output=True, text=True)
+
+
+def test_help_lists_commands(tmp_path):
+    out = _run(["--help"], tmp_path)
+    assert out.returncode == 0
+    for cmd in ("server", "db", "admin-token"):
+        assert cmd in out.stdout
+
+
+def test_admin_token_create_on_embedded_default(tmp_path):
+    out = _run(["admin-token", "create", "--name", "ci"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("agr_adm_")
+    assert (tmp_path / "asyncgrpo.db").exists()
+
+
+def test_bad_configuration_is_a_clear_error_not_a_traceback(tmp_path):
+    out = _run(
+        ["db", "upgrade"], tmp_path, {"ASYNCGRPO_DATABASE_URL": "postgresql+psycopg://x@h/db"}
+    )
+    assert out.returncode == 2
+    assert "SECRET_KEY must be set" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_worker_and_learner_entry_points_do_not_import_the_web_stack():
+    code = (
+        "import sys, asyncgrpo.cli, protocol.client, protocol.storage;"
+        "bad = [m for m in ('fastapi', 'sqlalchemy', 'server') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from server.config import Settings
+
+
+def test_embedded_default_needs_no_configuration(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for var in ("ASYNCGRPO_DATABASE_URL", "ASYNCGRPO_BUCKET_URL", "ASYNCGRPO_SECURITY__SECRET_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    settings = Settings()
+    assert settings.embedded
+    assert settings.database_url == "sqlite:///./asyncgrpo.db"
+    key = settings.secret_key()
+    assert len(key) >= 32 and settings.secret_key() == key  # persisted, stable
+    assert (tmp_path / "asyncgrpo.secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_production_refuses_missing_secret(monkeypatch):
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", "postgresql+psycopg://x@h/db")
+    monkeypatch.delenv("ASYNCGRPO_SECURITY__SECRET_KEY", raising=False)
+    with pytest.raises(ValidationError, match="SECRET_KEY must be set"):
+        Settings()
+
+
+def test_short_secret_is_refused(monkeypatch):
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", "short")
+    with pytest.raises(ValidationError, match="at least 32"):
+        Settings()
+
+
+def test_nested_settings_from_environment(monkeypatch):
+    monkeypatch.setenv("ASYNCGRPO_BUCKET_URL", "s3://my-bucket/prefix")
+    monkeypatch.setenv("ASYNCGRPO_S3__ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("ASYNCGRPO_S3__PATH_STYLE", "true")
+    settings = Settings()
+    assert settings.s3.endpoint_url == "http://127.0.0.1:9000" and settings.s3.path_style
+
+
+def test_every_settings_field_is_described():
+    def walk(model):  # type: ignore[no-untyped-def]
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann)
+
+    walk(Settings)
