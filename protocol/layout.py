@@ -1,0 +1,74 @@
+"""Bucket key layout (design.md, "Bucket layout"): pure functions, the one place keys are built.
+
+runs/{run_id}/adapters/v{version:06d}/{file}
+runs/{run_id}/checkpoints/v{version:06d}/{file}
+runs/{run_id}/batches/{lease_id}-{fencing}.parquet
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_BATCH_KEY = re.compile(
+    r"^runs/(?P<run>[0-9a-f-]{36})/batches/(?P<lease>[0-9a-f-]{36})-(?P<fencing>\d+)\.parquet$"
+)
+
+
+def _check_file(name: str) -> str:
+    """A single path component: no slashes, no '..', no leading dot."""
+    if not _FILE_NAME.match(name) or ".." in name:
+        raise ValueError(f"invalid file name {name!r}")
+    return name
+
+
+def _check_version(version: int) -> int:
+    if version < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    return version
+
+
+def run_prefix(run_id: uuid.UUID | str) -> str:
+    return f"runs/{uuid.UUID(str(run_id))}/"
+
+
+def adapter_prefix(run_id: uuid.UUID | str, version: int) -> str:
+    return f"{run_prefix(run_id)}adapters/v{_check_version(version):06d}/"
+
+
+def adapter_key(run_id: uuid.UUID | str, version: int, file: str) -> str:
+    return adapter_prefix(run_id, version) + _check_file(file)
+
+
+def checkpoint_prefix(run_id: uuid.UUID | str, version: int) -> str:
+    return f"{run_prefix(run_id)}checkpoints/v{_check_version(version):06d}/"
+
+
+def checkpoint_key(run_id: uuid.UUID | str, version: int, file: str) -> str:
+    return checkpoint_prefix(run_id, version) + _check_file(file)
+
+
+def batches_prefix(run_id: uuid.UUID | str) -> str:
+    return f"{run_prefix(run_id)}batches/"
+
+
+def batch_key(run_id: uuid.UUID | str, lease_id: uuid.UUID | str, fencing: int) -> str:
+    if fencing < 0:
+        raise ValueError(f"fencing must be >= 0, got {fencing}")
+    return f"{batches_prefix(run_id)}{uuid.UUID(str(lease_id))}-{fencing}.parquet"
+
+
+def parse_batch_key(key: str) -> tuple[uuid.UUID, uuid.UUID, int]:
+    """(run_id, lease_id, fencing) of a batch key; ValueError if it is not one."""
+    match = _BATCH_KEY.match(key)
+    if match is None:
+        raise ValueError(f"not a batch key: {key!r}")
+    return uuid.UUID(match["run"]), uuid.UUID(match["lease"]), int(match["fencing"])
+
+
+def parse_version_dir(component: str) -> int:
+    """The version of a 'v000012' key component."""
+    if not re.fullmatch(r"v\d{6,}", component):
+        raise ValueError(f"not a version component: {component!r}")
+    return int(component[1:])

@@ -1,0 +1,146 @@
+"""Wire models shared by server, worker and learner (pydantic; no torch, no web stack).
+
+Request models forbid unknown fields (the server answers 422 for them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- worker calls (lease engine) ---------------------------------------------------------------
+
+
+class LeaseAcquireRequest(_Request):
+    """Ask for a lease; the server answers 204 when nothing is admissible."""
+
+    models: list[str] | None = Field(
+        None,
+        max_length=64,
+        description="Base models to lease for now; must be among the worker's registered models. "
+        "None: all of them.",
+    )
+    wait_s: float = Field(
+        0.0,
+        ge=0,
+        le=600,
+        description="Long-poll: wait up to this many seconds (capped by the server) for work.",
+    )
+
+
+class ChatMessage(BaseModel):
+    role: str = Field(description="system, user or assistant.")
+    content: str = Field(description="Message text.")
+
+
+class LeasePrompt(BaseModel):
+    """One prompt of a lease. Reference columns never leave the server for workers."""
+
+    prompt_row_id: int = Field(description="Id of the prompt row (dataset row in one epoch).")
+    dataset_row_id: int = Field(description="Id of the dataset row.")
+    prompt: str | list[ChatMessage] = Field(description="Prompt text or chat messages.")
+    epoch: int = Field(description="Epoch of this prompt row.")
+
+
+class AdapterFile(BaseModel):
+    name: str = Field(description="File name, e.g. adapter_model.safetensors.")
+    url: str = Field(description="Short-lived download URL.")
+    sha256: str = Field(description="Hex sha256 the download must match.")
+    size: int | None = Field(None, description="Bytes, when known.")
+
+
+class AdapterRef(BaseModel):
+    """The adapter version to generate with (absent for version 0, the base model)."""
+
+    version: int = Field(description="Adapter version.")
+    sha256: str = Field(description="sha256 recorded for the version.")
+    files: list[AdapterFile] = Field(description="PEFT files with download URLs.")
+
+
+class Lease(BaseModel):
+    """Everything a worker needs to produce one batch."""
+
+    lease_id: uuid.UUID = Field(description="Lease id.")
+    run_id: uuid.UUID = Field(description="Run id.")
+    base_model: str = Field(description="Base model of the run.")
+    tokenizer_fingerprint: str | None = Field(description="Tokenizer fingerprint of the run.")
+    sampling: dict[str, Any] = Field(description="Sampling parameters (RunConfig.sampling).")
+    max_new_tokens: int = Field(description="Completion length limit in tokens.")
+    system_prompt: str | None = Field(None, description="System message for string prompts.")
+    group_size: int = Field(description="Completions per prompt (G).")
+    prompts: list[LeasePrompt] = Field(description="Prompts to generate for.")
+    seed: int = Field(description="Seed for this lease's sampling.")
+    adapter_version: int = Field(description="Adapter version to use (0: the base model).")
+    adapter: AdapterRef | None = Field(None, description="Adapter download; None for version 0.")
+    fencing: int = Field(description="Fencing token: send it with every call on this lease.")
+    ttl_s: float = Field(description="The lease expires this long after the last heartbeat.")
+    heartbeat_interval_s: float = Field(description="Heartbeat at least this often.")
+    batch_key: str = Field(description="The one bucket key this lease's batch goes to.")
+
+
+class FencedRequest(_Request):
+    fencing: int = Field(ge=0, description="The lease's fencing token.")
+
+
+class HeartbeatRequest(FencedRequest):
+    """Keep the lease alive."""
+
+
+class HeartbeatResponse(BaseModel):
+    current_version: int = Field(description="The run's current adapter version.")
+    abort: bool = Field(description="True: the lease was aborted; drop the work.")
+    ttl_s: float = Field(description="The lease now expires this long from now.")
+    reason: str | None = Field(None, description="Why the lease was aborted.")
+
+
+class UploadRequest(FencedRequest):
+    size: int = Field(gt=0, description="Exact byte size of the batch file.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="Hex sha256 of the batch file.")
+
+
+class UploadResponse(BaseModel):
+    """A presigned PUT: send the body with exactly these headers."""
+
+    key: str = Field(description="The bucket key.")
+    url: str = Field(description="Presigned PUT URL.")
+    headers: dict[str, str] = Field(description="Headers the PUT must carry.")
+    expires_in_s: int = Field(description="Seconds the URL stays valid.")
+
+
+class BatchManifest(_Request):
+    key: str = Field(max_length=1000, description="Bucket key the batch was uploaded to.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="Hex sha256 of the batch file.")
+    size: int = Field(gt=0, description="Byte size of the batch file.")
+    n_samples: int = Field(ge=0, description="Completions in the batch (prompts × G).")
+    n_tokens: int = Field(ge=0, description="Completion tokens in the batch.")
+    generation_seconds: float = Field(ge=0, description="Wall time spent generating.")
+
+
+class CompleteRequest(FencedRequest):
+    manifest: BatchManifest = Field(description="What was uploaded.")
+
+
+class CompleteResponse(BaseModel):
+    batch_id: uuid.UUID = Field(description="The rollout batch id.")
+    state: Literal["accepted", "rejected"] = Field(description="Outcome.")
+    reject_reason: str | None = Field(None, description="Why it was rejected.")
+
+
+class ReleaseRequest(FencedRequest):
+    """Give the prompts back now (e.g. a spot preemption notice)."""
+
+
+class ReleaseResponse(BaseModel):
+    released: int = Field(description="Prompt rows put back at the front of the queue.")
+
+
+# -- learner calls -----------------------------------------------------------------------------
