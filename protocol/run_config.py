@@ -2,17 +2,55 @@
 
 Shared by server (validation, admission units), worker (sampling) and learner (LoRA, loss).
 Field names are part of the public API (examples/runs/*.json, CI pipelines).
+
+Every rule below produces an error at the field's path whose message names the field, the rule
+and the value received, e.g. `group_size must be at least 2 ... (got 1)`. Unknown fields are
+refused at every nesting level.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from protocol import datasets, rewards
+
+MAX_NEW_TOKENS = 8192
+MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
+_SAMPLED = "behaviour log-probs must describe the distribution actually sampled"
+
+
+def _fail(message: str) -> PydanticCustomError:
+    return PydanticCustomError("config_rule", message)
+
+
+Rule = tuple[Callable[[Any], bool], str]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Refuses unknown fields, NaN and infinities; applies the class's RULES to each field."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
+    RULES: ClassVar[dict[str, Rule]] = {}
+
+    @field_validator("*")
+    @classmethod
+    def _apply_rule(cls, value: Any, info: ValidationInfo) -> Any:
+        rule = cls.RULES.get(info.field_name or "")
+        if rule is not None and value is not None and not rule[0](value):
+            raise _fail(f"{info.field_name} {rule[1]} (got {value!r})")
+        return value
 
 
 class RewardSpec(_Strict):
@@ -24,6 +62,26 @@ class RewardSpec(_Strict):
         default_factory=dict, description="Extra keyword arguments passed to the function."
     )
 
+    @field_validator("name")
+    @classmethod
+    def _known_or_module_function(cls, name: str) -> str:
+        try:
+            rewards.check_name(name)
+        except rewards.RewardError as exc:
+            raise _fail(str(exc)) from None
+        return name
+
+    @field_validator("kwargs")
+    @classmethod
+    def _builtin_kwargs(cls, kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        if name is not None:
+            try:
+                rewards.check_kwargs(name, kwargs)
+            except rewards.RewardError as exc:
+                raise _fail(str(exc)) from None
+        return kwargs
+
 
 class GeneratorDataset(_Strict):
     """Prompts made by a built-in generator with a seed."""
@@ -33,21 +91,70 @@ class GeneratorDataset(_Strict):
     size: int = Field(64, description="Number of prompts in one epoch.")
     seed: int = Field(0, description="Seed; the same seed gives the same prompts.")
 
+    RULES: ClassVar[dict[str, Rule]] = {
+        "generator": (
+            lambda g: g in datasets.GENERATORS,
+            f"must be a built-in generator ({', '.join(sorted(datasets.GENERATORS))})",
+        ),
+        "size": (
+            lambda n: 1 <= n <= datasets.MAX_GENERATOR_SIZE,
+            f"must be between 1 and {datasets.MAX_GENERATOR_SIZE:,}",
+        ),
+    }
+
+    def n_rows(self) -> int:
+        return self.size
+
+
+def _check_row(row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return datasets.check_row(row)
+    except datasets.DatasetError as exc:
+        raise _fail(str(exc)) from None
+
 
 class InlineDataset(_Strict):
     """Rows given at creation (JSONL): a `prompt` column plus reference columns."""
 
     kind: Literal["jsonl"] = "jsonl"
-    rows: list[dict[str, Any]] = Field(
-        description="Dataset rows; each has `prompt` (a string or chat messages) and "
-        "reference columns that only the learner's rewards see."
+    rows: list[Annotated[dict[str, Any], AfterValidator(_check_row)]] = Field(
+        description="Dataset rows (at most 100,000); each has `prompt` (a non-empty string or "
+        "chat messages {role, content} with roles system/user/assistant) and reference columns "
+        "that only the learner's rewards see."
     )
+
+    @field_validator("rows", mode="before")
+    @classmethod
+    def _row_count(cls, rows: Any) -> Any:
+        # Before per-row validation, so an oversized dataset fails fast with one message.
+        if isinstance(rows, list) and not 1 <= len(rows) <= datasets.MAX_JSONL_ROWS:
+            raise _fail(
+                f"rows must hold between 1 and {datasets.MAX_JSONL_ROWS:,} rows (got {len(rows):,})"
+            )
+        return rows
+
+    def n_rows(self) -> int:
+        return len(self.rows)
 
 
 class LoraConfig(_Strict):
+    """The LoRA adapter the learner trains and workers load."""
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "rank": (lambda r: r >= 1, "must be at least 1"),
+        "alpha": (lambda a: a > 0, "must be greater than 0"),
+        "dropout": (lambda d: 0 <= d < 1, "must be in [0, 1)"),
+        "target_modules": (
+            lambda m: len(m) > 0 and all(x.strip() for x in m),
+            "must name at least one module, with no empty names",
+        ),
+    }
+
     rank: int = Field(16, description="LoRA rank r.")
     alpha: float = Field(32.0, description="LoRA alpha (scale = alpha / rank).")
-    dropout: float = Field(0.0, description="LoRA dropout; 0 keeps behaviour and learner log-probs aligned.")
+    dropout: float = Field(
+        0.0, description="LoRA dropout; 0 keeps behaviour and learner log-probs aligned."
+    )
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         description="Module names the adapter wraps.",
@@ -65,8 +172,35 @@ class SamplingConfig(_Strict):
     presence_penalty: float = Field(0.0, description="Must be 0.0 (no penalties).")
     frequency_penalty: float = Field(0.0, description="Must be 0.0 (no penalties).")
 
+    RULES: ClassVar[dict[str, Rule]] = {
+        "temperature": (lambda t: t > 0, "must be greater than 0"),
+        "max_new_tokens": (
+            lambda n: 1 <= n <= MAX_NEW_TOKENS,
+            f"must be between 1 and {MAX_NEW_TOKENS}",
+        ),
+        "top_p": (lambda p: p == 1.0, f"must be 1.0: sampling is by temperature only ({_SAMPLED})"),
+        "top_k": (lambda k: k in (0, -1), f"must be 0 or -1 (no top-k; {_SAMPLED})"),
+        "repetition_penalty": (lambda p: p == 1.0, f"must be 1.0 (no penalties; {_SAMPLED})"),
+        "presence_penalty": (lambda p: p == 0.0, f"must be 0.0 (no penalties; {_SAMPLED})"),
+        "frequency_penalty": (lambda p: p == 0.0, f"must be 0.0 (no penalties; {_SAMPLED})"),
+    }
+
 
 class GrpoConfig(_Strict):
+    """GRPO and loss options. `scale_rewards = "none"` is recommended with `dr_grpo`."""
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "learning_rate": (lambda x: x > 0, "must be greater than 0"),
+        "weight_decay": (lambda x: x >= 0, "must be at least 0"),
+        "max_grad_norm": (lambda x: x > 0, "must be greater than 0"),
+        "epsilon_low": (lambda x: 0 <= x < 1, "must be in [0, 1)"),
+        "epsilon_high": (lambda x: x >= 0, "must be at least 0"),
+        "beta": (lambda x: x >= 0, "must be at least 0"),
+        "tis_cap": (lambda x: x >= 1, "must be at least 1"),
+        "micro_batch_tokens": (lambda x: x >= 1, "must be at least 1"),
+        "spot_check_fraction": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+    }
+
     learning_rate: float = Field(5e-4, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, description="Gradient-norm clip.")
@@ -79,13 +213,31 @@ class GrpoConfig(_Strict):
     tis_cap: float = Field(2.0, description="Truncation cap C of TIS.")
     micro_batch_tokens: int = Field(4096, description="Token budget of one micro-batch.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")
-    spot_check_fraction: float = Field(0.05, description="Share of batches re-scored by the learner.")
+    spot_check_fraction: float = Field(
+        0.05, description="Share of batches re-scored by the learner."
+    )
     system_prompt: str | None = Field(
         "You are a helpful assistant.", description="System message for string prompts."
     )
 
 
+def _http_url(url: str) -> bool:
+    parsed = urlparse(url)
+    return parsed.scheme in ("http", "https") and bool(parsed.netloc)
+
+
 class AlarmConfig(_Strict):
+    """Drift-alarm thresholds and where to send alarms."""
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "stale_waste": (lambda x: 0 < x <= 1, "must be a fraction in (0, 1]"),
+        "clip_fraction": (lambda x: 0 < x <= 1, "must be a fraction in (0, 1]"),
+        "no_version_minutes": (lambda x: x > 0, "must be greater than 0"),
+        "spot_check_mismatch": (lambda x: x > 0, "must be greater than 0"),
+        "window_minutes": (lambda x: 0 < x <= 24 * 60, "must be in (0, 1440] minutes"),
+        "webhook_url": (_http_url, "must be an http:// or https:// URL with a host"),
+    }
+
     stale_waste: float = Field(0.2, description="Stale-waste fraction that raises the drift alarm.")
     clip_fraction: float = Field(0.2, description="Clip fraction (low+high) that raises an alarm.")
     no_version_minutes: float = Field(30.0, description="Alarm when no version for this long.")
@@ -110,19 +262,84 @@ class RunConfig(_Strict):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
     group_size: int = Field(8, description="G: completions per prompt (≥ 2).")
     prompts_per_lease: int = Field(2, description="Prompts in one worker lease.")
-    prompts_per_step: int = Field(8, description="Groups per optimizer step (multiple of prompts_per_lease).")
+    prompts_per_step: int = Field(
+        8, description="Groups per optimizer step (multiple of prompts_per_lease)."
+    )
     weight_sync_steps: int = Field(1, description="Optimizer steps between published versions.")
     max_staleness: int = Field(1, description="Versions a batch may lag when claimed (0 = sync).")
     max_attempts: int = Field(3, description="Re-queues before a prompt row is dropped.")
     epochs: int = Field(1, description="Passes over the dataset.")
     max_versions: int | None = Field(None, description="Stop after this many versions.")
-    lease_ttl_s: float = Field(120.0, description="A lease expires this long after its last heartbeat.")
+    lease_ttl_s: float = Field(
+        120.0, description="A lease expires this long after its last heartbeat."
+    )
     heartbeat_interval_s: float = Field(10.0, description="How often workers heartbeat.")
     budget_usd: float | None = Field(None, description="Spend that pauses the run (None: none).")
     learner_price_per_hour: float = Field(0.0, description="USD/hour charged for the learner.")
     priority: int = Field(0, description="Higher runs are leased first.")
     seed: int = Field(0, description="Seed for lease seeds and the learner.")
     alarms: AlarmConfig = Field(default_factory=AlarmConfig, description="Alarm thresholds.")
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "name": (lambda s: 1 <= len(s.strip()) and len(s) <= 200, "must be 1 to 200 characters"),
+        "base_model": (
+            lambda s: 1 <= len(s.strip()) and len(s) <= 500,
+            "must be 1 to 500 characters",
+        ),
+        "rewards": (lambda r: len(r) >= 1, "must list at least one reward"),
+        "group_size": (
+            lambda g: g >= 2,
+            "must be at least 2: advantages compare the completions of a group",
+        ),
+        "prompts_per_lease": (lambda n: n >= 1, "must be at least 1"),
+        "weight_sync_steps": (lambda n: n >= 1, "must be at least 1"),
+        "max_staleness": (lambda n: n >= 0, "must be at least 0 (0 is synchronous GRPO)"),
+        "max_attempts": (lambda n: n >= 1, "must be at least 1"),
+        "max_versions": (lambda n: n >= 1, "must be at least 1 when set"),
+        "lease_ttl_s": (lambda x: x > 0, "must be greater than 0"),
+        "budget_usd": (lambda x: x > 0, "must be greater than 0 when set"),
+        "learner_price_per_hour": (lambda x: x >= 0, "must be at least 0"),
+        "priority": (lambda p: -1_000_000 <= p <= 1_000_000, "must be in ±1,000,000"),
+    }
+
+    @field_validator("prompts_per_step")
+    @classmethod
+    def _multiple_of_lease(cls, n: int, info: ValidationInfo) -> int:
+        per_lease = info.data.get("prompts_per_lease")
+        if n < 1:
+            raise _fail(f"prompts_per_step must be at least 1 (got {n})")
+        if per_lease is not None and n % per_lease != 0:
+            raise _fail(
+                f"prompts_per_step must be a multiple of prompts_per_lease ({per_lease}): "
+                f"an optimizer step takes whole leases (got {n})"
+            )
+        return n
+
+    @field_validator("epochs")
+    @classmethod
+    def _epochs(cls, n: int, info: ValidationInfo) -> int:
+        if n < 1:
+            raise _fail(f"epochs must be at least 1 (got {n})")
+        dataset = info.data.get("dataset")
+        if dataset is not None and n * dataset.n_rows() > MAX_PROMPT_ROWS:
+            raise _fail(
+                f"epochs × dataset rows must be at most {MAX_PROMPT_ROWS:,}: every epoch's "
+                f"prompt rows are created up front (got {n} × {dataset.n_rows():,})"
+            )
+        return n
+
+    @field_validator("heartbeat_interval_s")
+    @classmethod
+    def _heartbeat_below_ttl(cls, x: float, info: ValidationInfo) -> float:
+        ttl = info.data.get("lease_ttl_s")
+        if x <= 0:
+            raise _fail(f"heartbeat_interval_s must be greater than 0 (got {x!r})")
+        if ttl is not None and not x < ttl:
+            raise _fail(
+                f"heartbeat_interval_s must be less than lease_ttl_s ({ttl!r}), or leases "
+                f"expire between heartbeats (got {x!r})"
+            )
+        return x
 
     def admission_bound_groups(self) -> int:
         """Groups that may be leased, accepted or claimed (not yet consumed) at once."""
