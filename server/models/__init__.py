@@ -2,6 +2,7 @@
 
 from server.models.adapter import AdapterVersion
 from server.models.base import Base
+from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
 from server.models.run import DatasetRow, PromptRow, Run
 from server.models.telemetry import CostRecord, Event, MetricPoint
@@ -10,6 +11,9 @@ from server.models.worker import GpuPrice, Worker
 
 __all__ = [
     "AdapterVersion",
+    "AlarmState",
+    "CostMark",
+    "WebhookDelivery",
     "Base",
     "CostRecord",
     "DatasetRow",
