@@ -1,5 +1,165 @@
+"""HTTP layer of the learner's calls and the admin reads of a run's metrics and ledger."""
+
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+import time
+import uuid
 
-router = APIRouter(tags=["learner"])
+from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from protocol.schemas_learner import (
+    AttachRequest,
+    AttachResponse,
+    ClaimRequest,
+    ClaimResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    MetricsAccepted,
+    MetricsRequest,
+    PublishRequest,
+    PublishResponse,
+    RejectRequest,
+    RejectResponse,
+    SpotCheckRequest,
+    SpotCheckResponse,
+    UploadsRequest,
+    UploadsResponse,
+)
+from server.config import Settings
+from server.db import transaction
+from server.deps import (
+    AdminDep,
+    Credentials,
+    LearnerDep,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    require_learner,
+)
+from server.learner import publish as publish_service
+from server.learner import service, telemetry
+from server.learner.ledger import ledger_model
+from server.learner.schemas import Ledger, RunMetrics
+
+router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["learner"])
+
+CLAIM_POLL_INTERVAL_S = 0.25
+
+
+@router.post("/learner/attach", response_model=AttachResponse)
+def attach(
+    run_id: uuid.UUID,
+    body: AttachRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    token: LearnerDep,
+) -> AttachResponse:
+    return service.attach(session, store, settings, token, run_id, body)
+
+
+@router.post("/learner/heartbeat", response_model=HeartbeatResponse)
+def heartbeat(
+    run_id: uuid.UUID,
+    body: HeartbeatRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: LearnerDep,
+) -> HeartbeatResponse:
+    return service.heartbeat(session, settings, token, run_id, body)
+
+
+@router.post("/batches/claim", response_model=ClaimResponse)
+async def claim(
+    run_id: uuid.UUID, body: ClaimRequest, request: Request, credentials: Credentials
+) -> ClaimResponse:
+    """Long-poll: each attempt is its own short transaction; nothing is held while waiting."""
+    settings: Settings = request.app.state.settings
+    deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
+
+    def attempt() -> ClaimResponse:
+        with transaction(request.app.state.sessionmaker) as session:
+            token = require_learner(session, credentials)
+            return service.claim(session, request.app.state.store, settings, token, run_id, body)
+
+    while True:
+        result = await run_in_threadpool(attempt)
+        remaining = deadline - time.monotonic()
+        if result.batches or result.exhausted or remaining <= 0:
+            return result
+        await asyncio.sleep(min(CLAIM_POLL_INTERVAL_S, remaining))
+
+
+@router.post("/batches/{batch_id}/reject", response_model=RejectResponse)
+def reject(
+    run_id: uuid.UUID,
+    batch_id: uuid.UUID,
+    body: RejectRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: LearnerDep,
+) -> RejectResponse:
+    return service.reject(session, settings, token, run_id, batch_id, body)
+
+
+@router.post("/uploads", response_model=UploadsResponse)
+def uploads(
+    run_id: uuid.UUID,
+    body: UploadsRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    token: LearnerDep,
+) -> UploadsResponse:
+    return publish_service.uploads(session, store, settings, token, run_id, body)
+
+
+@router.post("/adapters", response_model=PublishResponse)
+def publish(
+    run_id: uuid.UUID,
+    body: PublishRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    token: LearnerDep,
+) -> PublishResponse:
+    return publish_service.publish(session, store, settings, token, run_id, body)
+
+
+@router.post("/metrics", response_model=MetricsAccepted)
+def post_metrics(
+    run_id: uuid.UUID,
+    body: MetricsRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: LearnerDep,
+) -> MetricsAccepted:
+    return telemetry.record_metrics(session, settings, token, run_id, body)
+
+
+@router.post("/spot-checks", response_model=SpotCheckResponse)
+def spot_check(
+    run_id: uuid.UUID,
+    body: SpotCheckRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: LearnerDep,
+) -> SpotCheckResponse:
+    return telemetry.spot_check(session, settings, token, run_id, body)
+
+
+@router.get("/metrics", response_model=RunMetrics)
+def get_metrics(
+    run_id: uuid.UUID,
+    session: SessionDep,
+    _admin: AdminDep,
+    since_step: int | None = Query(None, ge=0, description="Only points with step ≥ this."),
+) -> RunMetrics:
+    return telemetry.run_metrics(session, run_id, since_step)
+
+
+@router.get("/ledger", response_model=Ledger)
+def get_ledger(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> Ledger:
+    return ledger_model(session, run_id)

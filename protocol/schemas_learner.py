@@ -1,0 +1,217 @@
+"""Wire models of the learner's calls (attach, heartbeat, claim, reject, uploads, publish,
+metrics, spot-checks). Requests forbid unknown fields; responses tolerate new ones."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _plain_name(name: str) -> str:
+    if name.strip(".") == "":
+        raise ValueError("a file name cannot be only dots")
+    return name
+
+
+FileName = Annotated[
+    str,
+    AfterValidator(_plain_name),
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="A plain file name: letters, digits, '_', '.', '-'; no slashes.",
+    ),
+]
+Sha256Hex = Annotated[
+    str, Field(pattern=r"^[0-9a-f]{64}$", description="Lower-case hex SHA-256 of the file.")
+]
+
+
+class AttachRequest(_Request):
+    tokenizer_fingerprint: str = Field(
+        min_length=1, max_length=128, description="Fingerprint of the learner's tokenizer."
+    )
+    name: str = Field("learner", max_length=200, description="A name for this learner process.")
+
+
+class StoredFile(_Response):
+    """One object of a published version, with a short-lived download URL."""
+
+    name: str = Field(description="File name inside the version's folder.")
+    key: str = Field(description="Bucket key.")
+    sha256: str = Field(description="SHA-256 recorded at publish.")
+    size: int = Field(description="Size in bytes.")
+    url: str = Field(description="Presigned GET URL.")
+
+
+class AttachResponse(_Response):
+    fencing: int = Field(description="This learner's fencing token; sent with every call.")
+    current_version: int = Field(description="The run's last published adapter version.")
+    resume_checkpoint: list[StoredFile] | None = Field(
+        description="Checkpoint files of the current version, or None at version 0."
+    )
+    resume_adapter: list[StoredFile] | None = Field(
+        description="Adapter files of the current version, or None at version 0."
+    )
+    run_config: dict[str, Any] = Field(description="The run's RunConfig as JSON.")
+    heartbeat_interval_s: float = Field(description="How often to heartbeat.")
+    lease_ttl_s: float = Field(description="The learner lease lapses this long after a call.")
+
+
+class FencedRequest(_Request):
+    fencing: int = Field(description="The fencing token attach returned.")
+
+
+class HeartbeatRequest(FencedRequest):
+    pass
+
+
+class HeartbeatResponse(_Response):
+    current_version: int = Field(description="The run's last published version.")
+    status: str = Field(description="The run's status.")
+
+
+class ClaimRequest(FencedRequest):
+    max_groups: int = Field(ge=1, le=100_000, description="Most prompt groups to hand out.")
+    wait_s: float = Field(
+        0.0, ge=0.0, le=600.0, description="Long-poll: wait up to this long (capped) for work."
+    )
+
+
+class PromptRowOut(_Response):
+    prompt_row_id: int = Field(description="PromptRow id (the batch's prompt id).")
+    dataset_row_id: int = Field(description="DatasetRow id.")
+    prompt: Any = Field(description="The prompt: text or chat messages.")
+    reference: dict[str, Any] = Field(description="Reference columns for the rewards.")
+    epoch: int = Field(description="Epoch of this prompt row.")
+
+
+class ClaimedBatch(_Response):
+    batch_id: uuid.UUID = Field(description="RolloutBatch id.")
+    lease_id: uuid.UUID = Field(description="The lease that produced it.")
+    worker_id: uuid.UUID = Field(description="The worker that produced it.")
+    adapter_version: int = Field(description="Adapter version the batch was generated with.")
+    staleness: int = Field(description="current_version - adapter_version at claim.")
+    bucket_key: str = Field(description="Bucket key of the Parquet file.")
+    sha256: str = Field(description="SHA-256 the worker declared; verify on download.")
+    size: int = Field(description="Size in bytes.")
+    url: str = Field(description="Presigned GET URL.")
+    n_samples: int = Field(description="Completions in the batch.")
+    n_groups: int = Field(description="Prompt groups in the batch.")
+    prompts: list[PromptRowOut] = Field(description="The batch's prompt rows.")
+
+
+class ClaimResponse(_Response):
+    batches: list[ClaimedBatch] = Field(description="Batches now claimed by this learner.")
+    exhausted: bool = Field(description="Nothing left to lease or in flight but what you hold.")
+    current_version: int = Field(description="The run's last published version.")
+    stale_rejected: int = Field(0, description="Batches rejected as stale during this claim.")
+
+
+RejectReason = Literal["checksum", "invalid", "prompt_mismatch", "spot_check"]
+
+
+class RejectRequest(FencedRequest):
+    reason: RejectReason = Field(description="Why the batch cannot be trained on.")
+    detail: str | None = Field(None, max_length=2000, description="Human-readable detail.")
+
+
+class RejectResponse(_Response):
+    batch_id: uuid.UUID = Field(description="The rejected batch.")
+    requeued: int = Field(description="Prompt rows put back at the front of the queue.")
+    dropped: int = Field(description="Prompt rows dropped after max_attempts.")
+
+
+FileKind = Literal["adapter", "checkpoint"]
+
+
+class UploadFile(_Request):
+    name: FileName
+    size: int = Field(ge=0, description="Exact size in bytes.")
+    sha256: Sha256Hex
+    kind: FileKind = Field(description="adapter (served to workers) or checkpoint (resume).")
+
+
+class UploadsRequest(FencedRequest):
+    version: int = Field(ge=1, description="The version being published: current + 1.")
+    files: list[UploadFile] = Field(min_length=1, max_length=64, description="Files to upload.")
+
+
+class PresignedUpload(_Response):
+    name: str = Field(description="File name.")
+    kind: FileKind = Field(description="adapter or checkpoint.")
+    key: str = Field(description="Bucket key the URL writes.")
+    url: str = Field(description="Presigned PUT URL.")
+    headers: dict[str, str] = Field(description="Headers to send exactly (If-None-Match: *).")
+
+
+class UploadsResponse(_Response):
+    uploads: list[PresignedUpload] = Field(description="One presigned PUT per file.")
+
+
+class PublishedFile(_Request):
+    name: FileName
+    key: str = Field(max_length=1000, description="Bucket key the file was uploaded to.")
+    sha256: Sha256Hex
+    size: int = Field(ge=0, description="Size in bytes.")
+
+
+class PublishRequest(FencedRequest):
+    version: int = Field(ge=1, description="Exactly current_version + 1.")
+    files: list[PublishedFile] = Field(min_length=1, description="Adapter files (PEFT folder).")
+    checkpoint_files: list[PublishedFile] = Field(
+        min_length=1, description="Resume state files written under this version."
+    )
+    learner_step: int = Field(ge=0, description="Optimizer steps taken so far.")
+    metrics: dict[str, Any] = Field(default_factory=dict, description="Summary metrics.")
+    consumed_batch_ids: list[uuid.UUID] = Field(
+        default_factory=list, description="Claimed batches this version was trained on."
+    )
+    final: bool = Field(False, description="The last version: completes the run.")
+
+
+class PublishResponse(_Response):
+    version: int = Field(description="The published version.")
+    run_status: str = Field(description="The run's status after the publish.")
+    consumed_batches: int = Field(description="Batches marked consumed.")
+
+
+class MetricPointIn(_Request):
+    step: int = Field(ge=0, description="Learner step.")
+    version: int | None = Field(None, description="Adapter version being trained.")
+    values: dict[str, float | int | None] = Field(description="Named metric values.")
+
+
+class MetricsRequest(FencedRequest):
+    points: list[MetricPointIn] = Field(min_length=1, max_length=10_000, description="Points.")
+
+
+class MetricsAccepted(_Response):
+    stored: int = Field(description="Points stored.")
+
+
+class SpotCheckRequest(FencedRequest):
+    worker_id: uuid.UUID = Field(description="The worker whose batch was re-scored.")
+    batch_id: uuid.UUID = Field(description="The batch that was re-scored.")
+    mean_abs_logprob_diff: float = Field(ge=0.0, description="Mean |Δ log-prob| per token.")
+    kl: float | None = Field(None, description="Approximate KL(behaviour‖learner).")
+    n_tokens: int = Field(ge=0, description="Tokens compared.")
+
+
+class SpotCheckResponse(_Response):
+    worker_id: uuid.UUID = Field(description="The worker.")
+    worker_status: str = Field(description="active, quarantined or revoked.")
+    spot_checks: int = Field(description="Spot checks recorded for this worker.")
+    spot_check_mismatch: float = Field(description="Running mean of mean |Δ log-prob|.")
+    quarantined: bool = Field(description="This check quarantined the worker.")

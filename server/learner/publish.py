@@ -1,0 +1,163 @@
+"""Adapter versions (invariants 7 and 8): presigned conditional uploads for version N+1, and
+the publish that registers it — strictly +1, under the current learner token, every object
+present with its stated size, and the batches it was trained on consumed in the same
+transaction. A final publish (or reaching max_versions) completes the run."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from protocol import layout
+from protocol.schemas_learner import (
+    PresignedUpload,
+    PublishedFile,
+    PublishRequest,
+    PublishResponse,
+    UploadsRequest,
+    UploadsResponse,
+)
+from protocol.storage import ObjectStore
+from server.config import Settings
+from server.errors import Conflict, FencingLost, Unprocessable
+from server.learner import repository as repo
+from server.learner.service import authorize, fence, run_config
+from server.leases import queue
+from server.models import Token
+
+REQUIRED_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def _key(run_id: uuid.UUID, version: int, kind: str, name: str) -> str:
+    try:
+        if kind == "adapter":
+            return layout.adapter_key(run_id, version, name)
+        return layout.checkpoint_key(run_id, version, name)
+    except ValueError as exc:
+        raise Unprocessable(str(exc), field="name") from exc
+
+
+def _next_version(current: int, version: int) -> None:
+    if version != current + 1:
+        raise Conflict(
+            f"version must be exactly current_version + 1 = {current + 1}, got {version}",
+            current_version=current,
+        )
+
+
+def uploads(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    body: UploadsRequest,
+) -> UploadsResponse:
+    """Presigned PUTs (If-None-Match: * signed in) for version N+1's files.
+
+    Version N+1 is not registered yet, so an object already at one of the requested keys is
+    the leftover of an unpublished attempt (this learner's retry, or a fenced-out learner's
+    late upload): it is removed so that the conditional put can land."""
+    run = fence(session, settings, token, run_id, body.fencing)
+    _next_version(run.current_version, body.version)
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for f in body.files:
+        if (f.kind, f.name) in seen:
+            raise Unprocessable(f"file {f.name!r} listed twice", field="files")
+        seen.add((f.kind, f.name))
+        key = _key(run_id, body.version, f.kind, f.name)
+        if store.head(key) is not None:
+            store.delete(key)
+        put = store.presign_put(
+            key,
+            size=f.size,
+            sha256_hex=f.sha256,
+            ttl_s=settings.security.url_ttl_s,
+            if_none_match=True,
+        )
+        out.append(
+            PresignedUpload(name=f.name, kind=f.kind, key=key, url=put.url, headers=put.headers)
+        )
+    return UploadsResponse(uploads=out)
+
+
+def _file_table(
+    store: ObjectStore, run_id: uuid.UUID, version: int, kind: str, files: Sequence[PublishedFile]
+) -> dict[str, dict[str, object]]:
+    """Validated {name: {key, sha256, bytes}}: the keys this version owns, each object present
+    in the store with the stated size."""
+    table: dict[str, dict[str, object]] = {}
+    for f in files:
+        if f.name in table:
+            raise Unprocessable(f"{kind} file {f.name!r} listed twice", field=f"{kind}_files")
+        expected = _key(run_id, version, kind, f.name)
+        if f.key != expected:
+            raise Unprocessable(f"{kind} file {f.name!r} must be at {expected}", field="key")
+        info = store.head(f.key)
+        if info is None:
+            raise Conflict(f"{f.key} is not in the store: upload before publishing", key=f.key)
+        if info.size != f.size:
+            raise Conflict(f"{f.key} has {info.size} bytes, the publish says {f.size}", key=f.key)
+        table[f.name] = {"key": f.key, "sha256": f.sha256, "bytes": f.size}
+    return table
+
+
+def _version_sha256(files: dict[str, dict[str, object]]) -> str:
+    """The weights' sha256 (content address of the adapter)."""
+    if WEIGHTS_FILE in files:
+        return str(files[WEIGHTS_FILE]["sha256"])
+    lines = "".join(f"{n}:{m['sha256']}\n" for n, m in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def publish(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    body: PublishRequest,
+) -> PublishResponse:
+    authorize(token, run_id)
+    missing = [n for n in REQUIRED_ADAPTER_FILES if n not in {f.name for f in body.files}]
+    if missing:
+        raise Unprocessable(f"adapter files missing: {', '.join(missing)}", field="files")
+    run = fence(session, settings, token, run_id, body.fencing)
+    _next_version(run.current_version, body.version)
+    files = _file_table(store, run_id, body.version, "adapter", body.files)
+    checkpoint = _file_table(store, run_id, body.version, "checkpoint", body.checkpoint_files)
+    batch_ids = list(dict.fromkeys(body.consumed_batch_ids))
+    held = repo.claimed_batch_ids(session, run_id, batch_ids, body.fencing)
+    if len(held) != len(batch_ids):
+        unknown = sorted(str(b) for b in batch_ids if b not in held)
+        raise Conflict("batches not claimed under this fencing token", batch_ids=unknown)
+    if not repo.advance_version(session, run_id, body.fencing, body.version):
+        raise FencingLost("the run's version or learner lease changed: re-attach")
+    config = run_config(run.config)
+    final = body.final or (config.max_versions is not None and body.version >= config.max_versions)
+    repo.insert_adapter_version(
+        session,
+        run_id=run_id,
+        version=body.version,
+        files=files,
+        checkpoint_files=checkpoint,
+        sha256=_version_sha256(files),
+        bytes=sum(int(str(m["bytes"])) for m in files.values()),
+        learner_step=body.learner_step,
+        metrics=body.metrics,
+        final=final,
+    )
+    consumed = repo.mark_consumed(session, batch_ids, body.version)
+    queue.consume(session, run_id, batch_ids, body.version)
+    status = run.status
+    if final:
+        repo.close_run(
+            session, run_id, "final version published" if body.final else "max_versions reached"
+        )
+        status = "completed"
+    return PublishResponse(version=body.version, run_status=status, consumed_batches=consumed)

@@ -1,0 +1,500 @@
+"""All SQL of the learner side of the rollout proxy (runs' learner lease, batch claims,
+adapter versions, learner metrics, spot checks). Compare-and-set updates, database time only;
+nothing here commits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from server.db_types import db_now, db_now_plus
+from server.models import (
+    AdapterVersion,
+    DatasetRow,
+    Event,
+    Lease,
+    MetricPoint,
+    PromptRow,
+    RolloutBatch,
+    Run,
+    Worker,
+)
+
+TERMINAL = ("completed", "failed", "cancelled")
+OPEN_ROW_STATES = ("queued", "leased", "accepted")
+_NO_SYNC = {"synchronize_session": False}
+
+
+@dataclass(frozen=True)
+class FencedRun:
+    """The run as a successful fenced compare-and-set left it."""
+
+    id: uuid.UUID
+    status: str
+    current_version: int
+    config: dict[str, Any]
+    learner_fencing: int
+
+
+_FENCED_COLUMNS = (Run.id, Run.status, Run.current_version, Run.config, Run.learner_fencing)
+
+
+def _fenced(row: Any) -> FencedRun | None:
+    return None if row is None else FencedRun(*row)
+
+
+def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
+    return session.execute(
+        select(Run).where(Run.id == run_id).execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
+def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) -> FencedRun | None:
+    """Take the learner lease if none is live: a strictly higher fencing token from
+    Run.fencing_seq, the lease's expiry in database time, pending -> running, the tokenizer
+    fingerprint stored (or matched). None when refused; nothing changed then."""
+    row = session.execute(
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status.not_in(TERMINAL),
+            or_(Run.learner_expires_at.is_(None), Run.learner_expires_at <= db_now()),
+            or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint),
+        )
+        .values(
+            fencing_seq=Run.fencing_seq + 1,
+            learner_fencing=Run.fencing_seq + 1,
+            learner_expires_at=db_now_plus(ttl_s),
+            learner_attached_at=db_now(),
+            tokenizer_fingerprint=fingerprint,
+            status=_pending_to_running(),
+            updated_at=db_now(),
+        )
+        .returning(*_FENCED_COLUMNS)
+        .execution_options(**_NO_SYNC)
+    ).first()
+    return _fenced(row)
+
+
+def _pending_to_running() -> Any:
+    return case((Run.status == "pending", "running"), else_=Run.status)
+
+
+def learner_lease_live(session: Session, run_id: uuid.UUID) -> bool:
+    return (
+        session.execute(
+            select(Run.id).where(Run.id == run_id, Run.learner_expires_at > db_now())
+        ).first()
+        is not None
+    )
+
+
+def fence(
+    session: Session, run_id: uuid.UUID, fencing: int, ttl_s: float, *, live_run: bool = True
+) -> FencedRun | None:
+    """The learner's compare-and-set: holds only for the current token of an unexpired
+    learner lease (and, with live_run, a run not completed/failed/cancelled); extends the
+    lease and locks the run row for the rest of the transaction. None when lost."""
+    conditions = [
+        Run.id == run_id,
+        Run.learner_fencing == fencing,
+        Run.learner_expires_at > db_now(),
+    ]
+    if live_run:
+        conditions.append(Run.status.not_in(TERMINAL))
+    row = session.execute(
+        update(Run)
+        .where(*conditions)
+        .values(learner_expires_at=db_now_plus(ttl_s))
+        .returning(*_FENCED_COLUMNS)
+        .execution_options(**_NO_SYNC)
+    ).first()
+    return _fenced(row)
+
+
+def release_claims(session: Session, run_id: uuid.UUID) -> int:
+    """Claimed-but-unpublished batches (and their rows) go back to `accepted`."""
+    ids = list(
+        session.execute(
+            update(RolloutBatch)
+            .where(RolloutBatch.run_id == run_id, RolloutBatch.state == "claimed")
+            .values(state="accepted", claimed_fencing=None, staleness=None)
+            .returning(RolloutBatch.id)
+            .execution_options(**_NO_SYNC)
+        ).scalars()
+    )
+    if ids:
+        session.execute(
+            update(PromptRow)
+            .where(PromptRow.batch_id.in_(ids), PromptRow.state == "claimed")
+            .values(state="accepted")
+            .execution_options(**_NO_SYNC)
+        )
+    return len(ids)
+
+
+def adapter_version(session: Session, run_id: uuid.UUID, version: int) -> AdapterVersion | None:
+    return session.execute(
+        select(AdapterVersion).where(
+            AdapterVersion.run_id == run_id, AdapterVersion.version == version
+        )
+    ).scalar_one_or_none()
+
+
+def accepted_batches_page(session: Session, run_id: uuid.UUID, limit: int) -> list[RolloutBatch]:
+    """Accepted batches, oldest adapter version first, locked (SKIP LOCKED on Postgres)."""
+    return list(
+        session.execute(
+            select(RolloutBatch)
+            .where(RolloutBatch.run_id == run_id, RolloutBatch.state == "accepted")
+            .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .execution_options(populate_existing=True)
+        ).scalars()
+    )
+
+
+def reject_batch(
+    session: Session,
+    batch_id: uuid.UUID,
+    reason: str,
+    detail: str | None,
+    *,
+    from_state: str,
+    staleness: int | None = None,
+) -> bool:
+    values: dict[str, Any] = {"state": "rejected", "reject_reason": reason, "reject_detail": detail}
+    if staleness is not None:
+        values["staleness"] = staleness
+    row = session.execute(
+        update(RolloutBatch)
+        .where(RolloutBatch.id == batch_id, RolloutBatch.state == from_state)
+        .values(**values)
+        .returning(RolloutBatch.id)
+        .execution_options(**_NO_SYNC)
+    ).first()
+    return row is not None
+
+
+def claim_batch(session: Session, batch_id: uuid.UUID, fencing: int, staleness: int) -> None:
+    session.execute(
+        update(RolloutBatch)
+        .where(RolloutBatch.id == batch_id, RolloutBatch.state == "accepted")
+        .values(state="claimed", claimed_fencing=fencing, staleness=staleness)
+        .execution_options(**_NO_SYNC)
+    )
+    session.execute(
+        update(PromptRow)
+        .where(PromptRow.batch_id == batch_id, PromptRow.state == "accepted")
+        .values(state="claimed")
+        .execution_options(**_NO_SYNC)
+    )
+
+
+def row_ids_of_batch(session: Session, batch_id: uuid.UUID) -> list[int]:
+    return list(
+        session.execute(
+            select(PromptRow.id).where(PromptRow.batch_id == batch_id).order_by(PromptRow.queue_pos)
+        ).scalars()
+    )
+
+
+def prompts_of_batches(
+    session: Session, batch_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """Each batch's prompt rows with the dataset row's prompt and reference columns."""
+    out: dict[uuid.UUID, list[dict[str, Any]]] = {b: [] for b in batch_ids}
+    if not batch_ids:
+        return out
+    rows = session.execute(
+        select(
+            PromptRow.batch_id,
+            PromptRow.id,
+            PromptRow.epoch,
+            DatasetRow.id,
+            DatasetRow.prompt,
+            DatasetRow.reference,
+        )
+        .join(DatasetRow, DatasetRow.id == PromptRow.dataset_row_id)
+        .where(PromptRow.batch_id.in_(list(batch_ids)))
+        .order_by(PromptRow.queue_pos, PromptRow.id)
+    ).all()
+    for batch_id, row_id, epoch, ds_id, prompt, reference in rows:
+        out[batch_id].append(
+            {
+                "prompt_row_id": row_id,
+                "dataset_row_id": ds_id,
+                "prompt": prompt,
+                "reference": reference or {},
+                "epoch": epoch,
+            }
+        )
+    return out
+
+
+def open_rows(session: Session, run_id: uuid.UUID) -> int:
+    """Rows still to lease or in flight outside the learner: queued, leased or accepted."""
+    return int(
+        session.execute(
+            select(func.count())
+            .select_from(PromptRow)
+            .where(PromptRow.run_id == run_id, PromptRow.state.in_(OPEN_ROW_STATES))
+        ).scalar_one()
+    )
+
+
+def get_batch(session: Session, run_id: uuid.UUID, batch_id: uuid.UUID) -> RolloutBatch | None:
+    return session.execute(
+        select(RolloutBatch)
+        .where(RolloutBatch.id == batch_id, RolloutBatch.run_id == run_id)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
+def claimed_batch_ids(
+    session: Session, run_id: uuid.UUID, batch_ids: Sequence[uuid.UUID], fencing: int
+) -> set[uuid.UUID]:
+    if not batch_ids:
+        return set()
+    return set(
+        session.execute(
+            select(RolloutBatch.id).where(
+                RolloutBatch.run_id == run_id,
+                RolloutBatch.id.in_(list(batch_ids)),
+                RolloutBatch.state == "claimed",
+                RolloutBatch.claimed_fencing == fencing,
+            )
+        ).scalars()
+    )
+
+
+def count_worker_rejection(session: Session, worker_id: uuid.UUID) -> None:
+    session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(rejected_batches=Worker.rejected_batches + 1)
+        .execution_options(**_NO_SYNC)
+    )
+
+
+def advance_version(session: Session, run_id: uuid.UUID, fencing: int, version: int) -> bool:
+    """Compare-and-set: current_version goes to `version` only from `version - 1`, under the
+    current learner token."""
+    row = session.execute(
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.current_version == version - 1,
+            Run.learner_fencing == fencing,
+            Run.learner_expires_at > db_now(),
+        )
+        .values(current_version=version, last_version_at=db_now(), updated_at=db_now())
+        .returning(Run.id)
+        .execution_options(**_NO_SYNC)
+    ).first()
+    return row is not None
+
+
+def insert_adapter_version(session: Session, **fields: Any) -> AdapterVersion:
+    version = AdapterVersion(**fields)
+    session.add(version)
+    session.flush()
+    return version
+
+
+def mark_consumed(session: Session, batch_ids: Sequence[uuid.UUID], version: int) -> int:
+    if not batch_ids:
+        return 0
+    return len(
+        session.execute(
+            update(RolloutBatch)
+            .where(RolloutBatch.id.in_(list(batch_ids)), RolloutBatch.state == "claimed")
+            .values(state="consumed", consumed_version=version)
+            .returning(RolloutBatch.id)
+            .execution_options(**_NO_SYNC)
+        ).all()
+    )
+
+
+def close_run(session: Session, run_id: uuid.UUID, status_reason: str) -> None:
+    """The run is completed: leftover rows are dropped (`run_completed`), unconsumed batches
+    rejected, active leases aborted; nothing stays in flight."""
+    reason = "run_completed"
+    session.execute(
+        update(PromptRow)
+        .where(PromptRow.run_id == run_id, PromptRow.state.not_in(("consumed", "dropped")))
+        .values(state="dropped", drop_reason=reason, lease_id=None, batch_id=None)
+        .execution_options(**_NO_SYNC)
+    )
+    session.execute(
+        update(RolloutBatch)
+        .where(RolloutBatch.run_id == run_id, RolloutBatch.state.in_(("accepted", "claimed")))
+        .values(state="rejected", reject_reason=reason)
+        .execution_options(**_NO_SYNC)
+    )
+    session.execute(
+        update(Lease)
+        .where(Lease.run_id == run_id, Lease.state == "active")
+        .values(state="aborted", end_reason=reason, ended_at=db_now())
+        .execution_options(**_NO_SYNC)
+    )
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id)
+        .values(
+            status="completed",
+            status_reason=status_reason,
+            groups_in_flight=0,
+            updated_at=db_now(),
+        )
+        .execution_options(**_NO_SYNC)
+    )
+
+
+def insert_metric_points(
+    session: Session, run_id: uuid.UUID, source: str, points: list[dict[str, Any]]
+) -> int:
+    session.add_all(MetricPoint(run_id=run_id, source=source, **p) for p in points)
+    session.flush()
+    return len(points)
+
+
+def metric_points(
+    session: Session, run_id: uuid.UUID, source: str, since_step: int | None
+) -> list[MetricPoint]:
+    query = select(MetricPoint).where(MetricPoint.run_id == run_id, MetricPoint.source == source)
+    if since_step is not None:
+        query = query.where(MetricPoint.step >= since_step)
+    return list(session.execute(query.order_by(MetricPoint.step, MetricPoint.id)).scalars())
+
+
+def batch_stats(session: Session, run_id: uuid.UUID) -> list[Any]:
+    """(adapter_version, state, reject_reason, staleness, batches, samples) groups."""
+    return list(
+        session.execute(
+            select(
+                RolloutBatch.adapter_version,
+                RolloutBatch.state,
+                RolloutBatch.reject_reason,
+                RolloutBatch.staleness,
+                func.count(),
+                func.coalesce(func.sum(RolloutBatch.n_samples), 0),
+            )
+            .where(RolloutBatch.run_id == run_id)
+            .group_by(
+                RolloutBatch.adapter_version,
+                RolloutBatch.state,
+                RolloutBatch.reject_reason,
+                RolloutBatch.staleness,
+            )
+        ).all()
+    )
+
+
+def aborted_lease_samples(session: Session, run_id: uuid.UUID) -> int:
+    """Samples that leases aborted by the proxy (out of the staleness window) had to make."""
+    return int(
+        session.execute(
+            select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
+                Lease.run_id == run_id,
+                Lease.state == "aborted",
+                or_(Lease.end_reason.is_(None), Lease.end_reason != "run_completed"),
+            )
+        ).scalar_one()
+    )
+
+
+def record_spot_check(session: Session, worker_id: uuid.UUID, value: float) -> Any:
+    """Running mean of the worker's mismatch: m_n = m_{n-1} + (x - m_{n-1}) / n."""
+    old = func.coalesce(Worker.spot_check_mismatch, 0.0)
+    return session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(
+            spot_checks=Worker.spot_checks + 1,
+            spot_check_mismatch=old + (value - old) / (Worker.spot_checks + 1),
+        )
+        .returning(Worker.status, Worker.spot_checks, Worker.spot_check_mismatch)
+        .execution_options(**_NO_SYNC)
+    ).first()
+
+
+def quarantine(session: Session, worker_id: uuid.UUID, reason: str) -> bool:
+    row = session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id, Worker.status == "active")
+        .values(status="quarantined", quarantine_reason=reason)
+        .returning(Worker.id)
+        .execution_options(**_NO_SYNC)
+    ).first()
+    return row is not None
+
+
+def insert_event(session: Session, **fields: Any) -> Event:
+    event = Event(**fields)
+    session.add(event)
+    session.flush()
+    return event
+
+
+def versions_in_use(session: Session, run_id: uuid.UUID) -> set[int]:
+    """Adapter versions named by an active lease or an unconsumed (accepted/claimed) batch."""
+    leased = select(Lease.adapter_version).where(Lease.run_id == run_id, Lease.state == "active")
+    batched = select(RolloutBatch.adapter_version).where(
+        RolloutBatch.run_id == run_id, RolloutBatch.state.in_(("accepted", "claimed"))
+    )
+    return set(session.execute(leased.union(batched)).scalars())
+
+
+def live_versions(session: Session, run_id: uuid.UUID) -> list[AdapterVersion]:
+    return list(
+        session.execute(
+            select(AdapterVersion)
+            .where(AdapterVersion.run_id == run_id, AdapterVersion.deleted.is_(False))
+            .order_by(AdapterVersion.version)
+        ).scalars()
+    )
+
+
+def mark_deleted(session: Session, version_ids: Sequence[uuid.UUID]) -> None:
+    if version_ids:
+        session.execute(
+            update(AdapterVersion)
+            .where(AdapterVersion.id.in_(list(version_ids)))
+            .values(deleted=True)
+            .execution_options(**_NO_SYNC)
+        )
+
+
+def row_counts(session: Session, run_id: uuid.UUID) -> list[Any]:
+    """(epoch, state, drop_reason, count) groups of the run's prompt rows."""
+    return list(
+        session.execute(
+            select(PromptRow.epoch, PromptRow.state, PromptRow.drop_reason, func.count())
+            .where(PromptRow.run_id == run_id)
+            .group_by(PromptRow.epoch, PromptRow.state, PromptRow.drop_reason)
+        ).all()
+    )
+
+
+def consumed_without_version(session: Session, run_id: uuid.UUID) -> int:
+    """Consumed rows that do not name the version they went into (must be none)."""
+    return int(
+        session.execute(
+            select(func.count())
+            .select_from(PromptRow)
+            .where(
+                and_(
+                    PromptRow.run_id == run_id,
+                    PromptRow.state == "consumed",
+                    PromptRow.consumed_version.is_(None),
+                )
+            )
+        ).scalar_one()
+    )

@@ -1,0 +1,48 @@
+"""Retention of adapter and checkpoint objects (invariant 13): never delete versions
+≥ current − max_staleness − 1, versions named by an active lease or an unconsumed batch, the
+final version, or the latest checkpoint. Everything older goes. Scheduled by the jobs."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from protocol.storage import ObjectNotFound, ObjectStore
+from server.errors import NotFound
+from server.learner import repository as repo
+from server.learner.service import run_config
+from server.models import AdapterVersion
+
+
+def protected_versions(
+    session: Session, run_id: uuid.UUID, versions: list[AdapterVersion]
+) -> set[int]:
+    run = repo.get_run(session, run_id)
+    if run is None:
+        raise NotFound("run not found")
+    floor = run.current_version - run_config(run.config).max_staleness - 1
+    keep = {v.version for v in versions if v.version >= floor or v.final}
+    keep |= repo.versions_in_use(session, run_id)
+    with_checkpoint = [v.version for v in versions if v.checkpoint_files]
+    if with_checkpoint:
+        keep.add(max(with_checkpoint))
+    return keep
+
+
+def apply_retention(session: Session, store: ObjectStore, run_id: uuid.UUID) -> list[str]:
+    """Delete the objects of unprotected versions, mark them deleted; returns the keys."""
+    versions = repo.live_versions(session, run_id)
+    keep = protected_versions(session, run_id, versions)
+    doomed = [v for v in versions if v.version not in keep]
+    repo.mark_deleted(session, [v.id for v in doomed])
+    deleted: list[str] = []
+    for version in doomed:
+        for meta in [*version.files.values(), *version.checkpoint_files.values()]:
+            key = str(meta["key"])
+            try:
+                store.delete(key)
+            except ObjectNotFound:
+                pass
+            deleted.append(key)
+    return deleted

@@ -1,0 +1,65 @@
+"""Admin read models of the learner feature (run metrics, prompt ledger)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class LearnerPoint(BaseModel):
+    step: int = Field(description="Learner step (or proxy interval index).")
+    version: int | None = Field(description="Adapter version the point belongs to.")
+    values: dict[str, Any] = Field(description="Named metric values.")
+    created_at: datetime | None = Field(description="When the point was stored.")
+
+
+class ProxyStats(BaseModel):
+    """Rollout-proxy figures computed on read from batches and leases."""
+
+    batches_by_state: dict[str, int] = Field(description="Batches per state.")
+    batches_accepted: int = Field(description="Batches that passed `complete`.")
+    rejected_by_reason: dict[str, int] = Field(description="Rejected batches per reason.")
+    samples_generated: int = Field(description="Samples in batches plus in aborted leases.")
+    samples_rejected_stale: int = Field(description="Samples in batches rejected as stale.")
+    samples_aborted: int = Field(description="Samples of leases the proxy aborted.")
+    stale_waste: float = Field(
+        description="(samples rejected stale + samples aborted) / samples generated."
+    )
+    staleness_histogram: dict[str, int] = Field(description="Consumed batches per staleness.")
+    by_adapter_version: list[dict[str, int]] = Field(
+        description="Per generating adapter version: batches, samples, and counts per state."
+    )
+
+
+class RunMetrics(BaseModel):
+    run_id: uuid.UUID = Field(description="The run.")
+    current_version: int = Field(description="The run's last published version.")
+    learner: list[LearnerPoint] = Field(description="Learner series (since_step onwards).")
+    proxy_points: list[LearnerPoint] = Field(description="Stored proxy interval points.")
+    proxy: ProxyStats = Field(description="Proxy figures computed now.")
+
+
+class EpochLedger(BaseModel):
+    epoch: int = Field(description="Epoch number.")
+    total: int = Field(description="Prompt rows of this epoch.")
+    by_state: dict[str, int] = Field(description="Rows per state.")
+    dropped_by_reason: dict[str, int] = Field(description="Dropped rows per drop reason.")
+    closed: bool = Field(description="Every row of the epoch consumed or dropped.")
+
+
+class Ledger(BaseModel):
+    """Where every prompt row of a run is (invariant 12)."""
+
+    run_id: uuid.UUID = Field(description="The run.")
+    run_status: str = Field(description="The run's status.")
+    total: int = Field(description="Prompt rows of all epochs.")
+    by_state: dict[str, int] = Field(description="Rows per state.")
+    dropped_by_reason: dict[str, int] = Field(description="Dropped rows per drop reason.")
+    epochs: list[EpochLedger] = Field(description="The same per epoch.")
+    consumed_without_version: int = Field(description="Consumed rows naming no version (0).")
+    balanced: bool = Field(
+        description="Every row consumed once or dropped with a reason, and nothing else."
+    )

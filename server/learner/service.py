@@ -1,0 +1,245 @@
+"""The learner side of the rollout proxy: one fenced learner per run, batch claims with the
+staleness window re-checked, rejections, and the rules of the learner lease (design.md
+invariants 2, 5, 7, 12). Adapter uploads and publishing live in publish.py."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from protocol.run_config import RunConfig
+from protocol.schemas_learner import (
+    AttachRequest,
+    AttachResponse,
+    ClaimedBatch,
+    ClaimRequest,
+    ClaimResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    PromptRowOut,
+    RejectRequest,
+    RejectResponse,
+    StoredFile,
+)
+from protocol.storage import ObjectStore
+from server.config import Settings
+from server.errors import Conflict, FencingLost, NotFound
+from server.learner import repository as repo
+from server.leases import queue
+from server.models import RolloutBatch, Token
+
+CLAIM_PAGE = 32
+
+
+def run_config(config: dict[str, Any]) -> RunConfig:
+    return RunConfig.model_validate(config)
+
+
+def authorize(token: Token, run_id: uuid.UUID) -> None:
+    """A learner token acts only on its own run (others look absent)."""
+    if token.scope_id != run_id:
+        raise NotFound("run not found")
+
+
+def fence(
+    session: Session,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    fencing: int,
+    *,
+    live_run: bool = True,
+) -> repo.FencedRun:
+    """Authorize, then the fenced compare-and-set (extends the learner lease); 409 if lost."""
+    authorize(token, run_id)
+    run = repo.fence(session, run_id, fencing, settings.learner_lease_ttl_s, live_run=live_run)
+    if run is None:
+        raise FencingLost(
+            "learner lease lost (stale fencing token, expired lease or finished run): re-attach"
+        )
+    return run
+
+
+def attach(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    body: AttachRequest,
+) -> AttachResponse:
+    authorize(token, run_id)
+    ttl = settings.learner_lease_ttl_s
+    run = repo.attach(session, run_id, body.tokenizer_fingerprint, ttl)
+    if run is None:
+        raise _attach_refusal(session, run_id, body.tokenizer_fingerprint)
+    repo.release_claims(session, run_id)
+    checkpoint, adapter = _resume_files(session, store, settings, run_id, run.current_version)
+    return AttachResponse(
+        fencing=run.learner_fencing,
+        current_version=run.current_version,
+        resume_checkpoint=checkpoint,
+        resume_adapter=adapter,
+        run_config=run.config,
+        heartbeat_interval_s=ttl / 3.0,
+        lease_ttl_s=ttl,
+    )
+
+
+def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Exception:
+    current = repo.get_run(session, run_id)
+    if current is None:
+        return NotFound("run not found")
+    if current.status in repo.TERMINAL:
+        return Conflict(f"run is {current.status}", status=current.status)
+    if current.tokenizer_fingerprint not in (None, fingerprint):
+        return Conflict(
+            "tokenizer fingerprint differs from the run's",
+            run_fingerprint=current.tokenizer_fingerprint,
+        )
+    return Conflict(
+        "another learner holds this run: wait as a standby and retry after its lease expires"
+    )
+
+
+def _resume_files(
+    session: Session, store: ObjectStore, settings: Settings, run_id: uuid.UUID, version: int
+) -> tuple[list[StoredFile] | None, list[StoredFile] | None]:
+    if version == 0:
+        return None, None
+    row = repo.adapter_version(session, run_id, version)
+    if row is None:
+        return None, None
+    ttl = settings.security.url_ttl_s
+    return stored_files(store, row.checkpoint_files, ttl), stored_files(store, row.files, ttl)
+
+
+def stored_files(store: ObjectStore, files: dict[str, Any], ttl_s: int) -> list[StoredFile]:
+    return [
+        StoredFile(
+            name=name,
+            key=meta["key"],
+            sha256=meta["sha256"],
+            size=meta["bytes"],
+            url=store.presign_get(meta["key"], ttl_s),
+        )
+        for name, meta in sorted(files.items())
+    ]
+
+
+def heartbeat(
+    session: Session, settings: Settings, token: Token, run_id: uuid.UUID, body: HeartbeatRequest
+) -> HeartbeatResponse:
+    run = fence(session, settings, token, run_id, body.fencing)
+    return HeartbeatResponse(current_version=run.current_version, status=run.status)
+
+
+def claim(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    body: ClaimRequest,
+) -> ClaimResponse:
+    """One claim attempt (the router long-polls by repeating it in fresh transactions)."""
+    run = fence(session, settings, token, run_id, body.fencing)
+    config = run_config(run.config)
+    if config.max_versions is not None and run.current_version >= config.max_versions:
+        return ClaimResponse(batches=[], exhausted=True, current_version=run.current_version)
+    taken, stale = _take_batches(session, run, config, body.max_groups)
+    prompts = repo.prompts_of_batches(session, [b.id for b, _ in taken])
+    ttl = settings.security.url_ttl_s
+    batches = [_claimed(store, b, s, prompts[b.id], ttl) for b, s in taken]
+    exhausted = repo.open_rows(session, run_id) == 0
+    return ClaimResponse(
+        batches=batches,
+        exhausted=exhausted,
+        current_version=run.current_version,
+        stale_rejected=stale,
+    )
+
+
+def _take_batches(
+    session: Session, run: repo.FencedRun, config: RunConfig, max_groups: int
+) -> tuple[list[tuple[RolloutBatch, int]], int]:
+    """Oldest adapter version first; stale batches rejected and their rows re-queued; stop
+    at the first batch that would pass max_groups (one batch is always allowed)."""
+    taken: list[tuple[RolloutBatch, int]] = []
+    groups = stale = 0
+    while True:
+        page = repo.accepted_batches_page(session, run.id, CLAIM_PAGE)
+        if not page:
+            return taken, stale
+        for batch in page:
+            staleness = run.current_version - batch.adapter_version
+            if staleness > config.max_staleness:
+                _reject_stale(session, run.id, batch, staleness)
+                stale += 1
+                continue
+            if taken and groups + batch.n_groups > max_groups:
+                return taken, stale
+            repo.claim_batch(session, batch.id, run.learner_fencing, staleness)
+            taken.append((batch, staleness))
+            groups += batch.n_groups
+            if groups >= max_groups:
+                return taken, stale
+
+
+def _reject_stale(session: Session, run_id: uuid.UUID, batch: RolloutBatch, staleness: int) -> None:
+    detail = f"staleness {staleness} above max_staleness"
+    repo.reject_batch(
+        session, batch.id, "stale", detail, from_state="accepted", staleness=staleness
+    )
+    rows = repo.row_ids_of_batch(session, batch.id)
+    queue.requeue(session, run_id, rows, "stale", count_attempt=True)
+
+
+def _claimed(
+    store: ObjectStore,
+    batch: RolloutBatch,
+    staleness: int,
+    prompts: list[dict[str, Any]],
+    ttl_s: int,
+) -> ClaimedBatch:
+    return ClaimedBatch(
+        batch_id=batch.id,
+        lease_id=batch.lease_id,
+        worker_id=batch.worker_id,
+        adapter_version=batch.adapter_version,
+        staleness=staleness,
+        bucket_key=batch.bucket_key,
+        sha256=batch.sha256,
+        size=batch.bytes,
+        url=store.presign_get(batch.bucket_key, ttl_s),
+        n_samples=batch.n_samples,
+        n_groups=batch.n_groups,
+        prompts=[PromptRowOut(**p) for p in prompts],
+    )
+
+
+def reject(
+    session: Session,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    batch_id: uuid.UUID,
+    body: RejectRequest,
+) -> RejectResponse:
+    """A batch this learner claimed cannot be trained on: rejected, its rows re-queued at the
+    front (an attempt counted), the worker's rejection count raised."""
+    fence(session, settings, token, run_id, body.fencing)
+    batch = repo.get_batch(session, run_id, batch_id)
+    if batch is None:
+        raise NotFound("batch not found")
+    if batch.state != "claimed" or batch.claimed_fencing != body.fencing:
+        raise Conflict(f"batch is {batch.state}, not claimed by this learner", state=batch.state)
+    repo.reject_batch(session, batch_id, body.reason, body.detail, from_state="claimed")
+    rows = repo.row_ids_of_batch(session, batch_id)
+    result = queue.requeue(session, run_id, rows, body.reason, count_attempt=True)
+    repo.count_worker_rejection(session, batch.worker_id)
+    return RejectResponse(
+        batch_id=batch_id, requeued=len(result.requeued), dropped=len(result.dropped)
+    )
