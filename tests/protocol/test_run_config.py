@@ -1,0 +1,306 @@
+"""Run config validation: one case per rule, each checking the field path and the message."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from protocol.run_config import RunConfig
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "runs" / "arithmetic.json"
+
+
+def base() -> dict[str, Any]:
+    return json.loads(EXAMPLE.read_text())
+
+
+def with_patch(path: str, value: Any) -> dict[str, Any]:
+    cfg = copy.deepcopy(base())
+    *parents, last = path.split(".")
+    node: Any = cfg
+    for p in parents:
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return cfg
+
+
+def errors_of(cfg: dict[str, Any]) -> list[tuple[str, str, str]]:
+    with pytest.raises(ValidationError) as info:
+        RunConfig.model_validate(cfg)
+    return [(".".join(str(p) for p in e["loc"]), e["msg"], e["type"]) for e in info.value.errors()]
+
+
+def test_example_config_is_valid_and_round_trips() -> None:
+    cfg = RunConfig.model_validate(base())
+    assert cfg.model_dump(mode="json") == base()
+    assert cfg.admission_bound_groups() == (1 + 1) * 1 * 8
+
+
+# (path to set, value, field path of the error, part of the message)
+RULES = [
+    ("group_size", 1, "group_size", "group_size must be at least 2"),
+    ("prompts_per_lease", 0, "prompts_per_lease", "prompts_per_lease must be at least 1"),
+    ("prompts_per_step", 0, "prompts_per_step", "prompts_per_step must be at least 1"),
+    (
+        "prompts_per_step",
+        7,
+        "prompts_per_step",
+        "prompts_per_step must be a multiple of prompts_per_lease (2)",
+    ),
+    ("weight_sync_steps", 0, "weight_sync_steps", "weight_sync_steps must be at least 1"),
+    ("max_staleness", -1, "max_staleness", "max_staleness must be at least 0"),
+    ("max_attempts", 0, "max_attempts", "max_attempts must be at least 1"),
+    ("epochs", 0, "epochs", "epochs must be at least 1"),
+    ("epochs", 100_000, "epochs", "epochs × dataset rows must be at most 5,000,000"),
+    ("max_versions", 0, "max_versions", "max_versions must be at least 1 when set"),
+    ("sampling.temperature", 0.0, "sampling.temperature", "temperature must be greater than 0"),
+    ("sampling.top_p", 0.95, "sampling.top_p", "top_p must be 1.0"),
+    ("sampling.top_k", 50, "sampling.top_k", "top_k must be 0 or -1"),
+    (
+        "sampling.repetition_penalty",
+        1.1,
+        "sampling.repetition_penalty",
+        "repetition_penalty must be 1.0 (no penalties",
+    ),
+    (
+        "sampling.presence_penalty",
+        0.5,
+        "sampling.presence_penalty",
+        "presence_penalty must be 0.0 (no penalties",
+    ),
+    (
+        "sampling.frequency_penalty",
+        0.5,
+        "sampling.frequency_penalty",
+        "frequency_penalty must be 0.0 (no penalties",
+    ),
+    (
+        "sampling.max_new_tokens",
+        0,
+        "sampling.max_new_tokens",
+        "max_new_tokens must be between 1 and 8192",
+    ),
+    (
+        "sampling.max_new_tokens",
+        8193,
+        "sampling.max_new_tokens",
+        "max_new_tokens must be between 1 and 8192",
+    ),
+    ("lora.rank", 0, "lora.rank", "rank must be at least 1"),
+    ("lora.alpha", 0.0, "lora.alpha", "alpha must be greater than 0"),
+    ("lora.dropout", 1.0, "lora.dropout", "dropout must be in [0, 1)"),
+    ("lora.dropout", -0.1, "lora.dropout", "dropout must be in [0, 1)"),
+    ("lora.target_modules", [], "lora.target_modules", "target_modules must name at least one"),
+    ("lora.target_modules", ["q_proj", " "], "lora.target_modules", "no empty names"),
+    ("grpo.learning_rate", 0.0, "grpo.learning_rate", "learning_rate must be greater than 0"),
+    ("grpo.epsilon_low", 1.0, "grpo.epsilon_low", "epsilon_low must be in [0, 1)"),
+    ("grpo.epsilon_high", -0.1, "grpo.epsilon_high", "epsilon_high must be at least 0"),
+    ("grpo.beta", -0.01, "grpo.beta", "beta must be at least 0"),
+    ("grpo.tis_cap", 0.5, "grpo.tis_cap", "tis_cap must be at least 1"),
+    (
+        "grpo.spot_check_fraction",
+        1.5,
+        "grpo.spot_check_fraction",
+        "spot_check_fraction must be in [0, 1]",
+    ),
+    ("grpo.max_grad_norm", 0.0, "grpo.max_grad_norm", "max_grad_norm must be greater than 0"),
+    ("grpo.weight_decay", -1.0, "grpo.weight_decay", "weight_decay must be at least 0"),
+    (
+        "grpo.micro_batch_tokens",
+        0,
+        "grpo.micro_batch_tokens",
+        "micro_batch_tokens must be at least 1",
+    ),
+    ("grpo.scale_rewards", "batch", "grpo.scale_rewards", "Input should be 'group' or 'none'"),
+    ("grpo.loss_type", "ppo", "grpo.loss_type", "Input should be 'dapo', 'grpo' or 'dr_grpo'"),
+    ("grpo.correction", "is", "grpo.correction", "Input should be 'none' or 'tis'"),
+    ("budget_usd", 0.0, "budget_usd", "budget_usd must be greater than 0 when set"),
+    (
+        "learner_price_per_hour",
+        -1.0,
+        "learner_price_per_hour",
+        "learner_price_per_hour must be at least 0",
+    ),
+    ("lease_ttl_s", 0.0, "lease_ttl_s", "lease_ttl_s must be greater than 0"),
+    (
+        "heartbeat_interval_s",
+        0.0,
+        "heartbeat_interval_s",
+        "heartbeat_interval_s must be greater than 0",
+    ),
+    (
+        "heartbeat_interval_s",
+        120.0,
+        "heartbeat_interval_s",
+        "heartbeat_interval_s must be less than lease_ttl_s (120.0)",
+    ),
+    ("rewards", [], "rewards", "rewards must list at least one reward"),
+    ("rewards.0.name", "no_such_reward", "rewards.0.name", "unknown reward 'no_such_reward'"),
+    ("rewards.0.name", "my module:fn", "rewards.0.name", "'module:function'"),
+    ("rewards.0.name", "pkg.mod:", "rewards.0.name", "'module:function'"),
+    (
+        "rewards.0.kwargs",
+        {"max_chars": 3},
+        "rewards.0.kwargs",
+        "numeric_match takes no argument max_chars",
+    ),
+    (
+        "dataset.generator",
+        "geometry",
+        "dataset.generator.generator",
+        "generator must be a built-in generator (arithmetic",
+    ),
+    ("dataset.size", 0, "dataset.generator.size", "size must be between 1 and 1,000,000"),
+    ("dataset.size", 1_000_001, "dataset.generator.size", "size must be between 1 and 1,000,000"),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": []},
+        "dataset.jsonl.rows",
+        "rows must hold between 1 and 100,000 rows (got 0)",
+    ),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": [{"answer": "1"}]},
+        "dataset.jsonl.rows.0",
+        "row has no `prompt` column",
+    ),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": [{"prompt": "  "}]},
+        "dataset.jsonl.rows.0",
+        "prompt must be a non-empty string",
+    ),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": [{"prompt": "ok"}, {"prompt": 3}]},
+        "dataset.jsonl.rows.1",
+        "prompt must be a non-empty string or a non-empty list",
+    ),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": [{"prompt": [{"role": "tool", "content": "x"}]}]},
+        "dataset.jsonl.rows.0",
+        "prompt message 0 has role 'tool'",
+    ),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": [{"prompt": [{"role": "user"}]}]},
+        "dataset.jsonl.rows.0",
+        "prompt message 0 must be an object with exactly role and content",
+    ),
+    (
+        "dataset",
+        {"kind": "jsonl", "rows": [{"prompt": [{"role": "user", "content": 5}]}]},
+        "dataset.jsonl.rows.0",
+        "prompt message 0 content must be a string",
+    ),
+    ("alarms.stale_waste", 0.0, "alarms.stale_waste", "stale_waste must be a fraction in (0, 1]"),
+    (
+        "alarms.clip_fraction",
+        1.5,
+        "alarms.clip_fraction",
+        "clip_fraction must be a fraction in (0, 1]",
+    ),
+    (
+        "alarms.no_version_minutes",
+        0.0,
+        "alarms.no_version_minutes",
+        "no_version_minutes must be greater than 0",
+    ),
+    (
+        "alarms.spot_check_mismatch",
+        0.0,
+        "alarms.spot_check_mismatch",
+        "spot_check_mismatch must be greater than 0",
+    ),
+    ("alarms.window_minutes", 0.0, "alarms.window_minutes", "window_minutes must be in (0, 1440]"),
+    (
+        "alarms.webhook_url",
+        "ftp://hooks.example/x",
+        "alarms.webhook_url",
+        "webhook_url must be an http:// or https:// URL",
+    ),
+    ("alarms.webhook_url", "https://", "alarms.webhook_url", "with a host"),
+    ("name", "", "name", "name must be 1 to 200 characters"),
+    ("base_model", " ", "base_model", "base_model must be 1 to 500 characters"),
+    ("grpo.learning_rate", float("inf"), "grpo.learning_rate", "finite number"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field", "message"), RULES, ids=[f"{r[0]}={r[1]!r}"[:60] for r in RULES]
+)
+def test_rule(path: str, value: Any, field: str, message: str) -> None:
+    errors = errors_of(with_patch(path, value))
+    assert len(errors) == 1, errors
+    got_field, got_message, _type = errors[0]
+    assert got_field == field
+    assert message in got_message
+    if _type == "config_rule" and not isinstance(value, list | dict):
+        assert repr(value) in got_message  # the message shows the value received
+
+
+@pytest.mark.parametrize("path", ["", "lora", "grpo", "sampling", "alarms", "dataset", "rewards.0"])
+def test_unknown_fields_refused_at_every_level(path: str) -> None:
+    cfg = base()
+    node: Any = cfg
+    for p in path.split(".") if path else []:
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    node["surprise"] = 1
+    (error,) = errors_of(cfg)
+    assert error[0].endswith("surprise")
+    assert error[2] == "extra_forbidden"
+
+
+def test_user_reward_syntax_is_checked_without_importing() -> None:
+    cfg = with_patch("rewards.0.name", "no_such_package_xyz.rewards:score")
+    parsed = RunConfig.model_validate(cfg)  # the module does not exist here: not imported
+    assert parsed.rewards[0].name == "no_such_package_xyz.rewards:score"
+
+
+def test_scale_rewards_none_and_group_both_accepted_with_dr_grpo() -> None:
+    for scale in ("none", "group"):
+        cfg = with_patch("grpo", {**base()["grpo"], "loss_type": "dr_grpo", "scale_rewards": scale})
+        assert RunConfig.model_validate(cfg).grpo.scale_rewards == scale
+
+
+def test_defaults_checked_against_given_values() -> None:
+    # prompts_per_step keeps its default (8); a lease of 3 does not divide it.
+    cfg = base()
+    del cfg["prompts_per_step"]
+    cfg["prompts_per_lease"] = 3
+    (error,) = errors_of(cfg)
+    assert error[0] == "prompts_per_step"
+    assert "multiple of prompts_per_lease (3)" in error[1]
+
+
+def test_jsonl_row_limit() -> None:
+    rows = [{"prompt": "p"}] * 100_001
+    (error,) = errors_of(with_patch("dataset", {"kind": "jsonl", "rows": rows}))
+    assert error[0] == "dataset.jsonl.rows"
+    assert "between 1 and 100,000 rows (got 100,001)" in error[1]
+
+
+def test_chat_prompts_and_reference_columns_accepted() -> None:
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "2+2?"},
+            ],
+            "answer": "4",
+            "source": "hand",
+        },
+        {"prompt": "3+3?", "answer": "6"},
+    ]
+    cfg = RunConfig.model_validate(with_patch("dataset", {"kind": "jsonl", "rows": rows}))
+    assert cfg.dataset.kind == "jsonl"
+    assert cfg.dataset.rows == rows
