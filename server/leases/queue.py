@@ -12,9 +12,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session
 
+from server.db_types import db_now
 from server.models import PromptRow, Run
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
@@ -142,26 +143,27 @@ def consume(
     return len(consumed)
 
 
-def admit(session: Session, run_id: uuid.UUID, n: int, bound: int) -> int | None:
-    """The admission compare-and-set, combined with the grant's fencing token.
+def admit(
+    session: Session, run_id: uuid.UUID, n: int, bound: int
+) -> Row[int, int, str | None] | None:
+    """The admission compare-and-set, taking the grant's fencing token in the same statement.
 
-    `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = fencing_seq + 1
-    WHERE id = :id AND status = 'running' AND groups_in_flight + n <= :bound RETURNING
-    fencing_seq`. Returns the new fencing token, or None when the bound (or the status) refuses.
+    `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = fencing_seq + 1,
+    last_lease_at = now() WHERE id = :id AND status = 'running' AND groups_in_flight + n <=
+    :bound RETURNING fencing_seq, current_version, tokenizer_fingerprint`; None when the bound
+    (or the status) refuses — never count-then-insert.
     """
     return session.execute(
         update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == "running",
-            Run.groups_in_flight + n <= bound,
-        )
+        .where(Run.id == run_id, Run.status == "running", Run.groups_in_flight + n <= bound)
         .values(
             groups_in_flight=Run.groups_in_flight + n,
             fencing_seq=Run.fencing_seq + 1,
+            last_lease_at=db_now(),
         )
-        .returning(Run.fencing_seq)
-    ).scalar_one_or_none()
+        .returning(Run.fencing_seq, Run.current_version, Run.tokenizer_fingerprint)
+        .execution_options(synchronize_session=False)
+    ).first()
 
 
 def next_fencing(session: Session, run_id: uuid.UUID) -> int:

@@ -1,5 +1,92 @@
+"""Worker calls of the rollout proxy: acquire (long-poll), heartbeat, upload, complete, release."""
+
 from __future__ import annotations
 
-from fastapi import APIRouter
+import time
+import uuid
 
-router = APIRouter(tags=["leases"])
+from fastapi import APIRouter, Response, status
+
+from protocol.schemas import (
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    Lease,
+    LeaseAcquireRequest,
+    ReleaseRequest,
+    ReleaseResponse,
+    UploadRequest,
+    UploadResponse,
+)
+from server.deps import SessionDep, SettingsDep, StoreDep, WorkerDep
+from server.leases import service
+from server.workers.service import worker_of
+
+router = APIRouter(prefix="/api/v1/leases", tags=["leases"])
+
+POLL_INTERVAL_S = 0.25
+
+
+@router.post(
+    "/acquire",
+    response_model=Lease,
+    responses={204: {"description": "No admissible work (after the long-poll, if any)."}},
+)
+def acquire(
+    body: LeaseAcquireRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    token: WorkerDep,
+) -> Lease | Response:
+    deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
+    while True:
+        worker = worker_of(session, token)
+        lease = service.acquire(session, store, settings, worker, body)
+        if lease is not None or worker.status != "active" or time.monotonic() >= deadline:
+            break
+        # End this try's transaction before waiting: never hold locks (or SQLite's write lock)
+        # while sleeping.
+        session.commit()
+        time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+    if lease is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return lease
+
+
+@router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse)
+def heartbeat(
+    lease_id: uuid.UUID, body: HeartbeatRequest, session: SessionDep, token: WorkerDep
+) -> HeartbeatResponse:
+    return service.heartbeat(session, worker_of(session, token), lease_id, body)
+
+
+@router.post("/{lease_id}/upload", response_model=UploadResponse)
+def upload(
+    lease_id: uuid.UUID,
+    body: UploadRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    token: WorkerDep,
+) -> UploadResponse:
+    return service.upload(session, store, settings, worker_of(session, token), lease_id, body)
+
+
+@router.post("/{lease_id}/complete", response_model=CompleteResponse)
+def complete(
+    lease_id: uuid.UUID,
+    body: CompleteRequest,
+    session: SessionDep,
+    store: StoreDep,
+    token: WorkerDep,
+) -> CompleteResponse:
+    return service.complete(session, store, worker_of(session, token), lease_id, body)
+
+
+@router.post("/{lease_id}/release", response_model=ReleaseResponse)
+def release(
+    lease_id: uuid.UUID, body: ReleaseRequest, session: SessionDep, token: WorkerDep
+) -> ReleaseResponse:
+    return service.release(session, worker_of(session, token), lease_id, body)

@@ -1,0 +1,150 @@
+"""All SQL of the worker side of the rollout proxy."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import Row, insert, select, update
+from sqlalchemy.orm import Session
+
+from server.db import is_postgres
+from server.db_types import db_now, db_now_plus
+from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
+
+
+def candidate_runs(session: Session, models: list[str]) -> list[Run]:
+    """Running runs of these base models, fairly: higher priority first, then the run leased
+    least recently (never-leased first)."""
+    if not models:
+        return []
+    return list(
+        session.execute(
+            select(Run)
+            .where(Run.status == "running", Run.base_model.in_(models))
+            .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
+        ).scalars()
+    )
+
+
+def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[Any]]:
+    """The first n queued rows of the run with their prompts, locked (SKIP LOCKED on Postgres;
+    SQLite's single writer already excludes everyone else)."""
+    stmt = (
+        select(PromptRow.id, PromptRow.dataset_row_id, PromptRow.epoch, DatasetRow.prompt)
+        .join(DatasetRow, DatasetRow.id == PromptRow.dataset_row_id)
+        .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
+        .order_by(PromptRow.queue_pos)
+        .limit(n)
+    )
+    if is_postgres(session):
+        stmt = stmt.with_for_update(of=PromptRow, skip_locked=True)
+    return list(session.execute(stmt).all())
+
+
+def insert_lease(session: Session, **values: Any) -> None:
+    session.execute(insert(Lease).values(**values))
+
+
+def mark_rows_leased(session: Session, row_ids: list[int], lease_id: uuid.UUID) -> None:
+    session.execute(
+        update(PromptRow)
+        .where(PromptRow.id.in_(row_ids), PromptRow.state == "queued")
+        .values(state="leased", lease_id=lease_id)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def adapter_version(session: Session, run_id: uuid.UUID, version: int) -> AdapterVersion | None:
+    return session.execute(
+        select(AdapterVersion).where(
+            AdapterVersion.run_id == run_id, AdapterVersion.version == version
+        )
+    ).scalar_one_or_none()
+
+
+def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID) -> Row[Any] | None:
+    """The lease with its run's fields, only if this worker holds it (else None: a 404)."""
+    return session.execute(
+        select(
+            Lease.id,
+            Lease.run_id,
+            Lease.fencing,
+            Lease.adapter_version,
+            Lease.group_size,
+            Run.status,
+            Run.current_version,
+            Run.config,
+            Run.tokenizer_fingerprint,
+        )
+        .join(Run, Run.id == Lease.run_id)
+        .where(Lease.id == lease_id, Lease.worker_id == worker_id)
+    ).first()
+
+
+def fence(
+    session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int, **values: Any
+) -> bool:
+    """The fenced compare-and-set: `UPDATE leases SET … WHERE id AND worker AND fencing AND
+    state='active' AND expires_at > db_now() RETURNING id`. False: nothing changed."""
+    return (
+        session.execute(
+            update(Lease)
+            .where(
+                Lease.id == lease_id,
+                Lease.worker_id == worker_id,
+                Lease.fencing == fencing,
+                Lease.state == "active",
+                Lease.expires_at > db_now(),
+            )
+            .values(**values)
+            .returning(Lease.id)
+            .execution_options(synchronize_session=False)
+        ).first()
+        is not None
+    )
+
+
+def extend_values(ttl_s: float) -> dict[str, Any]:
+    return {"expires_at": db_now_plus(ttl_s), "last_heartbeat_at": db_now()}
+
+
+def end_values(state: str, reason: str) -> dict[str, Any]:
+    return {"state": state, "ended_at": db_now(), "end_reason": reason}
+
+
+def leased_rows(session: Session, lease_id: uuid.UUID) -> list[int]:
+    return list(
+        session.execute(
+            select(PromptRow.id)
+            .where(PromptRow.lease_id == lease_id, PromptRow.state == "leased")
+            .order_by(PromptRow.queue_pos)
+        ).scalars()
+    )
+
+
+def insert_batch(session: Session, **values: Any) -> uuid.UUID:
+    batch_id = uuid.uuid4()
+    session.execute(insert(RolloutBatch).values(id=batch_id, **values))
+    return batch_id
+
+
+def accept_rows(session: Session, row_ids: list[int], batch_id: uuid.UUID) -> None:
+    session.execute(
+        update(PromptRow)
+        .where(PromptRow.id.in_(row_ids), PromptRow.state == "leased")
+        .values(state="accepted", batch_id=batch_id)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def touch_worker(session: Session, worker_id: uuid.UUID, **counters: int) -> None:
+    values: dict[str, Any] = {"last_seen_at": db_now()}
+    for name, delta in counters.items():
+        values[name] = getattr(Worker, name) + delta
+    session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )

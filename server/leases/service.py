@@ -1,0 +1,295 @@
+"""Rules of the worker side of the rollout proxy (invariants 1–6, 10).
+
+Every fenced call is one compare-and-set on the lease row (repository.fence); when it changes
+nothing the call answers 409 and has changed nothing before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from protocol import layout
+from protocol.run_config import RunConfig
+from protocol.schemas import (
+    AdapterFile,
+    AdapterRef,
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    Lease,
+    LeaseAcquireRequest,
+    LeasePrompt,
+    ReleaseRequest,
+    ReleaseResponse,
+    UploadRequest,
+    UploadResponse,
+)
+from protocol.storage import ObjectStore
+from server.config import Settings
+from server.db_types import db_now, db_now_plus
+from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
+from server.leases import expiry, queue
+from server.leases import repository as repo
+from server.models import Run, Worker
+
+_DEFAULTS = {name: f.default for name, f in RunConfig.model_fields.items()}
+
+
+def cfg(config: dict[str, Any], name: str) -> Any:
+    """A RunConfig field from a stored config (stored configs are complete model dumps)."""
+    return config.get(name, _DEFAULTS[name])
+
+
+def admission_bound(config: dict[str, Any]) -> int:
+    """RunConfig.admission_bound_groups() without re-validating the whole stored config."""
+    return (
+        (int(cfg(config, "max_staleness")) + 1)
+        * int(cfg(config, "weight_sync_steps"))
+        * int(cfg(config, "prompts_per_step"))
+    )
+
+
+def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
+    """Deterministic per grant: the run's seed and the grant's fencing token."""
+    digest = hashlib.sha256(f"{run_seed}:{run_id}:{fencing}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+# -- acquire -----------------------------------------------------------------------------------
+
+
+def acquire(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    worker: Worker,
+    body: LeaseAcquireRequest,
+) -> Lease | None:
+    """One try: sweep expired leases, then grant from the fairest admissible run, or None."""
+    expiry.sweep_expired(session)
+    if worker.status != "active":
+        return None
+    models = list(worker.models or [])
+    if body.models is not None:
+        models = [m for m in body.models if m in models]
+    repo.touch_worker(session, worker.id)
+    for run in repo.candidate_runs(session, models):
+        lease = _grant(session, store, settings, run, worker.id)
+        if lease is not None:
+            return lease
+    return None
+
+
+def _grant(
+    session: Session, store: ObjectStore, settings: Settings, run: Run, worker_id: uuid.UUID
+) -> Lease | None:
+    config = run.config
+    rows = repo.lock_queued_rows(session, run.id, int(cfg(config, "prompts_per_lease")))
+    if not rows:
+        return None
+    admitted = queue.admit(session, run.id, len(rows), admission_bound(config))
+    if admitted is None:
+        return None
+    fencing, version, fingerprint = admitted
+    lease_id = uuid.uuid4()
+    ttl_s = float(cfg(config, "lease_ttl_s"))
+    group_size = int(cfg(config, "group_size"))
+    seed = lease_seed(int(cfg(config, "seed")), run.id, fencing)
+    repo.insert_lease(
+        session,
+        id=lease_id,
+        run_id=run.id,
+        worker_id=worker_id,
+        adapter_version=version,
+        fencing=fencing,
+        state="active",
+        expires_at=db_now_plus(ttl_s),
+        seed=seed,
+        n_prompts=len(rows),
+        group_size=group_size,
+    )
+    repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
+    sampling = dict(cfg(config, "sampling") or {})
+    return Lease(
+        lease_id=lease_id,
+        run_id=run.id,
+        base_model=run.base_model,
+        tokenizer_fingerprint=fingerprint,
+        sampling=sampling,
+        max_new_tokens=int(sampling.get("max_new_tokens", 32)),
+        system_prompt=(cfg(config, "grpo") or {}).get("system_prompt"),
+        group_size=group_size,
+        prompts=[
+            LeasePrompt(
+                prompt_row_id=r.id,
+                dataset_row_id=r.dataset_row_id,
+                prompt=r.prompt,
+                epoch=r.epoch,
+            )
+            for r in rows
+        ],
+        seed=seed,
+        adapter_version=version,
+        adapter=_adapter_ref(session, store, settings, run.id, version),
+        fencing=fencing,
+        ttl_s=ttl_s,
+        heartbeat_interval_s=float(cfg(config, "heartbeat_interval_s")),
+        batch_key=layout.batch_key(run.id, lease_id, fencing),
+    )
+
+
+def _adapter_ref(
+    session: Session, store: ObjectStore, settings: Settings, run_id: uuid.UUID, version: int
+) -> AdapterRef | None:
+    if version == 0:
+        return None
+    row = repo.adapter_version(session, run_id, version)
+    if row is None:
+        raise RuntimeError(f"run {run_id} is at version {version} but has no adapter row")
+    ttl = settings.security.url_ttl_s
+    files = [
+        AdapterFile(
+            name=name,
+            url=store.presign_get(meta["key"], ttl),
+            sha256=meta["sha256"],
+            size=meta.get("bytes"),
+        )
+        for name, meta in sorted(row.files.items())
+    ]
+    return AdapterRef(version=version, sha256=row.sha256, files=files)
+
+
+# -- fenced calls ------------------------------------------------------------------------------
+
+
+def _lease(session: Session, lease_id: uuid.UUID, worker: Worker) -> Any:
+    lease = repo.lease_of_worker(session, lease_id, worker.id)
+    if lease is None:
+        raise NotFound("lease not found")
+    return lease
+
+
+def _fence(
+    session: Session, lease_id: uuid.UUID, worker: Worker, fencing: int, **values: Any
+) -> None:
+    """The compare-and-set every fenced call goes through; 409 when it changed nothing."""
+    if not repo.fence(session, lease_id, worker.id, fencing, **values):
+        raise FencingLost(
+            "lease lost: fencing token, state or expiry no longer holds; drop the work"
+        )
+
+
+def heartbeat(
+    session: Session, worker: Worker, lease_id: uuid.UUID, body: HeartbeatRequest
+) -> HeartbeatResponse:
+    """Extend the lease by the run's TTL, or abort it (and re-queue its rows) when its batch can
+    no longer be admissible or the run no longer runs."""
+    lease = _lease(session, lease_id, worker)
+    config = lease.config
+    ttl_s = float(cfg(config, "lease_ttl_s"))
+    reason = None
+    if lease.status != "running":
+        reason = f"run_{lease.status}"
+    elif lease.current_version - lease.adapter_version > int(cfg(config, "max_staleness")):
+        reason = "stale"
+    if reason is None:
+        _fence(session, lease_id, worker, body.fencing, **repo.extend_values(ttl_s))
+        repo.touch_worker(session, worker.id)
+        return HeartbeatResponse(current_version=lease.current_version, abort=False, ttl_s=ttl_s)
+    _fence(session, lease_id, worker, body.fencing, **repo.end_values("aborted", reason))
+    rows = repo.leased_rows(session, lease_id)
+    # A stale lease counts an attempt; a run that stopped running (paused, cancelled…) does not.
+    queue.requeue(session, lease.run_id, rows, "aborted", count_attempt=reason == "stale")
+    repo.touch_worker(session, worker.id)
+    return HeartbeatResponse(
+        current_version=lease.current_version, abort=True, ttl_s=0.0, reason=reason
+    )
+
+
+def upload(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    worker: Worker,
+    lease_id: uuid.UUID,
+    body: UploadRequest,
+) -> UploadResponse:
+    """A presigned PUT for the lease's one batch key, bound to this size and sha256."""
+    lease = _lease(session, lease_id, worker)
+    if body.size > settings.security.max_blob_bytes:
+        raise PayloadTooLarge(
+            f"size exceeds {settings.security.max_blob_bytes} bytes", field="size"
+        )
+    _fence(session, lease_id, worker, body.fencing, last_heartbeat_at=db_now())
+    key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
+    ttl = settings.security.url_ttl_s
+    put = store.presign_put(
+        key, size=body.size, sha256_hex=body.sha256, ttl_s=ttl, if_none_match=True
+    )
+    return UploadResponse(key=key, url=put.url, headers=dict(put.headers), expires_in_s=ttl)
+
+
+def complete(
+    session: Session, store: ObjectStore, worker: Worker, lease_id: uuid.UUID, body: CompleteRequest
+) -> CompleteResponse:
+    """Accept the batch when its object exists with the manifest's size and the sample count
+    matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way."""
+    lease = _lease(session, lease_id, worker)
+    manifest = body.manifest
+    key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
+    if manifest.key != key:
+        raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
+    info = store.head(key)  # object-store I/O before the compare-and-set takes the row lock
+    _fence(session, lease_id, worker, body.fencing, **repo.end_values("completed", "completed"))
+    rows = repo.leased_rows(session, lease_id)
+    reject = None
+    if info is None:
+        reject = "missing_object"
+    elif info.size != manifest.size:
+        reject = "size_mismatch"
+    elif manifest.n_samples != len(rows) * lease.group_size:
+        reject = "invalid"
+    batch_id = repo.insert_batch(
+        session,
+        run_id=lease.run_id,
+        lease_id=lease_id,
+        worker_id=worker.id,
+        adapter_version=lease.adapter_version,
+        bucket_key=key,
+        sha256=manifest.sha256,
+        bytes=manifest.size,
+        n_samples=manifest.n_samples,
+        n_tokens=manifest.n_tokens,
+        n_groups=len(rows),
+        tokenizer_fingerprint=lease.tokenizer_fingerprint,
+        state="rejected" if reject else "accepted",
+        reject_reason=reject,
+        generation_seconds=manifest.generation_seconds,
+        manifest=manifest.model_dump(mode="json"),
+    )
+    if reject is None:
+        repo.accept_rows(session, rows, batch_id)
+        repo.touch_worker(session, worker.id, accepted_batches=1)
+    else:
+        queue.requeue(session, lease.run_id, rows, "invalid", count_attempt=True)
+        repo.touch_worker(session, worker.id, rejected_batches=1)
+    return CompleteResponse(
+        batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
+    )
+
+
+def release(
+    session: Session, worker: Worker, lease_id: uuid.UUID, body: ReleaseRequest
+) -> ReleaseResponse:
+    """Prompts back to the front of the queue now; no attempt counted."""
+    lease = _lease(session, lease_id, worker)
+    _fence(session, lease_id, worker, body.fencing, **repo.end_values("released", "release"))
+    rows = repo.leased_rows(session, lease_id)
+    result = queue.requeue(session, lease.run_id, rows, "release", count_attempt=False)
+    repo.touch_worker(session, worker.id)
+    return ReleaseResponse(released=len(result.requeued))

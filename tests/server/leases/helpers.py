@@ -1,0 +1,139 @@
+"""Test helpers: a run with its dataset and prompt rows, and registered workers.
+
+Runs are inserted the way contracts.md says create_run does (status, base_model, priority,
+config dump, DatasetRow rows, PromptRow rows for every epoch with queue_pos = epoch*N + i).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from protocol.run_config import RunConfig
+from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
+from server.tokens import service as tokens
+
+MODEL = "tiny-model"
+
+
+def run_config(n_rows: int = 10, **overrides: Any) -> RunConfig:
+    fields: dict[str, Any] = {
+        "name": "lease-test",
+        "base_model": MODEL,
+        "dataset": {
+            "kind": "jsonl",
+            "rows": [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n_rows)],
+        },
+        "rewards": [{"name": "numeric_match"}],
+        "group_size": 2,
+        "prompts_per_lease": 2,
+        "prompts_per_step": 4,
+        "weight_sync_steps": 1,
+        "max_staleness": 1,
+        "lease_ttl_s": 60.0,
+        "heartbeat_interval_s": 5.0,
+    }
+    fields.update(overrides)
+    return RunConfig.model_validate(fields)
+
+
+def make_run(
+    session: Session, config: RunConfig | None = None, *, status: str = "running", **kw: Any
+) -> Run:
+    config = config or run_config(**kw)
+    run = Run(
+        name=config.name,
+        status=status,
+        config=config.model_dump(mode="json"),
+        base_model=config.base_model,
+        priority=config.priority,
+    )
+    session.add(run)
+    session.flush()
+    rows = config.dataset.rows  # type: ignore[union-attr]
+    dataset_rows = [
+        DatasetRow(
+            run_id=run.id,
+            row_index=i,
+            prompt=row["prompt"],
+            reference={k: v for k, v in row.items() if k != "prompt"},
+        )
+        for i, row in enumerate(rows)
+    ]
+    session.add_all(dataset_rows)
+    session.flush()
+    n = len(dataset_rows)
+    session.add_all(
+        PromptRow(
+            run_id=run.id,
+            dataset_row_id=d.id,
+            epoch=e,
+            state="queued",
+            queue_pos=e * n + i,
+        )
+        for e in range(config.epochs)
+        for i, d in enumerate(dataset_rows)
+    )
+    session.flush()
+    return run
+
+
+def make_worker(
+    session: Session, *, models: list[str] | None = None, status: str = "active", name: str = "w"
+) -> tuple[Worker, str]:
+    worker = Worker(name=name, models=models if models is not None else [MODEL], status=status)
+    session.add(worker)
+    session.flush()
+    minted = tokens.mint(session, "worker", name=name, scope_id=worker.id)
+    return worker, minted.plaintext
+
+
+def snapshot(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
+    """Every row the lease engine may touch, for before/after comparisons."""
+    session.expire_all()
+    return {
+        "run": session.execute(
+            text(
+                "SELECT status, current_version, fencing_seq, groups_in_flight, queue_head "
+                "FROM runs WHERE id = :id"
+            ),
+            {"id": run_id},
+        ).all(),
+        "leases": session.execute(
+            select(Lease.id, Lease.state, Lease.expires_at, Lease.fencing, Lease.end_reason)
+            .where(Lease.run_id == run_id)
+            .order_by(Lease.id)
+        ).all(),
+        "rows": session.execute(
+            select(
+                PromptRow.id,
+                PromptRow.state,
+                PromptRow.queue_pos,
+                PromptRow.attempts,
+                PromptRow.lease_id,
+                PromptRow.batch_id,
+                PromptRow.drop_reason,
+            )
+            .where(PromptRow.run_id == run_id)
+            .order_by(PromptRow.id)
+        ).all(),
+        "batches": session.execute(
+            select(RolloutBatch.id, RolloutBatch.state).where(RolloutBatch.run_id == run_id)
+        ).all(),
+    }
+
+
+def in_flight(session: Session, run_id: uuid.UUID) -> int:
+    return int(
+        session.execute(
+            select(func.count())
+            .select_from(PromptRow)
+            .where(
+                PromptRow.run_id == run_id,
+                PromptRow.state.in_(("leased", "accepted", "claimed")),
+            )
+        ).scalar_one()
+    )
