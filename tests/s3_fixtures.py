@@ -1,1 +1,86 @@
-"""moto S3 server fixtures (owned by the object-store work)."""
+"""moto S3 server fixtures (owned by the object-store work).
+
+One real S3 protocol server (moto's ThreadedMotoServer) on 127.0.0.1 and a free port per test
+session, and a fresh bucket per test. moto enforces IfNoneMatch (412, also on presigned PUTs and
+CompleteMultipartUpload) but not presigned-URL expiry nor a signed ChecksumSHA256 (facts.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+MOTO_ACCESS_KEY = "testing-access-key"
+MOTO_SECRET_KEY = "testing-secret-key"
+MOTO_REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    url: str
+    access_key_id: str = MOTO_ACCESS_KEY
+    secret_access_key: str = MOTO_SECRET_KEY
+    region: str = MOTO_REGION
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+        )
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[S3Endpoint]:
+    """moto's S3 server on 127.0.0.1:<free port> for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield S3Endpoint(url=f"http://127.0.0.1:{port}")
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint: S3Endpoint) -> str:
+    """A fresh, empty bucket for this test."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    moto_endpoint.client().create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_store(moto_endpoint: S3Endpoint, s3_bucket: str):  # type: ignore[no-untyped-def]
+    """An S3Store on this test's bucket, configured as settings would (path-style, static keys)."""
+    from protocol.storage_s3 import S3Store
+
+    return S3Store(
+        bucket=s3_bucket,
+        prefix="",
+        endpoint_url=moto_endpoint.url,
+        region=moto_endpoint.region,
+        path_style=True,
+        access_key_id=moto_endpoint.access_key_id,
+        secret_access_key=moto_endpoint.secret_access_key,
+    )
