@@ -1,0 +1,158 @@
+"""The GRPO loss, as design.md ("GRPO, as the learner computes it") defines it. Pure: tensors in,
+a scalar loss and its metrics out; no model, no I/O."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+LossType = Literal["dapo", "grpo", "dr_grpo"]
+Correction = Literal["none", "tis"]
+
+
+def step_normaliser(
+    mask: torch.Tensor, loss_type: LossType, max_completion_tokens: int | None = None
+) -> float:
+    """The normaliser of `loss_type` over the completions in `mask` (B, T): completion tokens
+    (`dapo`), sequences (`grpo`), or sequences × max completion tokens (`dr_grpo`).
+
+    Compute it once over every completion of an optimizer step (skipped all-equal groups
+    included) and pass it to each micro-batch's `grpo_loss` call."""
+    if loss_type == "dapo":
+        return float(mask.sum().item())
+    if loss_type == "grpo":
+        return float(mask.shape[0])
+    if loss_type == "dr_grpo":
+        if max_completion_tokens is None:
+            raise ValueError("dr_grpo needs max_completion_tokens")
+        return float(mask.shape[0] * max_completion_tokens)
+    raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+def grpo_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    loss_type: LossType,
+    correction: Correction = "none",
+    tis_cap: float = 2.0,
+    ref_logp: torch.Tensor | None = None,
+    beta: float = 0.0,
+    max_completion_tokens: int | None = None,
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped-surrogate GRPO loss against the behaviour policy (PPO-style two-sided clip with
+    asymmetric ε as DAPO's "clip-higher"), optional k3 KL to a reference, optional truncated
+    importance sampling.
+
+    Shapes: logp, behaviour_logp, mask, ref_logp (B, T) — per completion token, left-aligned,
+    mask 1 on completion tokens (the EOS included) and 0 on padding; advantages (B,).
+
+    Per token t of sequence i, with ρ_t = exp(logp_t − behaviour_logp_t):
+      correction="none": ℓ_t = −min(ρ_t A_i, clip(ρ_t, 1−ε_low, 1+ε_high) A_i)
+      correction="tis":  ℓ_t = −sg(min(ρ_t, C)) · A_i · exp(logp_t − sg(logp_t))
+                         (value −min(ρ_t, C) A_i; gradient −min(ρ_t, C) A_i ∇logp_t)
+      β > 0:             ℓ_t += β · (exp(ref_t − logp_t) − (ref_t − logp_t) − 1)   (k3)
+    Aggregation:
+      dapo:    Σ_{i,t} ℓ_t / normaliser, default normaliser = this call's completion tokens
+      grpo:    Σ_i (Σ_t ℓ_t / |o_i|) / normaliser, default normaliser = this call's sequences
+      dr_grpo: Σ_{i,t} ℓ_t / normaliser, default normaliser = sequences × max_completion_tokens
+    Micro-batches of one optimizer step pass the step's normaliser (`step_normaliser`), so
+    their losses (and gradients) sum to the full step's.
+
+    Metrics (floats, over this call's completion tokens): ratio_mean/min/max; clip_low (share
+    of tokens with ρ < 1−ε_low and A < 0), clip_high (ρ > 1+ε_high and A > 0); kl_behaviour
+    (k3 estimate of KL(behaviour‖current), i.e. mean of ρ − 1 − log ρ); kl_ref when β > 0;
+    tokens (count). Empty calls (no tokens) report NaN ratios.
+    """
+    if logp.shape != behaviour_logp.shape or logp.shape != mask.shape:
+        raise ValueError(f"shape mismatch: {logp.shape}, {behaviour_logp.shape}, {mask.shape}")
+    if advantages.shape != logp.shape[:1]:
+        raise ValueError(f"advantages must be (B,), got {tuple(advantages.shape)}")
+    m = mask.to(logp.dtype)  # (B, T)
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (B, 1)
+    log_ratio = logp - behaviour_logp  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    if correction == "none":
+        clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+    elif correction == "tis":
+        weight = torch.clamp(ratio, max=tis_cap).detach()
+        per_token = -weight * adv * torch.exp(logp - logp.detach())
+    else:
+        raise ValueError(f"unknown correction {correction!r}")
+    kl_ref: torch.Tensor | None = None
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp")
+        diff = ref_logp - logp
+        kl_ref = torch.exp(diff) - diff - 1.0  # (B, T), k3
+        per_token = per_token + beta * kl_ref
+    per_token = per_token * m
+    if normaliser is None:
+        normaliser = step_normaliser(m, loss_type, max_completion_tokens)
+    if loss_type == "grpo":
+        lengths = m.sum(dim=1).clamp(min=1.0)  # (B,)
+        total = (per_token.sum(dim=1) / lengths).sum()
+    elif loss_type in ("dapo", "dr_grpo"):
+        total = per_token.sum()
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+    loss = total / max(float(normaliser), 1e-12)
+    return loss, _metrics(ratio, log_ratio, adv, m, epsilon_low, epsilon_high, kl_ref)
+
+
+def _metrics(
+    ratio: torch.Tensor,
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    m: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    kl_ref: torch.Tensor | None,
+) -> dict[str, float]:
+    with torch.no_grad():
+        n = float(m.sum().item())
+        sel = m.bool()
+        if n == 0:
+            nan = float("nan")
+            out = {"tokens": 0.0, "ratio_mean": nan, "ratio_min": nan, "ratio_max": nan}
+            out.update(clip_low=nan, clip_high=nan, kl_behaviour=nan)
+            return out
+        r = ratio[sel]
+        low = ((ratio < 1.0 - epsilon_low) & (adv < 0) & sel).sum().item()
+        high = ((ratio > 1.0 + epsilon_high) & (adv > 0) & sel).sum().item()
+        k3 = (ratio - 1.0 - log_ratio)[sel]
+        out = {
+            "tokens": n,
+            "ratio_mean": float(r.mean().item()),
+            "ratio_min": float(r.min().item()),
+            "ratio_max": float(r.max().item()),
+            "clip_low": low / n,
+            "clip_high": high / n,
+            "kl_behaviour": float(k3.mean().item()),
+        }
+        if kl_ref is not None:
+            out["kl_ref"] = float(kl_ref[sel].mean().item())
+        return out
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Combine the metrics of one step's micro-batches: token-weighted means, min of mins,
+    max of maxes."""
+    parts = [p for p in parts if p.get("tokens", 0.0) > 0]
+    if not parts:
+        return {}
+    n = sum(p["tokens"] for p in parts)
+    out = {"tokens": n}
+    for key in ("ratio_mean", "clip_low", "clip_high", "kl_behaviour", "kl_ref"):
+        if all(key in p for p in parts):
+            out[key] = sum(p[key] * p["tokens"] for p in parts) / n
+    out["ratio_min"] = min(p["ratio_min"] for p in parts)
+    out["ratio_max"] = max(p["ratio_max"] for p in parts)
+    return out
