@@ -32,8 +32,16 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.print_admin_token:
             bootstrap_admin_token(app)
-        yield
-        engine.dispose()
+        from server.jobs.inprocess import start_if_inprocess
+
+        scheduler = start_if_inprocess(settings, app.state.sessionmaker, app.state.store)
+        app.state.scheduler = scheduler
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.stop()
+            engine.dispose()
 
     app = FastAPI(
         title="asyncgrpo",
@@ -60,6 +68,7 @@ def _include_routers(app: FastAPI) -> None:
     from server.health import router as health_router
     from server.leases.router import router as leases_router
     from server.learner.router import router as learner_router
+    from server.metrics.router import router as metrics_router
     from server.runs.router import router as runs_router
     from server.tokens.router import router as tokens_router
     from server.workers.router import router as workers_router
@@ -73,6 +82,7 @@ def _include_routers(app: FastAPI) -> None:
         leases_router,
         learner_router,
         blobs_router,
+        metrics_router,
     ):
         app.include_router(router)
 

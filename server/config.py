@@ -50,6 +50,19 @@ class JobsSettings(BaseModel):
     )
     broker_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker URL.")
     sweep_interval_s: float = Field(2.0, description="Lease expiry sweep period.")
+    cost_interval_s: float = Field(15.0, description="Cost accrual period.")
+    alarm_interval_s: float = Field(15.0, description="Alarm evaluation period.")
+    budget_interval_s: float = Field(10.0, description="Budget enforcement period.")
+    retention_interval_s: float = Field(300.0, description="Bucket retention period.")
+    webhook_interval_s: float = Field(5.0, description="Webhook delivery (and retry) period.")
+    worker_silent_s: float = Field(
+        60.0, description="A worker not seen for this long stops accruing cost (it is silent)."
+    )
+    webhook_max_attempts: int = Field(8, description="Deliveries tried this often, then failed.")
+    webhook_backoff_s: float = Field(
+        2.0, description="First retry delay; doubles after every failed attempt."
+    )
+    webhook_timeout_s: float = Field(10.0, description="Timeout of one webhook POST.")
 
 
 class Settings(BaseSettings):

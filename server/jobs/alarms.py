@@ -1,0 +1,168 @@
+"""Alarm evaluation: stale waste, clip fraction, no new version, worker quarantine.
+
+An alarm raises one Event (and webhook) when its figure crosses the threshold and one
+`.cleared` Event when it falls back, never one per evaluation: the raised state per subject
+and kind lives in `alarm_states` and changes only through a compare-and-set.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.db_types import db_now
+from server.jobs import stats
+from server.jobs.common import db_time, raise_event
+from server.models import AlarmState, Run, Worker
+
+ALARM_STATUSES = ("running",)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One alarm's figure for one subject now."""
+
+    kind: str
+    value: float
+    threshold: float
+    firing: bool
+    message: str
+
+
+def _set_state(session: Session, subject: uuid.UUID, kind: str, firing: bool, value: float) -> bool:
+    """Compare-and-set the alarm state; True only for the evaluation that flips it."""
+    flipped = session.execute(
+        update(AlarmState)
+        .where(
+            AlarmState.subject_id == subject,
+            AlarmState.kind == kind,
+            AlarmState.active.is_(not firing),
+        )
+        .values(active=firing, value=value, changed_at=db_now())
+        .returning(AlarmState.id)
+    ).first()
+    if flipped is not None:
+        return True
+    if not firing:
+        return False
+    exists = session.execute(
+        select(AlarmState.id).where(AlarmState.subject_id == subject, AlarmState.kind == kind)
+    ).first()
+    if exists is not None:
+        return False
+    try:
+        with session.begin_nested():
+            session.add(
+                AlarmState(
+                    subject_id=subject, kind=kind, active=True, value=value, changed_at=db_now()
+                )
+            )
+    except IntegrityError:
+        return False
+    return True
+
+
+def apply_reading(
+    session: Session,
+    reading: Reading,
+    *,
+    run_id: uuid.UUID | None,
+    worker_id: uuid.UUID | None = None,
+) -> str | None:
+    """Flip the alarm if needed and raise the matching event; returns 'fired', 'cleared' or
+    None (no crossing)."""
+    subject = run_id or worker_id
+    assert subject is not None
+    if not _set_state(session, subject, reading.kind, reading.firing, reading.value):
+        return None
+    state = "fired" if reading.firing else "cleared"
+    raise_event(
+        session,
+        kind=f"alarm.{reading.kind}" + ("" if reading.firing else ".cleared"),
+        severity="warning" if reading.firing else "info",
+        message=reading.message if reading.firing else f"{reading.kind} alarm cleared",
+        run_id=run_id,
+        worker_id=worker_id,
+        data={
+            "alarm": reading.kind,
+            "state": state,
+            "value": reading.value,
+            "threshold": reading.threshold,
+        },
+    )
+    return state
+
+
+def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
+    """The run alarms' figures against the run's thresholds (RunConfig.alarms)."""
+    alarms = run.config.get("alarms") or {}
+    out: list[Reading] = []
+    window_s = float(alarms.get("window_minutes", 10.0)) * 60
+    waste = stats.stale_waste(session, run.id, window_s)
+    limit = float(alarms.get("stale_waste", 0.2))
+    out.append(
+        Reading(
+            "stale_waste",
+            waste.ratio,
+            limit,
+            waste.generated > 0 and waste.ratio >= limit,
+            f"stale waste {waste.ratio:.1%} over {window_s / 60:g} min "
+            f"(threshold {limit:.1%}): {waste.stale_rejected} samples rejected stale, "
+            f"{waste.aborted} in aborted leases, of {waste.generated} generated",
+        )
+    )
+    clip = stats.latest_clip_fraction(session, run.id)
+    limit = float(alarms.get("clip_fraction", 0.2))
+    out.append(
+        Reading(
+            "clip_fraction",
+            clip or 0.0,
+            limit,
+            clip is not None and clip >= limit,
+            f"clip fraction {clip or 0.0:.3f} at or above {limit:.3f}",
+        )
+    )
+    since = run.last_version_at or run.learner_attached_at or run.created_at
+    idle_min = (now - since).total_seconds() / 60 if since else 0.0
+    limit = float(alarms.get("no_version_minutes", 30.0))
+    out.append(
+        Reading(
+            "no_version",
+            idle_min,
+            limit,
+            idle_min >= limit,
+            f"no new adapter version for {idle_min:.1f} min (threshold {limit:g} min)",
+        )
+    )
+    return out
+
+
+def evaluate_alarms(session: Session) -> list[tuple[str, str]]:
+    """The alarm job: every running run's alarms and every worker's quarantine. Returns the
+    crossings as (alarm kind, 'fired'|'cleared')."""
+    now = db_time(session)
+    crossings: list[tuple[str, str]] = []
+    runs = session.execute(select(Run).where(Run.status.in_(ALARM_STATUSES))).scalars()
+    for run in list(runs):
+        for reading in run_readings(session, run, now):
+            state = apply_reading(session, reading, run_id=run.id)
+            if state:
+                crossings.append((reading.kind, state))
+    for worker in list(session.execute(select(Worker)).scalars()):
+        quarantined = worker.status == "quarantined"
+        reading = Reading(
+            "worker_quarantined",
+            1.0 if quarantined else 0.0,
+            1.0,
+            quarantined,
+            f"worker {worker.name} quarantined: {worker.quarantine_reason or 'no reason given'}",
+        )
+        state = apply_reading(session, reading, run_id=None, worker_id=worker.id)
+        if state:
+            crossings.append((reading.kind, state))
+    return crossings

@@ -1,0 +1,218 @@
+"""Cost accrual (design.md, "Drift alarm and cost").
+
+A worker's alive-seconds × its effective price (admin override, then the admin price table
+per GPU type, then its self-reported price) are attributed to the run whose lease it held
+during each part of the interval; time without a lease goes to the pool (run_id None). A
+worker whose last_seen_at is older than `silent_s` is silent: it accrues up to its last contact
+and no further, and the gap before it is seen again is never charged. A run's learner accrues
+the run's learner_price_per_hour while its learner lease is live. Every accrual advances a
+per-subject mark with a compare-and-set, so a repeated or concurrent accrual charges nothing
+twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.jobs.common import db_time
+from server.models import CostMark, CostRecord, Lease, Run, Worker
+from server.workers.repository import price_table
+from server.workers.service import effective_price
+
+
+@dataclass(frozen=True)
+class Span:
+    """A lease's holding interval, for attribution."""
+
+    lease_id: uuid.UUID
+    run_id: uuid.UUID
+    start: datetime
+    end: datetime
+
+
+def attribute(
+    start: datetime, end: datetime, spans: list[Span]
+) -> dict[tuple[uuid.UUID | None, uuid.UUID | None], float]:
+    """Seconds of [start, end) per (run_id, lease_id); (None, None) is idle time. Time covered
+    by several leases at once is split evenly between them."""
+    points = {start, end}
+    for s in spans:
+        points.update(p for p in (s.start, s.end) if start < p < end)
+    edges = sorted(points)
+    out: dict[tuple[uuid.UUID | None, uuid.UUID | None], float] = defaultdict(float)
+    for a, b in zip(edges, edges[1:], strict=False):
+        seconds = (b - a).total_seconds()
+        holders = [s for s in spans if s.start <= a and s.end >= b]
+        if not holders:
+            out[(None, None)] += seconds
+            continue
+        for s in holders:
+            out[(s.run_id, s.lease_id)] += seconds / len(holders)
+    return dict(out)
+
+
+def _advance_mark(
+    session: Session,
+    kind: str,
+    subject: uuid.UUID,
+    old: datetime | None,
+    new: datetime,
+    *,
+    silent: bool,
+) -> bool:
+    """Compare-and-set the mark from `old` to `new`; False when another accrual moved it."""
+    if old is None:
+        try:
+            with session.begin_nested():
+                session.add(CostMark(kind=kind, subject_id=subject, marked_at=new, silent=silent))
+        except IntegrityError:
+            return False
+        return True
+    moved = session.execute(
+        update(CostMark)
+        .where(CostMark.kind == kind, CostMark.subject_id == subject, CostMark.marked_at == old)
+        .values(marked_at=new, silent=silent)
+        .returning(CostMark.id)
+    ).first()
+    return moved is not None
+
+
+def _marks(session: Session, kind: str) -> dict[uuid.UUID, CostMark]:
+    rows = session.execute(select(CostMark).where(CostMark.kind == kind)).scalars()
+    return {m.subject_id: m for m in rows}
+
+
+def _charge(
+    session: Session,
+    *,
+    kind: str,
+    run_id: uuid.UUID | None,
+    worker_id: uuid.UUID | None,
+    lease_id: uuid.UUID | None,
+    seconds: float,
+    price_per_hour: float,
+    start: datetime,
+    end: datetime,
+) -> float:
+    usd = seconds * price_per_hour / 3600.0
+    session.add(
+        CostRecord(
+            run_id=run_id,
+            worker_id=worker_id,
+            lease_id=lease_id,
+            kind=kind,
+            seconds=seconds,
+            usd=usd,
+            period_start=start,
+            period_end=end,
+        )
+    )
+    if run_id is not None and usd:
+        session.execute(update(Run).where(Run.id == run_id).values(spent_usd=Run.spent_usd + usd))
+    return usd
+
+
+def _lease_spans(
+    session: Session, worker_id: uuid.UUID, start: datetime, end: datetime
+) -> list[Span]:
+    leases = session.execute(
+        select(Lease).where(
+            Lease.worker_id == worker_id,
+            Lease.created_at < end,
+            or_(Lease.ended_at.is_(None), Lease.ended_at > start),
+        )
+    ).scalars()
+    spans = []
+    for lease in leases:
+        # An active lease is held until it expires (the sweep may not have run yet).
+        stop = min(lease.ended_at or lease.expires_at, end)
+        if stop > lease.created_at:
+            spans.append(Span(lease.id, lease.run_id, max(lease.created_at, start), stop))
+    return spans
+
+
+def accrue_workers(session: Session, *, silent_s: float) -> float:
+    """Accrue every worker's alive time since its mark; returns the USD charged."""
+    now = db_time(session)
+    table = price_table(session)
+    marks = _marks(session, "worker")
+    total = 0.0
+    for worker in session.execute(select(Worker).where(Worker.last_seen_at.is_not(None))).scalars():
+        assert worker.last_seen_at is not None
+        mark = marks.get(worker.id)
+        silent = now - worker.last_seen_at > timedelta(seconds=silent_s)
+        start = mark.marked_at if mark else worker.created_at
+        end = worker.last_seen_at if silent else now
+        if mark is not None and mark.silent:
+            start = max(start, end)  # back from (or still in) silence: the gap is not charged
+        end = max(end, start)
+        if mark is not None and end == mark.marked_at and silent == mark.silent:
+            continue
+        old = mark.marked_at if mark else None
+        if not _advance_mark(session, "worker", worker.id, old, end, silent=silent):
+            continue
+        if end <= start:
+            continue
+        price = effective_price(worker, table)
+        for (run_id, lease_id), seconds in attribute(
+            start, end, _lease_spans(session, worker.id, start, end)
+        ).items():
+            total += _charge(
+                session,
+                kind="worker",
+                run_id=run_id,
+                worker_id=worker.id,
+                lease_id=lease_id,
+                seconds=seconds,
+                price_per_hour=price,
+                start=start,
+                end=end,
+            )
+    return total
+
+
+def accrue_learners(session: Session) -> float:
+    """Accrue each run's learner time (while its learner lease is live) × learner price."""
+    now = db_time(session)
+    marks = _marks(session, "learner")
+    total = 0.0
+    runs = session.execute(
+        select(Run).where(Run.learner_attached_at.is_not(None), Run.learner_expires_at.is_not(None))
+    ).scalars()
+    for run in runs:
+        assert run.learner_attached_at is not None and run.learner_expires_at is not None
+        mark = marks.get(run.id)
+        start = max(mark.marked_at, run.learner_attached_at) if mark else run.learner_attached_at
+        end = max(min(now, run.learner_expires_at), start)
+        if mark and end == mark.marked_at:
+            continue
+        if not _advance_mark(
+            session, "learner", run.id, mark.marked_at if mark else None, end, silent=False
+        ):
+            continue
+        price = float(run.config.get("learner_price_per_hour") or 0.0)
+        if end > start:
+            total += _charge(
+                session,
+                kind="learner",
+                run_id=run.id,
+                worker_id=None,
+                lease_id=None,
+                seconds=(end - start).total_seconds(),
+                price_per_hour=price,
+                start=start,
+                end=end,
+            )
+    return total
+
+
+def accrue_costs(session: Session, *, silent_s: float = 60.0) -> float:
+    """The cost job: workers and learners. Returns the USD charged in this pass."""
+    return accrue_workers(session, silent_s=silent_s) + accrue_learners(session)

@@ -1,0 +1,108 @@
+"""Figures the alarms and the Prometheus endpoint share: stale waste, clip fraction, staleness,
+rejections by reason. All windows are measured in database time."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server.db_types import db_now_plus
+from server.models import Lease, MetricPoint, RolloutBatch
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Samples over a window: generated (uploaded batches + aborted leases), rejected stale,
+    and in aborted leases."""
+
+    generated: int
+    stale_rejected: int
+    aborted: int
+
+    @property
+    def ratio(self) -> float:
+        wasted = self.stale_rejected + self.aborted
+        return wasted / self.generated if self.generated else 0.0
+
+
+def stale_waste(session: Session, run_id: uuid.UUID, window_s: float) -> Waste:
+    """Stale waste = (samples rejected stale + samples in aborted leases) ÷ samples generated,
+    over the last `window_s` seconds."""
+    since = db_now_plus(-float(window_s))
+    batches = session.execute(
+        select(
+            func.coalesce(func.sum(RolloutBatch.n_samples), 0),
+            func.coalesce(
+                func.sum(RolloutBatch.n_samples).filter(RolloutBatch.reject_reason == "stale"), 0
+            ),
+        ).where(RolloutBatch.run_id == run_id, RolloutBatch.created_at >= since)
+    ).one()
+    aborted = session.execute(
+        select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
+            Lease.run_id == run_id, Lease.state == "aborted", Lease.ended_at >= since
+        )
+    ).scalar_one()
+    return Waste(
+        generated=int(batches[0]) + int(aborted),
+        stale_rejected=int(batches[1]),
+        aborted=int(aborted),
+    )
+
+
+def clip_fraction_of(values: dict[str, Any]) -> float | None:
+    """Total clip fraction from one learner metrics point: `clip_fraction`, or the sum of
+    `clip_fraction_low` and `clip_fraction_high`."""
+    if isinstance(values.get("clip_fraction"), int | float):
+        return float(values["clip_fraction"])
+    parts = [values.get("clip_fraction_low"), values.get("clip_fraction_high")]
+    nums = [float(p) for p in parts if isinstance(p, int | float)]
+    return sum(nums) if nums else None
+
+
+def latest_learner_values(session: Session, run_id: uuid.UUID) -> dict[str, Any] | None:
+    row = session.execute(
+        select(MetricPoint.values)
+        .where(MetricPoint.run_id == run_id, MetricPoint.source == "learner")
+        .order_by(MetricPoint.step.desc(), MetricPoint.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    return dict(row) if row is not None else None
+
+
+def latest_clip_fraction(session: Session, run_id: uuid.UUID) -> float | None:
+    values = latest_learner_values(session, run_id)
+    return clip_fraction_of(values) if values is not None else None
+
+
+def rejections_by_reason(session: Session) -> list[tuple[uuid.UUID, str, int, int]]:
+    """(run_id, reason, batches, samples) for every rejected batch reason, all time."""
+    rows = session.execute(
+        select(
+            RolloutBatch.run_id,
+            RolloutBatch.reject_reason,
+            func.count(),
+            func.coalesce(func.sum(RolloutBatch.n_samples), 0),
+        )
+        .where(RolloutBatch.state == "rejected")
+        .group_by(RolloutBatch.run_id, RolloutBatch.reject_reason)
+    ).all()
+    return [(r[0], r[1] or "unknown", int(r[2]), int(r[3])) for r in rows]
+
+
+def staleness(session: Session, window_s: float) -> dict[uuid.UUID, tuple[float, int]]:
+    """Per run: (mean, max) staleness of the batches claimed in the window."""
+    rows = session.execute(
+        select(
+            RolloutBatch.run_id, func.avg(RolloutBatch.staleness), func.max(RolloutBatch.staleness)
+        )
+        .where(
+            RolloutBatch.staleness.is_not(None),
+            RolloutBatch.created_at >= db_now_plus(-float(window_s)),
+        )
+        .group_by(RolloutBatch.run_id)
+    ).all()
+    return {r[0]: (float(r[1]), int(r[2])) for r in rows}

@@ -1,0 +1,21 @@
+"""`GET /metrics`: Prometheus text exposition, open like /healthz (design.md protocol table)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from server.metrics.service import DatabaseCollector
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Per-run and per-worker figures, computed from the database on each scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(request.app.state.sessionmaker))
+    body = await run_in_threadpool(generate_latest, registry)
+    return Response(content=body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,160 @@
+"""Prometheus gauges computed from the database on every scrape (no in-process state, so any
+number of server processes answer the same figures)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db import transaction
+from server.jobs import stats
+from server.jobs.common import db_time
+from server.models import Lease, PromptRow, Run, Worker
+from server.workers.repository import price_table
+from server.workers.service import effective_price
+
+P = "asyncgrpo_"
+
+
+def _active_leases(session: Session, column: object) -> dict[uuid.UUID, int]:
+    rows = session.execute(
+        select(column, func.count()).where(Lease.state == "active").group_by(column)  # type: ignore[call-overload]
+    ).all()
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def run_metrics(session: Session) -> Iterator[Metric]:
+    runs = list(session.execute(select(Run).order_by(Run.created_at)).scalars())
+    labels = ["run_id"]
+    info = GaugeMetricFamily(
+        P + "run_info",
+        "Run (value 1) with its name and status.",
+        labels=["run_id", "name", "status"],
+    )
+    version = GaugeMetricFamily(P + "run_current_version", "Last published version.", labels=labels)
+    leases = GaugeMetricFamily(P + "run_leases_in_flight", "Active worker leases.", labels=labels)
+    groups = GaugeMetricFamily(
+        P + "run_groups_in_flight", "Groups leased, accepted or claimed.", labels=labels
+    )
+    waste = GaugeMetricFamily(
+        P + "run_stale_waste_ratio",
+        "(Samples rejected stale + in aborted leases) / samples generated, "
+        "over the run's alarm window.",
+        labels=labels,
+    )
+    generated = GaugeMetricFamily(
+        P + "run_samples_generated_window",
+        "Samples generated over the run's alarm window.",
+        labels=labels,
+    )
+    clip = GaugeMetricFamily(
+        P + "run_clip_fraction", "Latest learner clip fraction.", labels=labels
+    )
+    spent = GaugeMetricFamily(P + "run_spent_usd", "Spend attributed to the run.", labels=labels)
+    budget = GaugeMetricFamily(P + "run_budget_usd", "The run's budget.", labels=labels)
+    in_flight = _active_leases(session, Lease.run_id)
+    for run in runs:
+        rid = str(run.id)
+        info.add_metric([rid, run.name, run.status], 1)
+        version.add_metric([rid], run.current_version)
+        leases.add_metric([rid], in_flight.get(run.id, 0))
+        groups.add_metric([rid], run.groups_in_flight)
+        alarms = run.config.get("alarms") or {}
+        w = stats.stale_waste(session, run.id, float(alarms.get("window_minutes", 10.0)) * 60)
+        waste.add_metric([rid], w.ratio)
+        generated.add_metric([rid], w.generated)
+        value = stats.latest_clip_fraction(session, run.id)
+        if value is not None:
+            clip.add_metric([rid], value)
+        spent.add_metric([rid], run.spent_usd)
+        if run.config.get("budget_usd") is not None:
+            budget.add_metric([rid], float(run.config["budget_usd"]))
+    yield from (info, version, leases, groups, waste, generated, clip, spent, budget)
+    yield from _run_breakdowns(session)
+
+
+def _run_breakdowns(session: Session) -> Iterator[Metric]:
+    rejected = CounterMetricFamily(
+        P + "run_rejected_batches", "Rejected batches by reason.", labels=["run_id", "reason"]
+    )
+    rejected_samples = CounterMetricFamily(
+        P + "run_rejected_samples",
+        "Samples in rejected batches by reason.",
+        labels=["run_id", "reason"],
+    )
+    for run_id, reason, batches, samples in stats.rejections_by_reason(session):
+        rejected.add_metric([str(run_id), reason], batches)
+        rejected_samples.add_metric([str(run_id), reason], samples)
+    mean = GaugeMetricFamily(
+        P + "run_staleness_mean",
+        "Mean staleness of batches claimed in the last 10 minutes.",
+        labels=["run_id"],
+    )
+    peak = GaugeMetricFamily(
+        P + "run_staleness_max",
+        "Largest staleness of batches claimed in the last 10 minutes.",
+        labels=["run_id"],
+    )
+    for run_id, (avg, top) in stats.staleness(session, 600.0).items():
+        mean.add_metric([str(run_id)], avg)
+        peak.add_metric([str(run_id)], top)
+    rows = GaugeMetricFamily(
+        P + "run_prompt_rows", "Prompt rows by state.", labels=["run_id", "state"]
+    )
+    for run_id, state, count in session.execute(
+        select(PromptRow.run_id, PromptRow.state, func.count()).group_by(
+            PromptRow.run_id, PromptRow.state
+        )
+    ).all():
+        rows.add_metric([str(run_id), state], int(count))
+    yield from (rejected, rejected_samples, mean, peak, rows)
+
+
+def worker_metrics(session: Session) -> Iterator[Metric]:
+    now = db_time(session)
+    table = price_table(session)
+    labels = ["worker_id"]
+    info = GaugeMetricFamily(
+        P + "worker_info",
+        "Worker (value 1) with name, GPU and status.",
+        labels=["worker_id", "name", "gpu_type", "status"],
+    )
+    seen = GaugeMetricFamily(
+        P + "worker_last_seen_timestamp_seconds",
+        "Unix time the worker last called the API.",
+        labels=labels,
+    )
+    age = GaugeMetricFamily(
+        P + "worker_last_seen_age_seconds",
+        "Seconds since the worker last called the API (database time).",
+        labels=labels,
+    )
+    leases = GaugeMetricFamily(P + "worker_leases_in_flight", "Active leases.", labels=labels)
+    price = GaugeMetricFamily(P + "worker_price_per_hour", "Effective USD/hour.", labels=labels)
+    in_flight = _active_leases(session, Lease.worker_id)
+    for worker in session.execute(select(Worker).order_by(Worker.created_at)).scalars():
+        wid = str(worker.id)
+        info.add_metric([wid, worker.name, worker.gpu_type, worker.status], 1)
+        if worker.last_seen_at is not None:
+            seen.add_metric([wid], worker.last_seen_at.timestamp())
+            age.add_metric([wid], max((now - worker.last_seen_at).total_seconds(), 0.0))
+        leases.add_metric([wid], in_flight.get(worker.id, 0))
+        price.add_metric([wid], effective_price(worker, table))
+    yield from (info, seen, age, leases, price)
+
+
+class DatabaseCollector(Collector):
+    """Collects every family in one read-only transaction per scrape."""
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def collect(self) -> Iterable[Metric]:
+        with transaction(self._factory) as session:
+            families = [*run_metrics(session), *worker_metrics(session)]
+        return families
