@@ -50,9 +50,36 @@ def server(
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
         return
-    uvicorn.run(
-        "server.main:app", host=host, port=port, workers=workers, log_level="info"
-    )
+    uvicorn.run("server.main:app", host=host, port=port, workers=workers, log_level="info")
+
+
+@app.command()
+def jobs(
+    beat: bool = typer.Option(
+        True, "--beat/--no-beat", help="Embed the beat scheduler (-B); run it once per cluster."
+    ),
+    beat_only: bool = typer.Option(False, help="Run only the beat scheduler (no worker)."),
+    concurrency: int = typer.Option(2, help="Worker processes (prefork pool)."),
+    schedule_file: str = typer.Option(
+        "./celerybeat-schedule", help="Where beat keeps its last-run times."
+    ),
+    loglevel: str = typer.Option("info", help="Celery log level."),
+) -> None:
+    """Run the background jobs on Celery + Redis (settings.jobs.broker_url): lease expiry,
+    cost accrual, budgets, alarms, webhooks, retention. Set ASYNCGRPO_JOBS__MODE=celery on the
+    server so it does not also run them in-process."""
+    settings = _settings()
+    if settings.embedded:
+        _fail("the embedded SQLite mode runs its jobs inside `asyncgrpo server`; use Postgres")
+    from server.jobs.celery_app import app as celery_app
+
+    if beat_only:
+        celery_app.start(["beat", f"--schedule={schedule_file}", f"--loglevel={loglevel}"])
+        return
+    argv = ["worker", f"--concurrency={concurrency}", f"--loglevel={loglevel}"]
+    if beat:
+        argv += ["-B", f"--schedule={schedule_file}"]
+    celery_app.worker_main(argv)
 
 
 @db_app.command("upgrade")

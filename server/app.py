@@ -66,8 +66,8 @@ def _include_routers(app: FastAPI) -> None:
     from server.adapters.router import router as adapters_router
     from server.blobs.router import router as blobs_router
     from server.health import router as health_router
-    from server.leases.router import router as leases_router
     from server.learner.router import router as learner_router
+    from server.leases.router import router as leases_router
     from server.metrics.router import router as metrics_router
     from server.runs.router import router as runs_router
     from server.tokens.router import router as tokens_router
