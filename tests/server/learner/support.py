@@ -1,0 +1,282 @@
+"""Helpers for the learner-side tests: runs, workers and accepted batches made in the real
+database and the app's real local store, and the learner's upload + publish done over HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from protocol.run_config import RunConfig
+from server.db import transaction
+from server.leases import queue
+from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
+from tests.conftest import mint_token
+
+FP = "tok-fp-1"
+
+
+@dataclass
+class RunHandle:
+    id: uuid.UUID
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def url(self, path: str) -> str:
+        return f"/api/v1/runs/{self.id}/{path}"
+
+
+def make_config(**overrides: Any) -> RunConfig:
+    base: dict[str, Any] = {
+        "name": "learner-test",
+        "base_model": "smollm2-135m-instruct",
+        "dataset": {
+            "kind": "jsonl",
+            "rows": [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)],
+        },
+        "rewards": [{"name": "numeric_match"}],
+        "group_size": 2,
+        "prompts_per_lease": 2,
+        "prompts_per_step": 2,
+        "max_staleness": 1,
+        "max_attempts": 3,
+        "epochs": 1,
+    }
+    base.update(overrides)
+    return RunConfig.model_validate(base)
+
+
+def make_run(app: Any, **overrides: Any) -> RunHandle:
+    """A pending run with its dataset rows and every epoch's prompt rows queued (epoch 0
+    first), and its learner token — the shape contracts.md gives create_run."""
+    config = make_config(**overrides)
+    rows = config.dataset.rows  # type: ignore[union-attr]
+    with transaction(app.state.sessionmaker) as session:
+        run = Run(
+            name=config.name,
+            config=config.model_dump(mode="json"),
+            base_model=config.base_model,
+            priority=config.priority,
+            status="pending",
+            current_version=0,
+            fencing_seq=0,
+            groups_in_flight=0,
+            queue_head=0,
+        )
+        session.add(run)
+        session.flush()
+        dataset = []
+        for i, row in enumerate(rows):
+            reference = {k: v for k, v in row.items() if k != "prompt"}
+            dataset.append(
+                DatasetRow(run_id=run.id, row_index=i, prompt=row["prompt"], reference=reference)
+            )
+        session.add_all(dataset)
+        session.flush()
+        n = len(dataset)
+        session.add_all(
+            PromptRow(
+                run_id=run.id, dataset_row_id=d.id, epoch=e, state="queued", queue_pos=e * n + i
+            )
+            for e in range(config.epochs)
+            for i, d in enumerate(dataset)
+        )
+        run_id = run.id
+    token = mint_token(app, "learner", name="learner", scope_id=run_id)
+    return RunHandle(run_id, token)
+
+
+def make_worker(app: Any) -> tuple[uuid.UUID, str]:
+    with transaction(app.state.sessionmaker) as session:
+        worker = Worker(name="w", models=["smollm2-135m-instruct"], status="active")
+        session.add(worker)
+        session.flush()
+        worker_id = worker.id
+    return worker_id, mint_token(app, "worker", name="w", scope_id=worker_id)
+
+
+def accepted_batch(
+    app: Any, run_id: uuid.UUID, worker_id: uuid.UUID, version: int, n_prompts: int = 2
+) -> uuid.UUID:
+    """What acquire + complete leave behind: the front `n_prompts` queued rows leased and then
+    accepted into one completed lease's batch, whose object is in the store."""
+    store = app.state.store
+    with transaction(app.state.sessionmaker) as session:
+        rows = list(
+            session.execute(
+                select(PromptRow)
+                .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
+                .order_by(PromptRow.queue_pos)
+                .limit(n_prompts)
+            ).scalars()
+        )
+        assert rows, "no queued rows left"
+        run = session.get(Run, run_id)
+        assert run is not None
+        group_size = int(run.config["group_size"])
+        fencing = queue.next_fencing(session, run_id)
+        lease = Lease(
+            run_id=run_id,
+            worker_id=worker_id,
+            adapter_version=version,
+            fencing=fencing,
+            state="completed",
+            expires_at=run.created_at,
+            seed=1,
+            n_prompts=len(rows),
+            group_size=group_size,
+        )
+        session.add(lease)
+        session.flush()
+        key = f"runs/{run_id}/batches/{lease.id}-{fencing}.parquet"
+        data = json.dumps({"lease": str(lease.id), "rows": [r.id for r in rows]}).encode()
+        store.put_bytes(key, data)
+        batch = RolloutBatch(
+            run_id=run_id,
+            lease_id=lease.id,
+            worker_id=worker_id,
+            adapter_version=version,
+            bucket_key=key,
+            sha256=hashlib.sha256(data).hexdigest(),
+            bytes=len(data),
+            n_samples=len(rows) * group_size,
+            n_tokens=10 * len(rows) * group_size,
+            n_groups=len(rows),
+            tokenizer_fingerprint=FP,
+            state="accepted",
+        )
+        session.add(batch)
+        session.flush()
+        session.execute(
+            update(PromptRow)
+            .where(PromptRow.id.in_([r.id for r in rows]))
+            .values(state="accepted", lease_id=lease.id, batch_id=batch.id)
+        )
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(groups_in_flight=Run.groups_in_flight + len(rows))
+        )
+        return batch.id
+
+
+def attach(client: TestClient, run: RunHandle, fp: str = FP) -> dict[str, Any]:
+    response = client.post(
+        run.url("learner/attach"), json={"tokenizer_fingerprint": fp}, headers=run.headers
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def claim(client: TestClient, run: RunHandle, fencing: int, max_groups: int = 100) -> Any:
+    return client.post(
+        run.url("batches/claim"),
+        json={"fencing": fencing, "max_groups": max_groups},
+        headers=run.headers,
+    )
+
+
+def _files(version: int) -> dict[str, tuple[str, bytes]]:
+    return {
+        "adapter_config.json": ("adapter", json.dumps({"r": 8, "v": version}).encode()),
+        "adapter_model.safetensors": ("adapter", f"weights of v{version}".encode() * 8),
+        "trainer_state.json": ("checkpoint", json.dumps({"step": version}).encode()),
+    }
+
+
+def upload(client: TestClient, run: RunHandle, fencing: int, version: int) -> Any:
+    """Ask for the presigned PUTs and upload through them; returns the uploads response."""
+    files = _files(version)
+    body = {
+        "fencing": fencing,
+        "version": version,
+        "files": [
+            {"name": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest(), "kind": k}
+            for n, (k, d) in files.items()
+        ],
+    }
+    response = client.post(run.url("uploads"), json=body, headers=run.headers)
+    if response.status_code != 200:
+        return response
+    for up in response.json()["uploads"]:
+        put = client.put(up["url"], content=files[up["name"]][1], headers=up["headers"])
+        assert put.status_code in (200, 201), put.text
+    return response
+
+
+def publish_body(
+    run: RunHandle,
+    fencing: int,
+    version: int,
+    batch_ids: list[uuid.UUID] | list[str] = (),  # type: ignore[assignment]
+    *,
+    final: bool = False,
+) -> dict[str, Any]:
+    def entry(name: str, kind: str, data: bytes) -> dict[str, Any]:
+        folder = "adapters" if kind == "adapter" else "checkpoints"
+        return {
+            "name": name,
+            "key": f"runs/{run.id}/{folder}/v{version:06d}/{name}",
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+        }
+
+    files = _files(version)
+    return {
+        "fencing": fencing,
+        "version": version,
+        "files": [entry(n, k, d) for n, (k, d) in files.items() if k == "adapter"],
+        "checkpoint_files": [entry(n, k, d) for n, (k, d) in files.items() if k == "checkpoint"],
+        "learner_step": version,
+        "metrics": {"loss": 0.5},
+        "consumed_batch_ids": [str(b) for b in batch_ids],
+        "final": final,
+    }
+
+
+def upload_and_publish(
+    client: TestClient,
+    run: RunHandle,
+    fencing: int,
+    version: int,
+    batch_ids: list[uuid.UUID] | list[str] = (),  # type: ignore[assignment]
+    *,
+    final: bool = False,
+) -> Any:
+    up = upload(client, run, fencing, version)
+    assert up.status_code == 200, up.text
+    body = publish_body(run, fencing, version, batch_ids, final=final)
+    return client.post(run.url("adapters"), json=body, headers=run.headers)
+
+
+def run_row(app: Any, run_id: uuid.UUID) -> Run:
+    with transaction(app.state.sessionmaker) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        session.expunge(run)
+        return run
+
+
+def batch_states(app: Any, run_id: uuid.UUID) -> dict[uuid.UUID, str]:
+    with transaction(app.state.sessionmaker) as session:
+        return dict(
+            session.execute(
+                select(RolloutBatch.id, RolloutBatch.state).where(RolloutBatch.run_id == run_id)
+            ).all()
+        )
+
+
+def row_states(app: Any, run_id: uuid.UUID) -> dict[int, tuple[str, int, str | None]]:
+    with transaction(app.state.sessionmaker) as session:
+        return {
+            r.id: (r.state, r.attempts, r.drop_reason)
+            for r in session.execute(select(PromptRow).where(PromptRow.run_id == run_id)).scalars()
+        }
