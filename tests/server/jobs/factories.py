@@ -1,0 +1,89 @@
+"""Rows for the jobs tests, made through the real services where they exist (create_run,
+the lease engine's acquire) and through the models otherwise."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from protocol.run_config import RunConfig
+from protocol.schemas import LeaseAcquireRequest
+from protocol.storage import ObjectStore
+from server.config import Settings
+from server.db_types import db_now, db_now_plus
+from server.models import Lease, Run, Worker
+
+BASE_MODEL = "smollm2-135m-instruct"
+
+
+def new_run(
+    session: Session,
+    *,
+    status: str = "running",
+    n_rows: int = 4,
+    budget_usd: float | None = None,
+    learner_price_per_hour: float = 0.0,
+    alarms: dict[str, Any] | None = None,
+) -> Run:
+    from server.runs.service import create_run
+
+    config = RunConfig.model_validate(
+        {
+            "name": f"jobs-{uuid.uuid4().hex[:6]}",
+            "base_model": BASE_MODEL,
+            "dataset": {
+                "kind": "jsonl",
+                "rows": [
+                    {"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n_rows)
+                ],
+            },
+            "rewards": [{"name": "numeric_match"}],
+            "group_size": 2,
+            "prompts_per_lease": 2,
+            "prompts_per_step": 2,
+            "lease_ttl_s": 600.0,
+            "max_staleness": 4,
+            "budget_usd": budget_usd,
+            "learner_price_per_hour": learner_price_per_hour,
+            "alarms": alarms or {},
+        }
+    )
+    run, _token = create_run(session, config)
+    session.execute(update(Run).where(Run.id == run.id).values(status=status))
+    session.flush()
+    session.refresh(run)
+    return run
+
+
+def new_worker(
+    session: Session, *, price: float = 1.0, gpu_type: str = "cpu", name: str | None = None
+) -> Worker:
+    worker = Worker(
+        name=name or f"w-{uuid.uuid4().hex[:6]}",
+        gpu_type=gpu_type,
+        gpu_count=1,
+        price_per_hour=price,
+        models=[BASE_MODEL],
+        last_seen_at=db_now(),
+    )
+    session.add(worker)
+    session.flush()
+    session.refresh(worker)
+    return worker
+
+
+def acquire(
+    session: Session, store: ObjectStore, settings: Settings, worker: Worker
+) -> uuid.UUID | None:
+    """A real lease from the lease engine; its id, or None when nothing is admissible."""
+    from server.leases.service import acquire as engine_acquire
+
+    lease = engine_acquire(session, store, settings, worker, LeaseAcquireRequest())
+    return lease.lease_id if lease is not None else None
+
+
+def expire(session: Session, lease_id: uuid.UUID) -> None:
+    session.execute(update(Lease).where(Lease.id == lease_id).values(expires_at=db_now_plus(-1.0)))
