@@ -120,5 +120,47 @@ def admin_token_create(name: str = typer.Option("cli", help="A label for the tok
     typer.echo(minted.plaintext)
 
 
+@app.command()
+def worker(
+    server: str = typer.Option(None, "--server", help="Control plane URL, e.g. http://host:8000."),
+    registration_token: str = typer.Option(
+        None, help="agr_reg_… token, used once; later starts reuse the token file."
+    ),
+    name: str = typer.Option(None, help="Worker name (default: the host name)."),
+    gpu_type: str = typer.Option(None, help="GPU type, e.g. H100 or cpu."),
+    price_per_hour: float = typer.Option(None, help="USD per hour this box costs."),
+    backend: str = typer.Option(None, help="vllm or transformers."),
+    model: str = typer.Option(None, help="Base model served (HF id, folder or alias)."),
+    token_file: str = typer.Option(None, help="Where the worker token is kept (mode 0600)."),
+    threads: int = typer.Option(None, help="torch threads (transformers backend)."),
+    max_leases: int = typer.Option(None, help="Exit after this many leases."),
+) -> None:
+    """Run a rollout worker: register once, then lease, generate and upload until stopped.
+    Other settings come from ASYNCGRPO_WORKER_* variables (see worker/config.py)."""
+    from pydantic import ValidationError
+
+    from worker.config import WorkerSettings
+
+    given = {
+        "server_url": server,
+        "registration_token": registration_token,
+        "name": name,
+        "gpu_type": gpu_type,
+        "price_per_hour": price_per_hour,
+        "backend": backend,
+        "model": model,
+        "token_file": token_file,
+        "num_threads": threads,
+        "max_leases": max_leases,
+    }
+    try:
+        settings = WorkerSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    from worker.main import main as worker_main
+
+    raise typer.Exit(worker_main(settings))
+
+
 if __name__ == "__main__":
     app()

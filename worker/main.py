@@ -1,0 +1,86 @@
+"""`asyncgrpo worker`: parse settings (before torch or vLLM is imported), load the backend,
+run the loop in a thread, and turn SIGTERM/SIGINT into "release the lease and exit" within
+`shutdown_grace_s` (< 5 s)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from worker.config import WorkerSettings
+
+if TYPE_CHECKING:
+    from worker.backends.base import Backend
+    from worker.loop import WorkerLoop
+
+log = logging.getLogger("worker")
+
+
+def make_backend(settings: WorkerSettings) -> Backend:
+    """Import and start the configured engine (this is where torch / vLLM get imported)."""
+    if settings.backend == "vllm":
+        from worker.backends.vllm import VllmBackend
+
+        return VllmBackend(settings.model, settings.vllm, dtype=settings.dtype)
+    from worker.backends.transformers import TransformersBackend
+
+    return TransformersBackend(
+        settings.model,
+        dtype=settings.dtype,
+        device=settings.device,
+        num_threads=settings.num_threads,
+        max_batch_sequences=settings.max_batch_sequences,
+        max_loaded_adapters=settings.max_loaded_adapters,
+    )
+
+
+def build_loop(settings: WorkerSettings, backend: Backend) -> WorkerLoop:
+    from worker.loop import WorkerLoop
+    from worker.prompts import PromptEncoder
+
+    encoder = PromptEncoder(backend.tokenizer)
+    return WorkerLoop(settings, backend, fingerprint=encoder.fingerprint(), encoder=encoder)
+
+
+def serve(loop: WorkerLoop, grace_s: float) -> int:
+    """Run `loop` in a thread; on SIGTERM/SIGINT stop it and give it `grace_s` to release."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.warning("signal %d: releasing the lease and stopping", signum)
+        stop.set()
+        loop.request_stop()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=loop.run, name="worker-loop", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive() and not stop.is_set():
+            thread.join(timeout=0.2)
+        if stop.is_set():
+            thread.join(timeout=grace_s)
+            if thread.is_alive():  # stuck in a call: release from here, then leave
+                loop._release_current("shutdown (loop did not stop in time)")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def main(settings: WorkerSettings) -> int:
+    logging.basicConfig(
+        level=os.environ.get("ASYNCGRPO_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    started = time.monotonic()
+    backend = make_backend(settings)
+    log.info("%s backend ready in %.1fs", backend.name, time.monotonic() - started)
+    try:
+        loop = build_loop(settings, backend)
+        return serve(loop, settings.shutdown_grace_s)
+    finally:
+        backend.close()
