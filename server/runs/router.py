@@ -1,5 +1,66 @@
+"""Runs API (admin): create, list, read with live stats, pause / resume / cancel."""
+
 from __future__ import annotations
 
-from fastapi import APIRouter
+import uuid
+from typing import Annotated
 
-router = APIRouter(tags=["runs"])
+from fastapi import APIRouter, Query, status
+
+from protocol.run_config import RunConfig
+from server.deps import AdminDep, SessionDep
+from server.runs import service
+from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RunCreated)
+def create_run(config: RunConfig, session: SessionDep, _admin: AdminDep) -> RunCreated:
+    """Create a run (pending until its learner attaches); the learner token is shown once."""
+    run, learner_token = service.create_run(session, config)
+    return RunCreated(run=service.detail(session, run), learner_token=learner_token)
+
+
+@router.get("", response_model=list[RunOut])
+def list_runs(
+    session: SessionDep,
+    _admin: AdminDep,
+    status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
+    offset: Annotated[int, Query(ge=0, description="Runs to skip (newest first).")] = 0,
+) -> list[RunOut]:
+    return service.list_runs(session, status, limit, offset)
+
+
+@router.get("/{run_id}", response_model=RunDetail)
+def get_run(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> RunDetail:
+    return service.detail(session, service.get_run(session, run_id))
+
+
+def _action(action: str):  # type: ignore[no-untyped-def]
+    def handler(
+        run_id: uuid.UUID, session: SessionDep, _admin: AdminDep, body: RunAction | None = None
+    ) -> RunDetail:
+        reason = body.reason if body is not None else None
+        run = service.apply_action(session, run_id, action, reason)
+        return service.detail(session, run)
+
+    handler.__name__ = f"{action}_run"
+    return handler
+
+
+for _name in service.TRANSITIONS:
+    router.add_api_route(
+        f"/{{run_id}}/{_name}",
+        _action(_name),
+        methods=["POST"],
+        response_model=RunDetail,
+        summary=f"{_name.capitalize()} a run",
+        description="Allowed moves: "
+        + "; ".join(
+            f"{a}: {', '.join(sorted(t.from_states))} → {t.to_status or 'running/pending'}"
+            for a, t in service.TRANSITIONS.items()
+        )
+        + ". 409 otherwise, 404 for an unknown run.",
+    )

@@ -1,0 +1,166 @@
+"""All SQL of the runs feature."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import case, func, insert, literal, select, update
+from sqlalchemy.orm import Session
+
+from server.db import is_postgres
+from server.db_types import db_now
+from server.models import CostRecord, DatasetRow, Lease, PromptRow, RolloutBatch, Run
+
+INSERT_CHUNK = 5_000
+
+
+def insert_run(session: Session, **fields: Any) -> Run:
+    run = Run(**fields)
+    session.add(run)
+    session.flush()
+    return run
+
+
+def insert_dataset_rows(
+    session: Session, run_id: uuid.UUID, rows: Iterable[tuple[Any, dict[str, Any]]]
+) -> int:
+    """Bulk-insert (prompt, reference) pairs as row_index 0..: COPY on Postgres, chunked
+    executemany on SQLite. Returns the number of rows."""
+    if is_postgres(session):
+        return _copy_dataset_rows(session, run_id, rows)
+    count = 0
+    chunk: list[dict[str, Any]] = []
+    for prompt, reference in rows:
+        chunk.append(
+            {"run_id": run_id, "row_index": count, "prompt": prompt, "reference": reference}
+        )
+        count += 1
+        if len(chunk) >= INSERT_CHUNK:
+            session.execute(insert(DatasetRow), chunk)
+            chunk = []
+    if chunk:
+        session.execute(insert(DatasetRow), chunk)
+    return count
+
+
+def _copy_dataset_rows(
+    session: Session, run_id: uuid.UUID, rows: Iterable[tuple[Any, dict[str, Any]]]
+) -> int:
+    """COPY … FROM STDIN on the session's own connection (same transaction)."""
+    session.flush()
+    dbapi_conn: Any = session.connection().connection.dbapi_connection
+    count = 0
+    copy_sql = "COPY dataset_rows (run_id, row_index, prompt, reference) FROM STDIN"
+    with dbapi_conn.cursor() as cur, cur.copy(copy_sql) as copy:
+        for prompt, reference in rows:
+            copy.write_row((run_id, count, json.dumps(prompt), json.dumps(reference)))
+            count += 1
+    return count
+
+
+def insert_prompt_rows(session: Session, run_id: uuid.UUID, n_rows: int, epochs: int) -> None:
+    """Queue every dataset row once per epoch, in the database (INSERT … SELECT):
+    queue_pos = epoch × n_rows + row_index, so epoch 0 comes first."""
+    for epoch in range(epochs):
+        source = select(
+            DatasetRow.run_id,
+            DatasetRow.id,
+            literal(epoch),
+            literal("queued"),
+            DatasetRow.row_index + epoch * n_rows,
+            literal(0),
+        ).where(DatasetRow.run_id == run_id)
+        session.execute(
+            insert(PromptRow).from_select(
+                ["run_id", "dataset_row_id", "epoch", "state", "queue_pos", "attempts"], source
+            )
+        )
+
+
+def get(session: Session, run_id: uuid.UUID) -> Run | None:
+    return session.get(Run, run_id, populate_existing=True)
+
+
+def list_runs(session: Session, status: str | None, limit: int, offset: int) -> list[Run]:
+    query = select(Run).order_by(Run.created_at.desc(), Run.id).limit(limit).offset(offset)
+    if status is not None:
+        query = query.where(Run.status == status)
+    return list(session.execute(query).scalars())
+
+
+def change_status(
+    session: Session,
+    run_id: uuid.UUID,
+    from_states: Iterable[str],
+    to_status: str | None,
+    reason: str | None,
+) -> bool:
+    """Compare-and-set: move the run only while it is in one of `from_states`. `to_status`
+    None means resume: `running` if a learner has attached before, else `pending`."""
+    target: Any = to_status
+    if to_status is None:
+        target = case((Run.learner_attached_at.is_(None), "pending"), else_="running")
+    row = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status.in_(list(from_states)))
+        .values(status=target, status_reason=reason, updated_at=db_now())
+        .returning(Run.id)
+    ).first()
+    return row is not None
+
+
+def _counts(session: Session, column: Any, *where: Any) -> dict[str, int]:
+    rows = session.execute(select(column, func.count()).where(*where).group_by(column)).all()
+    return {str(key): int(n) for key, n in rows}
+
+
+def prompt_rows_by_state(session: Session, run_id: uuid.UUID) -> dict[str, int]:
+    return _counts(session, PromptRow.state, PromptRow.run_id == run_id)
+
+
+def dropped_by_reason(session: Session, run_id: uuid.UUID) -> dict[str, int]:
+    return _counts(
+        session, PromptRow.drop_reason, PromptRow.run_id == run_id, PromptRow.state == "dropped"
+    )
+
+
+def batches_by_state(session: Session, run_id: uuid.UUID) -> dict[str, int]:
+    return _counts(session, RolloutBatch.state, RolloutBatch.run_id == run_id)
+
+
+def rejected_by_reason(session: Session, run_id: uuid.UUID) -> dict[str, int]:
+    return _counts(
+        session,
+        RolloutBatch.reject_reason,
+        RolloutBatch.run_id == run_id,
+        RolloutBatch.reject_reason.is_not(None),
+    )
+
+
+def active_leases(session: Session, run_id: uuid.UUID) -> int:
+    return int(
+        session.execute(
+            select(func.count())
+            .select_from(Lease)
+            .where(Lease.run_id == run_id, Lease.state == "active", Lease.expires_at > db_now())
+        ).scalar_one()
+    )
+
+
+def learner_live(session: Session, run_id: uuid.UUID) -> bool:
+    row = session.execute(
+        select(Run.id).where(Run.id == run_id, Run.learner_expires_at > db_now())
+    ).first()
+    return row is not None
+
+
+def cost_by_kind(session: Session, run_id: uuid.UUID) -> dict[str, float]:
+    rows = session.execute(
+        select(CostRecord.kind, func.coalesce(func.sum(CostRecord.usd), 0.0))
+        .where(CostRecord.run_id == run_id)
+        .group_by(CostRecord.kind)
+    ).all()
+    return {str(kind): float(usd) for kind, usd in rows}

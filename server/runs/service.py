@@ -1,0 +1,160 @@
+"""Run rules: creation (dataset rows and every epoch's prompt rows up front, the learner token),
+the config, the admin state machine and live stats."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from protocol import datasets
+from protocol.run_config import GeneratorDataset, RunConfig
+from server.errors import Conflict, NotFound
+from server.models import Run
+from server.runs import repository
+from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
+from server.tokens import service as tokens
+
+STATUSES = ("pending", "running", "paused", "budget_exhausted", "completed", "failed", "cancelled")
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An admin action: the states it may start from and where it leads (None: resume to
+    `running` if a learner attached before, else back to `pending`)."""
+
+    from_states: frozenset[str]
+    to_status: str | None
+
+
+TRANSITIONS: dict[str, Transition] = {
+    "pause": Transition(frozenset({"pending", "running"}), "paused"),
+    "resume": Transition(frozenset({"paused", "budget_exhausted"}), None),
+    "cancel": Transition(
+        frozenset({"pending", "running", "paused", "budget_exhausted"}), "cancelled"
+    ),
+}
+
+
+# -- creation and config ------------------------------------------------------------------------
+
+
+def _dataset_rows(config: RunConfig) -> Iterator[tuple[Any, dict[str, Any]]]:
+    ds = config.dataset
+    rows = (
+        datasets.generate(ds.generator, ds.size, ds.seed)
+        if isinstance(ds, GeneratorDataset)
+        else ds.rows
+    )
+    for row in rows:
+        record = datasets.split_row(row)
+        yield record.prompt, record.reference
+
+
+def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
+    """Insert the run (pending), its dataset rows and every epoch's prompt rows (queued,
+    queue_pos = epoch × N + row_index) in bulk, and mint its learner token (shown once)."""
+    run = repository.insert_run(
+        session,
+        name=config.name,
+        status="pending",
+        base_model=config.base_model,
+        priority=config.priority,
+        config=config.model_dump(mode="json"),
+    )
+    n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(config))
+    repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
+    minted = tokens.mint(session, "learner", name=f"learner of {config.name}", scope_id=run.id)
+    _remember(run.id, config)
+    return run, minted.plaintext
+
+
+_CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
+_CACHE_SIZE = 64
+_CACHE_LOCK = threading.Lock()
+
+
+def _remember(run_id: uuid.UUID, config: RunConfig) -> None:
+    with _CACHE_LOCK:
+        _CACHE[run_id] = config
+        _CACHE.move_to_end(run_id)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+
+def get_config(run: Run) -> RunConfig:
+    """The run's validated config. A run's config never changes after creation, so parsed
+    configs are kept per run id (a 100,000-row JSONL config is not re-validated per lease)."""
+    with _CACHE_LOCK:
+        cached = _CACHE.get(run.id)
+    if cached is not None:
+        return cached
+    config = RunConfig.model_validate(run.config)
+    _remember(run.id, config)
+    return config
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+def get_run(session: Session, run_id: uuid.UUID) -> Run:
+    run = repository.get(session, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def list_runs(session: Session, status: str | None, limit: int, offset: int) -> list[RunOut]:
+    return [RunOut.model_validate(r) for r in repository.list_runs(session, status, limit, offset)]
+
+
+def stats(session: Session, run: Run) -> RunStats:
+    config = get_config(run)
+    costs = repository.cost_by_kind(session, run.id)
+    return RunStats(
+        prompt_rows=repository.prompt_rows_by_state(session, run.id),
+        dropped=repository.dropped_by_reason(session, run.id),
+        batches=repository.batches_by_state(session, run.id),
+        rejected=repository.rejected_by_reason(session, run.id),
+        active_leases=repository.active_leases(session, run.id),
+        current_version=run.current_version,
+        groups_in_flight=run.groups_in_flight,
+        admission_bound_groups=config.admission_bound_groups(),
+        learner_attached=repository.learner_live(session, run.id),
+        spend=SpendOut(
+            total_usd=run.spent_usd,
+            workers_usd=costs.get("worker", 0.0),
+            learner_usd=costs.get("learner", 0.0),
+            budget_usd=config.budget_usd,
+        ),
+    )
+
+
+def detail(session: Session, run: Run) -> RunDetail:
+    out = RunOut.model_validate(run)
+    return RunDetail(**out.model_dump(), config=run.config, stats=stats(session, run))
+
+
+# -- admin state changes ---------------------------------------------------------------------
+
+
+def apply_action(session: Session, run_id: uuid.UUID, action: str, reason: str | None) -> Run:
+    """Move the run as TRANSITIONS allows (compare-and-set on its status): 404 for an unknown
+    run, 409 naming the current state when the action is not allowed from it."""
+    rule = TRANSITIONS[action]
+    if repository.change_status(session, run_id, rule.from_states, rule.to_status, reason):
+        return get_run(session, run_id)
+    run = get_run(session, run_id)
+    allowed = ", ".join(sorted(rule.from_states))
+    why = "it has ended" if run.status in TERMINAL else f"{action} needs one of: {allowed}"
+    raise Conflict(
+        f"cannot {action} a run that is {run.status}: {why}",
+        status=run.status,
+        action=action,
+    )
