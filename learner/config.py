@@ -1,0 +1,48 @@
+"""Learner settings: one pydantic-settings root, parsed before torch is imported.
+
+Every field can come from the command line (`asyncgrpo learner --...`) or from the environment
+with the prefix `ASYNCGRPO_LEARNER_` (e.g. `ASYNCGRPO_LEARNER_TOKEN`). The training
+hyper-parameters are not here: they come from the run's config, which attach returns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
+
+
+class LearnerSettings(BaseSettings):
+    """Everything the learner process needs to reach its run; nothing here imports torch."""
+
+    model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_LEARNER_", extra="forbid")
+
+    server_url: str = Field(description="Base URL of the control plane, e.g. http://host:8000.")
+    run_id: str = Field(description="The run this learner trains (UUID).")
+    token: str = Field(description="The run's learner token (agr_lrn_…).")
+    name: str = Field("learner", description="A name for this learner process.")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default).")
+    device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
+    work_dir: Path = Field(
+        DEFAULT_WORK_DIR,
+        description="Local folder for downloaded batches, adapters and checkpoints.",
+    )
+    claim_wait_s: float = Field(10.0, ge=0, description="Long-poll of one claim call.")
+    standby_retry_s: float = Field(
+        5.0, gt=0, description="Wait between attach attempts while another learner holds the run."
+    )
+    spot_check_fraction: float | None = Field(
+        None, ge=0, le=1, description="Override of the run's spot-check fraction (None: run's)."
+    )
+    spot_check_reject_factor: float = Field(
+        10.0,
+        gt=0,
+        description="Reject a spot-checked batch whose mean |Δ log-prob| exceeds this many "
+        "times the run's spot_check_mismatch threshold.",
+    )
+    max_versions: int | None = Field(
+        None, ge=1, description="Stop after publishing this many versions (None: run to the end)."
+    )
