@@ -1,0 +1,88 @@
+"""docker/compose.yaml validates with Debian's docker-compose (`apt-get install docker-compose`)
+and wires the stack as documented; the Dockerfiles pin their base images. No Docker engine runs
+here, so images are not built."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).parents[2]
+COMPOSE = ROOT / "docker" / "compose.yaml"
+DOCKER_COMPOSE = shutil.which("docker-compose")
+needs_compose = pytest.mark.skipif(
+    DOCKER_COMPOSE is None,
+    reason="docker-compose not installed (Debian package `docker-compose`; .ci installs it)",
+)
+
+
+def _config(*profiles: str) -> dict[str, Any]:
+    assert DOCKER_COMPOSE is not None
+    args = [DOCKER_COMPOSE, "-f", str(COMPOSE)]
+    for profile in profiles:
+        args += ["--profile", profile]
+    env = {**os.environ, "ASYNCGRPO_SECRET_KEY": "k" * 40}
+    out = subprocess.run([*args, "config"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    parsed: dict[str, Any] = yaml.safe_load(out.stdout)
+    return parsed
+
+
+@needs_compose
+def test_compose_file_validates() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRPO_")}
+    out = subprocess.run(
+        [str(DOCKER_COMPOSE), "-f", str(COMPOSE), "config", "-q"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+@needs_compose
+def test_stack_services_health_checks_and_gpu_profiles() -> None:
+    services = _config("worker", "learner")["services"]
+    assert {
+        "postgres",
+        "redis",
+        "minio",
+        "createbucket",
+        "server",
+        "jobs",
+        "worker",
+        "learner",
+    } <= set(services)
+    for name in ("postgres", "redis", "minio", "server", "jobs"):
+        assert "healthcheck" in services[name], name
+    assert re.fullmatch(r"minio/minio:RELEASE\.\d{4}-.*", services["minio"]["image"])
+    server = services["server"]
+    assert "asyncgrpo db upgrade" in " ".join(server["command"])
+    assert server["depends_on"]["createbucket"]["condition"] == "service_completed_successfully"
+    assert server["environment"]["ASYNCGRPO_JOBS__MODE"] == "celery"
+    assert services["jobs"]["command"][:2] == ["asyncgrpo", "jobs"]
+    for name in ("worker", "learner"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"]
+        # Off unless its profile is asked for (`--profile worker`).
+        assert services[name]["profiles"] == [name]
+
+
+@pytest.mark.parametrize("name", ["server", "worker", "learner"])
+def test_dockerfiles_pin_their_base_images(name: str) -> None:
+    text = (ROOT / "docker" / f"Dockerfile.{name}").read_text()
+    base = re.search(r"^FROM\s+(\S+)", text, re.M)
+    assert base is not None
+    assert ":" in base.group(1) and not base.group(1).endswith(":latest")
+    if name == "worker":
+        assert base.group(1).startswith("vllm/vllm-openai:v")
+    assert (ROOT / "docker" / f"Dockerfile.{name}.dockerignore").exists()
