@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
@@ -92,15 +92,19 @@ def make_worker(
 
 
 def snapshot(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
-    """Every row the lease engine may touch, for before/after comparisons."""
+    """Every row the lease engine may touch, for before/after comparisons (the read transaction
+    ends, so SQLite's single writer is free again)."""
     session.expire_all()
-    return {
+    state = {
         "run": session.execute(
-            text(
-                "SELECT status, current_version, fencing_seq, groups_in_flight, queue_head "
-                "FROM runs WHERE id = :id"
-            ),
-            {"id": run_id},
+            select(
+                Run.status,
+                Run.current_version,
+                Run.fencing_seq,
+                Run.groups_in_flight,
+                Run.queue_head,
+                Run.last_lease_at,
+            ).where(Run.id == run_id)
         ).all(),
         "leases": session.execute(
             select(Lease.id, Lease.state, Lease.expires_at, Lease.fencing, Lease.end_reason)
@@ -124,6 +128,8 @@ def snapshot(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
             select(RolloutBatch.id, RolloutBatch.state).where(RolloutBatch.run_id == run_id)
         ).all(),
     }
+    session.commit()
+    return state
 
 
 def in_flight(session: Session, run_id: uuid.UUID) -> int:

@@ -1,0 +1,317 @@
+"""Fenced worker calls: heartbeat, upload, complete, release (invariants 2, 4, 6, 10)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from protocol import layout
+from server.db_types import db_now, db_now_plus
+from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
+from tests.server.leases.helpers import in_flight, make_run, make_worker, snapshot
+
+BASE = "/api/v1/leases"
+
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _acquire(client: TestClient, token: str) -> dict[str, Any]:
+    response = client.post(f"{BASE}/acquire", json={}, headers=_h(token))
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def _call(client: TestClient, token: str, lease: dict[str, Any], op: str, **body: Any) -> Any:
+    return client.post(
+        f"{BASE}/{lease['lease_id']}/{op}",
+        json={"fencing": lease["fencing"], **body},
+        headers=_h(token),
+    )
+
+
+def _manifest(lease: dict[str, Any], data: bytes, **over: Any) -> dict[str, Any]:
+    manifest = {
+        "key": lease["batch_key"],
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "n_samples": len(lease["prompts"]) * lease["group_size"],
+        "n_tokens": 100,
+        "generation_seconds": 1.5,
+    }
+    return {**manifest, **over}
+
+
+def _row_states(db: Session, ids: list[int]) -> list[tuple[str, int]]:
+    db.expire_all()
+    rows = db.execute(select(PromptRow).where(PromptRow.id.in_(ids)).order_by(PromptRow.id))
+    states = [(r.state, r.attempts) for r in rows.scalars()]
+    db.commit()  # end the read transaction (SQLite has one writer)
+    return states
+
+
+def _front(db: Session, run_id: uuid.UUID, n: int) -> list[int]:
+    db.expire_all()
+    ids = list(
+        db.execute(
+            select(PromptRow.id)
+            .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
+            .order_by(PromptRow.queue_pos)
+            .limit(n)
+        ).scalars()
+    )
+    db.commit()
+    return ids
+
+
+def _expire(db: Session, lease_id: str) -> None:
+    """Let database time pass the lease's expiry."""
+    db.execute(
+        update(Lease).where(Lease.id == uuid.UUID(lease_id)).values(expires_at=db_now_plus(-1.0))
+    )
+    db.commit()
+
+
+def test_heartbeat_extends_by_the_runs_ttl(lease_client: TestClient, db: Session) -> None:
+    make_run(db, n_rows=4, lease_ttl_s=300.0, heartbeat_interval_s=5.0)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    db.execute(
+        update(Lease)
+        .where(Lease.id == uuid.UUID(lease["lease_id"]))
+        .values(expires_at=db_now_plus(2.0))
+    )
+    db.commit()
+    answer = _call(lease_client, token, lease, "heartbeat")
+    assert answer.status_code == 200
+    assert answer.json() == {"current_version": 0, "abort": False, "ttl_s": 300.0, "reason": None}
+    db.expire_all()
+    row = db.get(Lease, uuid.UUID(lease["lease_id"]))
+    assert row is not None and row.last_heartbeat_at is not None
+    remaining = (row.expires_at - db.execute(select(db_now())).scalar_one()).total_seconds()
+    assert 290 < remaining <= 300
+
+
+def test_stale_heartbeat_aborts_and_requeues_at_the_front(
+    lease_client: TestClient, db: Session
+) -> None:
+    run = make_run(db, n_rows=6, max_staleness=1)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    ids = [p["prompt_row_id"] for p in lease["prompts"]]
+    db.execute(update(Run).where(Run.id == run.id).values(current_version=1))
+    db.commit()
+    ok = _call(lease_client, token, lease, "heartbeat").json()
+    assert ok["abort"] is False and ok["current_version"] == 1  # 1 behind: still admissible
+    db.execute(update(Run).where(Run.id == run.id).values(current_version=2))
+    db.commit()
+    answer = _call(lease_client, token, lease, "heartbeat").json()
+    assert answer["abort"] is True and answer["current_version"] == 2
+    db.expire_all()
+    assert db.get(Lease, uuid.UUID(lease["lease_id"])).state == "aborted"  # type: ignore[union-attr]
+    assert _front(db, run.id, 2) == ids
+    assert _row_states(db, ids) == [("queued", 1), ("queued", 1)]
+    db.refresh(run)
+    assert run.groups_in_flight == in_flight(db, run.id) == 0
+    db.commit()
+    assert _call(lease_client, token, lease, "heartbeat").status_code == 409
+
+
+def test_paused_run_aborts_without_counting_an_attempt(
+    lease_client: TestClient, db: Session
+) -> None:
+    run = make_run(db, n_rows=4)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    ids = [p["prompt_row_id"] for p in lease["prompts"]]
+    db.execute(update(Run).where(Run.id == run.id).values(status="paused"))
+    db.commit()
+    answer = _call(lease_client, token, lease, "heartbeat").json()
+    assert answer["abort"] is True and answer["reason"] == "run_paused"
+    assert _row_states(db, ids) == [("queued", 0), ("queued", 0)]
+
+
+def test_another_workers_lease_is_404_and_changes_nothing(
+    lease_client: TestClient, db: Session
+) -> None:
+    run = make_run(db, n_rows=4)
+    _, owner = make_worker(db, name="owner")
+    _, other = make_worker(db, name="other")
+    db.commit()
+    lease = _acquire(lease_client, owner)
+    before = snapshot(db, run.id)
+    data = b"x" * 10
+    for op, body in [
+        ("heartbeat", {}),
+        ("upload", {"size": 10, "sha256": "0" * 64}),
+        ("complete", {"manifest": _manifest(lease, data)}),
+        ("release", {}),
+    ]:
+        assert _call(lease_client, other, lease, op, **body).status_code == 404, op
+    missing = {"lease_id": str(uuid.uuid4()), "fencing": 1}
+    assert _call(lease_client, owner, missing, "heartbeat").status_code == 404
+    assert snapshot(db, run.id) == before
+
+
+def test_upload_then_complete_accepts(lease_client: TestClient, lease_app, db: Session) -> None:  # type: ignore[no-untyped-def]
+    run = make_run(db, n_rows=4)
+    worker, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    data = b"parquet-bytes" * 10
+    sha = hashlib.sha256(data).hexdigest()
+    put = _call(lease_client, token, lease, "upload", size=len(data), sha256=sha)
+    assert put.status_code == 200, put.text
+    assert put.json()["key"] == lease["batch_key"] and put.json()["url"]
+    lease_app.state.store.put_bytes(lease["batch_key"], data, if_none_match=True)
+    done = _call(lease_client, token, lease, "complete", manifest=_manifest(lease, data))
+    assert done.status_code == 200, done.text
+    assert done.json()["state"] == "accepted" and done.json()["reject_reason"] is None
+    batch_id = uuid.UUID(done.json()["batch_id"])
+    ids = [p["prompt_row_id"] for p in lease["prompts"]]
+    db.expire_all()
+    rows = db.execute(select(PromptRow).where(PromptRow.id.in_(ids))).scalars().all()
+    assert {(r.state, r.batch_id) for r in rows} == {("accepted", batch_id)}
+    batch = db.get(RolloutBatch, batch_id)
+    assert batch is not None and batch.state == "accepted" and batch.sha256 == sha
+    assert (batch.bytes, batch.n_groups, batch.adapter_version) == (len(data), 2, 0)
+    assert db.get(Lease, uuid.UUID(lease["lease_id"])).state == "completed"  # type: ignore[union-attr]
+    assert db.get(Worker, worker.id).accepted_batches == 1  # type: ignore[union-attr]
+    db.refresh(run)
+    assert run.groups_in_flight == 2  # accepted groups stay in flight until consumed
+    db.commit()
+    again = _call(lease_client, token, lease, "complete", manifest=_manifest(lease, data))
+    assert again.status_code == 409
+
+
+def _rejected(
+    client: TestClient, app, db: Session, *, put: bytes | None, **manifest: Any
+) -> tuple[dict[str, Any], list[int], Run]:  # type: ignore[no-untyped-def]
+    run = make_run(db, n_rows=4)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(client, token)
+    if put is not None:
+        app.state.store.put_bytes(lease["batch_key"], put)
+    answer = _call(
+        client, token, lease, "complete", manifest=_manifest(lease, b"y" * 50, **manifest)
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json(), [p["prompt_row_id"] for p in lease["prompts"]], run
+
+
+def test_complete_without_the_object_is_rejected_and_requeued(
+    lease_client: TestClient,
+    lease_app,
+    db: Session,  # type: ignore[no-untyped-def]
+) -> None:
+    answer, ids, run = _rejected(lease_client, lease_app, db, put=None)
+    assert (answer["state"], answer["reject_reason"]) == ("rejected", "missing_object")
+    assert _front(db, run.id, 2) == ids
+    assert _row_states(db, ids) == [("queued", 1), ("queued", 1)]
+    db.refresh(run)
+    assert run.groups_in_flight == 0
+
+
+def test_complete_with_a_wrong_size_or_count_is_rejected(
+    lease_client: TestClient,
+    lease_app,
+    db: Session,  # type: ignore[no-untyped-def]
+) -> None:
+    answer, ids, _ = _rejected(lease_client, lease_app, db, put=b"short")
+    assert answer["reject_reason"] == "size_mismatch"
+    answer, ids, _ = _rejected(lease_client, lease_app, db, put=b"y" * 50, n_samples=3)
+    assert answer["reject_reason"] == "invalid"
+    assert _row_states(db, ids) == [("queued", 1), ("queued", 1)]
+
+
+def test_complete_naming_another_key_is_422_and_changes_nothing(
+    lease_client: TestClient, db: Session
+) -> None:
+    run = make_run(db, n_rows=4)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    other_key = layout.adapter_key(run.id, 1, "adapter_model.safetensors")
+    before = snapshot(db, run.id)  # expires `run`: no attribute reads until the call is done
+    bad = _manifest(lease, b"z", key=other_key)
+    answer = _call(lease_client, token, lease, "complete", manifest=bad)
+    assert answer.status_code == 422
+    assert snapshot(db, run.id) == before
+
+
+def test_release_puts_rows_back_without_an_attempt(lease_client: TestClient, db: Session) -> None:
+    run = make_run(db, n_rows=6)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    ids = [p["prompt_row_id"] for p in lease["prompts"]]
+    answer = _call(lease_client, token, lease, "release")
+    assert answer.status_code == 200 and answer.json() == {"released": 2}
+    assert _front(db, run.id, 2) == ids
+    assert _row_states(db, ids) == [("queued", 0), ("queued", 0)]
+    assert _call(lease_client, token, lease, "release").status_code == 409
+    again = _acquire(lease_client, token)
+    assert [p["prompt_row_id"] for p in again["prompts"]] == ids
+
+
+def test_expired_and_reissued_lease_fences_out_the_old_holder(
+    lease_client: TestClient,
+    lease_app,
+    db: Session,  # type: ignore[no-untyped-def]
+) -> None:
+    run = make_run(db, n_rows=6)
+    _, old_token = make_worker(db, name="old")
+    _, new_token = make_worker(db, name="new")
+    db.commit()
+    old = _acquire(lease_client, old_token)
+    _expire(db, old["lease_id"])
+    new = _acquire(lease_client, new_token)  # sweeps the expired lease; same rows, re-issued
+    assert [p["prompt_row_id"] for p in new["prompts"]] == [
+        p["prompt_row_id"] for p in old["prompts"]
+    ]
+    assert new["fencing"] > old["fencing"] and new["lease_id"] != old["lease_id"]
+    data = b"late batch"
+    lease_app.state.store.put_bytes(old["batch_key"], data)
+    before = snapshot(db, run.id)
+    sha = hashlib.sha256(data).hexdigest()
+    for op, body in [
+        ("heartbeat", {}),
+        ("upload", {"size": len(data), "sha256": sha}),
+        ("complete", {"manifest": _manifest(old, data)}),
+        ("release", {}),
+    ]:
+        assert _call(lease_client, old_token, old, op, **body).status_code == 409, op
+    assert snapshot(db, run.id) == before
+    assert _call(lease_client, new_token, new, "heartbeat").json()["abort"] is False
+    lease_app.state.store.put_bytes(new["batch_key"], data)
+    done = _call(lease_client, new_token, new, "complete", manifest=_manifest(new, data))
+    assert done.json()["state"] == "accepted"
+    ids = [p["prompt_row_id"] for p in new["prompts"]]
+    assert _row_states(db, ids) == [("accepted", 1), ("accepted", 1)]
+
+
+def test_rows_are_dropped_after_max_attempts(lease_client: TestClient, db: Session) -> None:
+    run = make_run(db, n_rows=2, max_attempts=2)
+    _, token = make_worker(db)
+    db.commit()
+    for _ in range(2):
+        lease = _acquire(lease_client, token)
+        _expire(db, lease["lease_id"])
+    assert lease_client.post(f"{BASE}/acquire", json={}, headers=_h(token)).status_code == 204
+    db.expire_all()
+    rows = db.execute(select(PromptRow).where(PromptRow.run_id == run.id)).scalars().all()
+    assert {(r.state, r.drop_reason, r.attempts) for r in rows} == {
+        ("dropped", "expired_exhausted", 2)
+    }
+    db.refresh(run)
+    assert run.groups_in_flight == 0
