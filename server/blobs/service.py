@@ -11,6 +11,8 @@ import hashlib
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
+from starlette.requests import ClientDisconnect
+
 from protocol.storage import ObjectExists, ObjectInfo, ObjectStore
 from protocol.storage_local import LocalStore, SignedRequest, URLRefused
 from server.errors import AppError, BadRequest, Forbidden, NotFound, PayloadTooLarge
@@ -60,6 +62,14 @@ def check_put_headers(
     return no_overwrite
 
 
+async def _until_disconnect(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in body:
+            yield chunk
+    except ClientDisconnect:
+        raise BadRequest("client disconnected before the body was complete") from None
+
+
 async def receive_put(
     store: LocalStore, grant: SignedRequest, body: AsyncIterator[bytes], *, no_overwrite: bool
 ) -> ObjectInfo:
@@ -70,7 +80,7 @@ async def receive_put(
         digest = hashlib.sha256()
         size = 0
         with open(tmp, "wb") as f:
-            async for chunk in body:
+            async for chunk in _until_disconnect(body):
                 size += len(chunk)
                 if size > grant.size:
                     raise PayloadTooLarge(f"body longer than the signed {grant.size} bytes")
