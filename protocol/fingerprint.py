@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 FINGERPRINT_VERSION = 1
@@ -32,6 +32,7 @@ def tokenizer_fingerprint(
     added_tokens: Iterable[Mapping[str, Any]],
     special_tokens: Mapping[str, Any],
     chat_template: str | Mapping[str, str] | None,
+    merges: Sequence[str] | None = None,
 ) -> str:
     """sha256 hex digest (64 characters) of a tokenizer's identity.
 
@@ -40,6 +41,8 @@ def tokenizer_fingerprint(
         "special": True}; order does not matter (sorted by id, then content).
     special_tokens: role -> token, e.g. {"eos_token": "<|im_end|>", "pad_token": ...}.
     chat_template: the Jinja template (or a name -> template mapping), or None.
+    merges: BPE merges as "a b" strings, in order (they decide tokenization as much as the
+        vocabulary does); None when the tokenizer has none.
     """
     added = sorted(
         (_canonical(dict(t)) for t in added_tokens),
@@ -51,6 +54,7 @@ def tokenizer_fingerprint(
         "added_tokens": added,
         "special_tokens": _canonical(dict(special_tokens)),
         "chat_template": _canonical(chat_template),
+        "merges": None if merges is None else [str(m) for m in merges],
     }
     blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
