@@ -44,6 +44,16 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
             yield block
 
 
+def _client(http: httpx.Client | None) -> httpx.Client:
+    """The given client, refused if it carries credentials (a presigned URL is its own
+    credential; a bearer token must never reach a bucket host), or a fresh one."""
+    if http is None:
+        return httpx.Client(timeout=DEFAULT_TIMEOUT)
+    if "authorization" in http.headers or http.auth is not None:
+        raise ValueError("pass an httpx.Client without credentials for presigned URLs")
+    return http
+
+
 def _with_retries(attempts: int, call: Callable[[], T]) -> T:
     """Retry `call` on transport errors and TransferErrors with a retryable status."""
     for attempt in range(attempts):
@@ -75,7 +85,7 @@ def upload_presigned(
     Raises ObjectExists on 412 (a no-overwrite URL whose key exists) and TransferError on any
     other refusal. Retries transport errors and 429/5xx; a retry of a no-overwrite PUT whose
     first try did land answers ObjectExists, which the caller can confirm with a HEAD."""
-    client = http or httpx.Client(timeout=DEFAULT_TIMEOUT)
+    client = _client(http)
 
     def once() -> None:
         content = source if isinstance(source, bytes) else _file_chunks(Path(source))
@@ -110,7 +120,7 @@ def download_url(
     (ChecksumMismatch otherwise, and nothing is left behind)."""
     dest = Path(dest)
     tmp = dest.with_name(dest.name + ".part")
-    client = http or httpx.Client(timeout=DEFAULT_TIMEOUT)
+    client = _client(http)
 
     def once() -> int:
         digest = hashlib.sha256()

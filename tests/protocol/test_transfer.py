@@ -65,3 +65,17 @@ def test_upload_to_a_bad_url_raises_with_the_status(s3_store: S3Store) -> None:
     with pytest.raises(TransferError) as info:
         upload_presigned(broken, b"abc")
     assert info.value.status_code == 404
+
+
+def test_a_client_carrying_credentials_is_refused(s3_store: S3Store, tmp_path: Path) -> None:
+    import httpx
+
+    s3_store.put_bytes("x/a.bin", b"a")
+    with httpx.Client(headers={"Authorization": "Bearer agw_secret"}) as http:
+        with pytest.raises(ValueError):
+            download_url(s3_store.presign_get("x/a.bin", 60), tmp_path / "a", None, http=http)
+        put = s3_store.presign_put(
+            "x/b", size=1, sha256_hex=hashlib.sha256(b"b").hexdigest(), ttl_s=60
+        )
+        with pytest.raises(ValueError):
+            upload_presigned(put, b"b", http=http)
