@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from protocol import schemas_learner as sl
+
 T = TypeVar("T", bound=BaseModel)
 
 TRANSIENT_STATUS = {429, 502, 503, 504}
@@ -259,3 +261,58 @@ class AsyncGrpoClient:
     # -- worker calls (lease engine) -------------------------------------------------------------
 
     # -- learner calls ---------------------------------------------------------------------------
+
+    def _learner(self, model: type[T], path: str, body: BaseModel, **kwargs: Any) -> T:
+        result = self._model(model, "POST", path, json=self._body(body), **kwargs)
+        if result is None:
+            raise ApiError(204, "unexpected empty answer")
+        return result
+
+    def learner_attach(
+        self, run_id: str, tokenizer_fingerprint: str, *, name: str = "learner"
+    ) -> sl.AttachResponse:
+        """Become the run's one learner (409 while another learner's lease is live)."""
+        body = sl.AttachRequest(tokenizer_fingerprint=tokenizer_fingerprint, name=name)
+        return self._learner(sl.AttachResponse, f"/api/v1/runs/{run_id}/learner/attach", body)
+
+    def learner_heartbeat(self, run_id: str, fencing: int) -> sl.HeartbeatResponse:
+        body = sl.HeartbeatRequest(fencing=fencing)
+        path = f"/api/v1/runs/{run_id}/learner/heartbeat"
+        return self._learner(sl.HeartbeatResponse, path, body)
+
+    def claim_batches(
+        self, run_id: str, fencing: int, max_groups: int, *, wait_s: float = 0.0
+    ) -> sl.ClaimResponse:
+        """Next accepted batches (long-poll up to wait_s, capped by the server)."""
+        body = sl.ClaimRequest(fencing=fencing, max_groups=max_groups, wait_s=wait_s)
+        path = f"/api/v1/runs/{run_id}/batches/claim"
+        return self._learner(sl.ClaimResponse, path, body, timeout_s=wait_s + 30.0)
+
+    def reject_batch(
+        self,
+        run_id: str,
+        batch_id: str,
+        fencing: int,
+        reason: sl.RejectReason,
+        detail: str | None = None,
+    ) -> sl.RejectResponse:
+        body = sl.RejectRequest(fencing=fencing, reason=reason, detail=detail)
+        path = f"/api/v1/runs/{run_id}/batches/{batch_id}/reject"
+        return self._learner(sl.RejectResponse, path, body)
+
+    def request_uploads(self, run_id: str, body: sl.UploadsRequest) -> sl.UploadsResponse:
+        """Presigned conditional PUTs for version N+1's adapter and checkpoint files."""
+        return self._learner(sl.UploadsResponse, f"/api/v1/runs/{run_id}/uploads", body)
+
+    def publish_adapter(self, run_id: str, body: sl.PublishRequest) -> sl.PublishResponse:
+        """Register version N+1 and consume the batches it was trained on."""
+        return self._learner(sl.PublishResponse, f"/api/v1/runs/{run_id}/adapters", body)
+
+    def post_learner_metrics(
+        self, run_id: str, fencing: int, points: list[sl.MetricPointIn]
+    ) -> sl.MetricsAccepted:
+        body = sl.MetricsRequest(fencing=fencing, points=points)
+        return self._learner(sl.MetricsAccepted, f"/api/v1/runs/{run_id}/metrics", body)
+
+    def spot_check(self, run_id: str, body: sl.SpotCheckRequest) -> sl.SpotCheckResponse:
+        return self._learner(sl.SpotCheckResponse, f"/api/v1/runs/{run_id}/spot-checks", body)
