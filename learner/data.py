@@ -15,6 +15,7 @@ import torch
 
 from learner.advantages import group_advantages, zero_advantage_groups
 from learner.loss import LossType
+from lm.logprobs import PackedBatch, pack
 
 
 @dataclass(frozen=True)
@@ -106,18 +107,20 @@ def plan_step(
     )
 
 
-def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Split indices (in order) into micro-batches whose padded size (count × longest) stays
-    within `token_budget`; a sequence longer than the budget goes alone."""
+def micro_batches(sizes: Sequence[tuple[int, int]], token_budget: int) -> list[list[int]]:
+    """Split indices (in order) into micro-batches whose padded size — count × (longest prompt
+    + longest completion), lm.logprobs.pack's layout — stays within `token_budget`. `sizes`
+    holds (prompt tokens, completion tokens) per sequence; one over the budget goes alone."""
     out: list[list[int]] = []
     current: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, n) > token_budget:
+    width_p = width_c = 0
+    for i, (p, c) in enumerate(sizes):
+        wp, wc = max(width_p, p), max(width_c, c)
+        if current and (len(current) + 1) * (wp + wc) > token_budget:
             out.append(current)
-            current, longest = [], 0
+            current, wp, wc = [], p, c
         current.append(i)
-        longest = max(longest, n)
+        width_p, width_c = wp, wc
     if current:
         out.append(current)
     return out
@@ -125,56 +128,49 @@ def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
 
 @dataclass
 class MicroBatch:
-    """Padded tensors of a micro-batch. The model input is [prompt | completion | pad] per row
-    (right padding, attention mask 0 on pad); the completion-aligned tensors are (B, T) with
-    T the longest completion."""
+    """A micro-batch in lm.logprobs' generate-style layout (prompts left-padded, completions
+    right-padded), with the completion-aligned behaviour log-probs and advantages."""
 
-    input_ids: torch.Tensor  # (B, L) long
-    attention_mask: torch.Tensor  # (B, L) long
-    prompt_lengths: torch.Tensor  # (B,) long
-    completion_ids: torch.Tensor  # (B, T) long, pad 0
-    completion_mask: torch.Tensor  # (B, T) float, 1 on every completion token (EOS included)
-    behaviour_logprobs: torch.Tensor  # (B, T) float32
+    packed: PackedBatch
+    behaviour_logprobs: torch.Tensor  # (B, T) float32, 0 on padding
     advantages: torch.Tensor  # (B,) float32
 
     @property
-    def logit_positions(self) -> torch.Tensor:
-        """(B, T): the input position whose logits predict each completion token."""
-        t = self.completion_ids.shape[1]
-        return self.prompt_lengths[:, None] - 1 + torch.arange(t)[None, :]
+    def completion_mask(self) -> torch.Tensor:
+        """(B, T) float: 1 on every completion token (the EOS included), 0 on padding."""
+        return self.packed.completion_mask.float()
 
     def to(self, device: str | torch.device) -> MicroBatch:
-        for name, value in vars(self).items():
-            setattr(self, name, value.to(device))
-        return self
+        p = self.packed
+        packed = PackedBatch(
+            input_ids=p.input_ids.to(device),
+            attention_mask=p.attention_mask.to(device),
+            position_ids=p.position_ids.to(device),
+            completion_ids=p.completion_ids.to(device),
+            completion_mask=p.completion_mask.to(device),
+            prompt_width=p.prompt_width,
+        )
+        return MicroBatch(packed, self.behaviour_logprobs.to(device), self.advantages.to(device))
 
 
 def collate(items: Sequence[TrainSequence], pad_id: int) -> MicroBatch:
-    """Pad a micro-batch's sequences into tensors."""
-    b = len(items)
-    seq_len = max(c.completion.length for c in items)
-    t = max(max(len(c.completion.completion_ids) for c in items), 1)
-    input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, seq_len), dtype=torch.long)
-    comp = torch.zeros((b, t), dtype=torch.long)
-    mask = torch.zeros((b, t), dtype=torch.float32)
-    behaviour = torch.zeros((b, t), dtype=torch.float32)
-    prompt_lengths = torch.zeros(b, dtype=torch.long)
-    for i, item in enumerate(items):
-        c = item.completion
-        p, n = len(c.prompt_ids), len(c.completion_ids)
-        input_ids[i, : p + n] = torch.tensor([*c.prompt_ids, *c.completion_ids])
-        attention[i, : p + n] = 1
-        comp[i, :n] = torch.tensor(list(c.completion_ids), dtype=torch.long)
-        mask[i, :n] = 1.0
-        behaviour[i, :n] = torch.tensor(list(c.behaviour_logprobs), dtype=torch.float32)
-        prompt_lengths[i] = p
+    """Pad a micro-batch's sequences into tensors (lm.logprobs.pack)."""
+    packed = pack(
+        [i.completion.prompt_ids for i in items],
+        [i.completion.completion_ids for i in items],
+        pad_id,
+    )
+    behaviour = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)  # (B, T)
+    for row, item in enumerate(items):
+        values = list(item.completion.behaviour_logprobs)
+        behaviour[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
     advantages = torch.tensor([item.advantage for item in items], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, prompt_lengths, comp, mask, behaviour, advantages)
+    return MicroBatch(packed, behaviour, advantages)
 
 
 def step_micro_batches(plan: StepPlan, token_budget: int, pad_id: int) -> list[MicroBatch]:
     """The step's trained sequences, packed into padded micro-batches by token budget."""
     seqs = plan.sequences
-    parts = micro_batches([s.completion.length for s in seqs], token_budget)
+    sizes = [(len(s.completion.prompt_ids), len(s.completion.completion_ids)) for s in seqs]
+    parts = micro_batches(sizes, token_budget)
     return [collate([seqs[i] for i in idx], pad_id) for idx in parts]

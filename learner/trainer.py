@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from learner.data import Group, MicroBatch, plan_step, step_micro_batches
 from learner.loss import grpo_loss, merge_metrics
+from lm.logprobs import packed_logprobs
 from protocol.run_config import RunConfig
 
 
@@ -27,31 +27,6 @@ def add_lora(model: Any, config: RunConfig) -> Any:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
-
-
-def load_lora(model: Any, adapter_dir: Path) -> Any:
-    """Wrap a base model with a saved (trainable) PEFT adapter."""
-    from peft import PeftModel
-
-    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-
-
-def completion_logprobs(
-    model: Any, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log_softmax(logits / T) of each completion token (B, T), and optionally the entropy of
-    that distribution at each completion position (B, T, no gradient)."""
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-    positions = mb.logit_positions.clamp(max=mb.input_ids.shape[1] - 1)  # (B, T)
-    vocab = out.logits.shape[-1]
-    logits = out.logits.gather(1, positions[..., None].expand(-1, -1, vocab))  # (B, T, V)
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    token = logprobs.gather(2, mb.completion_ids[..., None]).squeeze(2)  # (B, T)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logprobs.exp() * logprobs).sum(-1)  # (B, T)
-    return token, entropy
 
 
 class Trainer:
@@ -79,11 +54,11 @@ class Trainer:
     def _micro_step(self, mb: MicroBatch, normaliser: float) -> tuple[float, dict[str, float]]:
         g, temperature = self.config.grpo, self.config.sampling.temperature
         mb = mb.to(self.device)
-        logp, entropy = completion_logprobs(self.model, mb, temperature, with_entropy=True)
+        logp = packed_logprobs(self.model, mb.packed, temperature)  # (B, T)
         ref = None
         if g.beta != 0.0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref, _ = completion_logprobs(self.model, mb, temperature)
+                ref = packed_logprobs(self.model, mb.packed, temperature)
         loss, metrics = grpo_loss(
             logp,
             mb.behaviour_logprobs,
@@ -100,10 +75,6 @@ class Trainer:
             normaliser=normaliser,
         )
         loss.backward()
-        assert entropy is not None
-        metrics["entropy"] = float(
-            (entropy * mb.completion_mask).sum() / max(metrics["tokens"], 1.0)
-        )
         return float(loss.detach()), metrics
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
@@ -128,7 +99,6 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         merged = merge_metrics(parts)
-        entropy_tokens = sum(p["tokens"] for p in parts if p["tokens"] > 0)
         elapsed = time.perf_counter() - started
         out = {
             "loss": loss,
@@ -144,8 +114,4 @@ class Trainer:
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
         out.update({k: v for k, v in merged.items() if k != "tokens"})
-        if entropy_tokens:
-            out["entropy"] = (
-                sum(p["entropy"] * p["tokens"] for p in parts if p["tokens"] > 0) / entropy_tokens
-            )
         return out

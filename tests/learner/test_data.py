@@ -48,7 +48,7 @@ def test_skipping_all_equal_groups_does_not_change_the_loss() -> None:
         )
         mb = collate(plan.sequences, pad_id=0)
         # a current policy that depends only on the token: the same per token in both layouts
-        logp = mb.behaviour_logprobs + 0.03 * mb.completion_ids.float()
+        logp = mb.behaviour_logprobs + 0.03 * mb.packed.completion_ids.float()
         loss, _ = grpo_loss(
             logp,
             mb.behaviour_logprobs,
@@ -73,22 +73,20 @@ def test_collate_aligns_completion_tokens_and_eos() -> None:
         skip_zero_advantage=False,
     )
     mb = collate(plan.sequences, pad_id=2)
-    assert mb.input_ids[0].tolist() == [5, 6, 7, 2, 2]  # the last 2 is padding
-    assert mb.attention_mask[0].tolist() == [1, 1, 1, 1, 0]
+    # prompts left-padded to 2, completions right-padded to 4 (lm.logprobs.pack's layout)
+    assert mb.packed.input_ids[2].tolist() == [2, 4, 3, 2, 2, 2]
+    assert mb.packed.attention_mask[2].tolist() == [0, 1, 1, 0, 0, 0]
     assert mb.completion_mask[0].tolist() == [1, 1, 0, 0]  # the EOS (id 2) is counted
     assert mb.completion_mask[3].tolist() == [1, 1, 1, 1]
-    # logits at position p-1+t predict completion token t
-    pos = mb.logit_positions
-    for i in range(4):
-        n = int(mb.completion_mask[i].sum())
-        for t in range(n):
-            assert mb.input_ids[i, pos[i, t] + 1] == mb.completion_ids[i, t]
+    assert mb.behaviour_logprobs[1].tolist() == [-0.5, -0.5, -0.5, 0.0]
     assert mb.advantages.tolist() == [0.5, -0.5, 0.0, 0.0]
 
 
 def test_micro_batches_respect_the_token_budget() -> None:
-    assert micro_batches([3, 3, 3, 5, 1], 9) == [[0, 1, 2], [3], [4]]
-    assert micro_batches([20, 2], 8) == [[0], [1]]  # too long: alone
+    # padded size = count × (longest prompt + longest completion)
+    assert micro_batches([(2, 1), (1, 2), (1, 1), (4, 1), (1, 1)], 9) == [[0, 1], [2], [3], [4]]
+    assert micro_batches([(1, 1), (1, 1), (1, 1), (1, 1)], 6) == [[0, 1, 2], [3]]
+    assert micro_batches([(10, 10), (1, 1)], 8) == [[0], [1]]  # too long: alone
     plan = plan_step(
         GROUPS,
         loss_type="dapo",
@@ -97,5 +95,5 @@ def test_micro_batches_respect_the_token_budget() -> None:
         skip_zero_advantage=False,
     )
     mbs = step_micro_batches(plan, token_budget=10, pad_id=0)
-    assert sum(mb.input_ids.shape[0] for mb in mbs) == 4
-    assert all(mb.input_ids.numel() <= 10 for mb in mbs)
+    assert sum(mb.packed.input_ids.shape[0] for mb in mbs) == 4
+    assert all(mb.packed.input_ids.numel() <= 10 for mb in mbs)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.data import Completion, Group, collate, plan_step
-from learner.trainer import Trainer, add_lora, completion_logprobs
+from learner.data import Completion, Group
+from learner.trainer import Trainer, add_lora
+from lm.logprobs import completion_logprobs
 from protocol.run_config import RunConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -29,17 +30,8 @@ def _config() -> RunConfig:
     )
 
 
-def _sequence_logprob(model, prompt: list[int], completion: list[int]) -> float:  # type: ignore[no-untyped-def]
-    plan = plan_step(
-        [Group([Completion(prompt, completion, [0.0] * len(completion))] * 2, [1.0, 0.0])],
-        loss_type="dapo",
-        scale_rewards="none",
-        max_completion_tokens=8,
-        skip_zero_advantage=False,
-    )
-    with torch.no_grad():
-        logp, _ = completion_logprobs(model, collate(plan.sequences[:1], pad_id=2), 1.0)
-    return float(logp.sum())
+def _sequence_logprob(model, prompt: list[int], completion: list[int], eos: int) -> float:  # type: ignore[no-untyped-def]
+    return sum(completion_logprobs(model, [prompt], [completion], 1.0, pad_id=eos)[0])
 
 
 def test_preferred_completion_becomes_more_likely() -> None:
@@ -62,25 +54,17 @@ def test_preferred_completion_becomes_more_likely() -> None:
     good = tokenizer.encode("12", add_special_tokens=False) + [eos]
     bad = tokenizer.encode("13", add_special_tokens=False) + [eos]
     trainer = Trainer(model, config, pad_id=eos)
-    before_good = _sequence_logprob(model, prompt, good)
-    before_bad = _sequence_logprob(model, prompt, bad)
+    before_good = _sequence_logprob(model, prompt, good, eos)
+    before_bad = _sequence_logprob(model, prompt, bad, eos)
     for _ in range(3):
-        completions = []
-        for tokens in (good, bad, good, bad):  # behaviour = the current policy (on-policy)
-            plan = plan_step(
-                [Group([Completion(prompt, tokens, [0.0] * len(tokens))] * 2, [0.0, 1.0])],
-                loss_type="dapo",
-                scale_rewards="none",
-                max_completion_tokens=8,
-                skip_zero_advantage=False,
-            )
-            with torch.no_grad():
-                lp, _ = completion_logprobs(model, collate(plan.sequences[:1], pad_id=eos), 1.0)
-            completions.append(Completion(prompt, tokens, lp[0].tolist()))
+        tokens = [good, bad, good, bad]
+        # behaviour = the current policy (on-policy)
+        behaviour = completion_logprobs(model, [prompt] * 4, tokens, 1.0, pad_id=eos)
+        completions = [Completion(prompt, t, b) for t, b in zip(tokens, behaviour, strict=True)]
         metrics = trainer.train_step([Group(completions, [1.0, 0.0, 1.0, 0.0])])
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    after_good = _sequence_logprob(model, prompt, good)
-    after_bad = _sequence_logprob(model, prompt, bad)
+    after_good = _sequence_logprob(model, prompt, good, eos)
+    after_bad = _sequence_logprob(model, prompt, bad, eos)
     assert after_good > before_good + 0.05
     assert after_bad < before_bad - 0.05
     assert trainer.step == 3
