@@ -134,7 +134,7 @@ def download_url(
                     response.text[:2000],
                 )
             with open(tmp, "wb") as f:
-                for block in response.iter_bytes(CHUNK):
+                for block in response.iter_bytes():
                     digest.update(block)
                     f.write(block)
                     size += len(block)
