@@ -1,0 +1,61 @@
+"""Worker test fixtures: the transformers backend on the real small model, and real PEFT
+adapter versions made from it (LoRA r=4 on q/v with random B, so they change the outputs)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SMALL_MODEL = "smollm2-135m-instruct"
+PROMPTS = [
+    "What is 7 + 5? Answer with just the number.",
+    [{"role": "user", "content": "Name one primary color."}],
+]
+
+
+def make_adapter_version(base: Any, out_dir: Path, seed: int, rank: int = 4) -> Path:
+    """A real PEFT adapter version folder (lm.adapter_io) with non-zero LoRA weights."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from lm.adapter_io import save_adapter_version
+
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,  # random A and B: the adapter visibly changes log-probs
+    )
+    peft = get_peft_model(copy.deepcopy(base), config)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.mul_(0.5)
+    save_adapter_version(peft, out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(small_model: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Adapter versions 1 and 2 as folders on disk."""
+    root = tmp_path_factory.mktemp("adapters")
+    return {v: make_adapter_version(small_model, root / f"v{v:06d}", seed=v) for v in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def tx_backend() -> Any:
+    from worker.backends.transformers import TransformersBackend
+
+    return TransformersBackend(SMALL_MODEL, num_threads=1, max_loaded_adapters=1)
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(small_tokenizer: Any) -> list[list[int]]:
+    from lm.chat import encode_prompt
+
+    return [encode_prompt(small_tokenizer, p, "You are a helpful assistant.") for p in PROMPTS]
