@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, func, insert, literal, select, update
+from sqlalchemy import Table, case, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from server.db import is_postgres
@@ -15,6 +15,8 @@ from server.db_types import db_now
 from server.models import CostRecord, DatasetRow, Lease, PromptRow, RolloutBatch, Run
 
 INSERT_CHUNK = 5_000
+# Core (not ORM) executemany: about 2.5× faster for bulk rows.
+_DATASET_INSERT = insert(cast(Table, DatasetRow.__table__))
 
 
 def insert_run(session: Session, **fields: Any) -> Run:
@@ -39,10 +41,10 @@ def insert_dataset_rows(
         )
         count += 1
         if len(chunk) >= INSERT_CHUNK:
-            session.execute(insert(DatasetRow), chunk)
+            session.execute(_DATASET_INSERT, chunk)
             chunk = []
     if chunk:
-        session.execute(insert(DatasetRow), chunk)
+        session.execute(_DATASET_INSERT, chunk)
     return count
 
 
