@@ -89,6 +89,8 @@ def db_session(pg_url: str) -> Iterator[Session]:
 def make_settings(database_url: str, bucket_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
     from server.config import Settings
 
+    # No background scheduler unless a test asks for one: jobs would race the assertions.
+    overrides.setdefault("jobs", {"mode": "celery"})
     return Settings(
         database_url=database_url,
         bucket_url=str(bucket_dir),
