@@ -70,7 +70,8 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     )
     n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(config))
     repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
-    minted = tokens.mint(session, "learner", name=f"learner of {config.name}", scope_id=run.id)
+    name = f"learner of {config.name}"[:200]
+    minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
     return run, minted.plaintext
 

@@ -78,6 +78,14 @@ def test_every_epoch_is_queued_up_front_epoch_zero_first(runs_client, admin, db:
     assert [p.epoch for p, _ in prompt_rows] == [0] * 5 + [1] * 5 + [2] * 5
 
 
+def test_longest_name_is_accepted(runs_client, admin) -> None:  # type: ignore[no-untyped-def]
+    resp = runs_client.post("/api/v1/runs", json=example_config(name="n" * 200), headers=admin)
+    assert resp.status_code == 201, resp.text
+    too_long = runs_client.post("/api/v1/runs", json=example_config(name="n" * 201), headers=admin)
+    assert too_long.status_code == 422
+    assert too_long.json()["errors"][0]["field"] == "name"
+
+
 def test_get_config_parses_the_stored_config(runs_client, admin, db: Session) -> None:  # type: ignore[no-untyped-def]
     config = example_config(max_versions=5, budget_usd=12.5)
     run_id = runs_client.post("/api/v1/runs", json=config, headers=admin).json()["run"]["id"]
