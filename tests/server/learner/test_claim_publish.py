@@ -214,3 +214,27 @@ def test_max_versions_completes_run_and_final_is_served(app, client, admin_heade
     if served.status_code != 404 or "Not Found" not in served.text:  # the runs' GET exists
         assert served.status_code == 200, served.text
         assert served.json()["version"] == 2
+
+
+def test_attach_claim_publish_on_both_databases(db_url, tmp_path) -> None:
+    """The same flow on SQLite (the embedded single-writer path) and Postgres."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from tests.conftest import make_settings
+
+    application = create_app(make_settings(db_url, tmp_path / "bucket"), migrate=True)
+    try:
+        with TestClient(application) as test_client:
+            run = make_run(application)
+            fencing = attach(test_client, run)["fencing"]
+            worker_id, _ = make_worker(application)
+            batch = accepted_batch(application, run.id, worker_id, version=0)
+            body = claim(test_client, run, fencing).json()
+            assert [b["batch_id"] for b in body["batches"]] == [str(batch)]
+            published = upload_and_publish(test_client, run, fencing, 1, [batch])
+            assert published.status_code == 200, published.text
+            assert batch_states(application, run.id) == {batch: "consumed"}
+            assert run_row(application, run.id).current_version == 1
+    finally:
+        application.state.engine.dispose()
