@@ -1,0 +1,85 @@
+"""lm.adapter_io: a version folder written from a PEFT LoRA model loads unchanged with
+PeftModel.from_pretrained and gives identical outputs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from lm.adapter_io import load_adapter_version, save_adapter_version
+from lm.logprobs import completion_logprobs
+from protocol.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterMismatch, verify_folder
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def lora_model(small_model: Any) -> Any:
+    torch.set_num_threads(1)
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(copy.deepcopy(small_model), config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # PEFT initialises B to zero: make the adapter do something
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    model.eval()
+    return model
+
+
+def _logits(model: Any, tokenizer: Any) -> torch.Tensor:
+    ids = tokenizer("The quick brown fox", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return model(input_ids=ids).logits  # (1, L, V)
+
+
+def test_version_folder_loads_unchanged(
+    tmp_path: Path, lora_model: Any, small_model: Any, small_tokenizer: Any
+) -> None:
+    folder = tmp_path / "v000001"
+    manifest = save_adapter_version(lora_model, folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([ADAPTER_CONFIG, ADAPTER_WEIGHTS])
+    assert {f.name for f in manifest.files} == {ADAPTER_CONFIG, ADAPTER_WEIGHTS}
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    assert config["r"] == 4 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+
+    loaded = PeftModel.from_pretrained(copy.deepcopy(small_model), str(folder))
+    loaded.eval()
+    verify_folder(folder, manifest)  # loading did not touch the files
+    want = {k: v for k, v in lora_model.state_dict().items() if "lora_" in k}
+    got = {k: v for k, v in loaded.state_dict().items() if "lora_" in k}
+    assert want.keys() == got.keys() and want
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+    expected = _logits(lora_model, small_tokenizer)
+    assert torch.equal(_logits(loaded, small_tokenizer), expected)
+    assert not torch.allclose(_logits(small_model, small_tokenizer), expected, atol=1e-3)
+
+
+def test_load_verifies_the_manifest_and_scores_with_or_without_adapter(
+    tmp_path: Path, lora_model: Any, small_model: Any, small_tokenizer: Any
+) -> None:
+    folder = tmp_path / "v000002"
+    manifest = save_adapter_version(lora_model, folder)
+    with pytest.raises(FileExistsError):
+        save_adapter_version(lora_model, folder)
+    model = load_adapter_version(copy.deepcopy(small_model), folder, manifest=manifest)
+    prompt, completion = [[1, 4093, 198, 6004, 2, 198, 1, 520, 9531, 198]], [[28, 29, 2]]
+    eos = small_tokenizer.eos_token_id
+    with_adapter = completion_logprobs(model, prompt, completion, 1.0, pad_id=eos)
+    reference = completion_logprobs(lora_model, prompt, completion, 1.0, pad_id=eos)
+    base = completion_logprobs(model, prompt, completion, 1.0, pad_id=eos, use_adapter=False)
+    plain = completion_logprobs(small_model, prompt, completion, 1.0, pad_id=eos)
+    assert with_adapter == reference
+    assert torch.allclose(torch.tensor(base), torch.tensor(plain), atol=1e-6)
+    assert with_adapter != base
+
+    (folder / ADAPTER_WEIGHTS).write_bytes(b"\x00" * 16)
+    with pytest.raises(AdapterMismatch):
+        load_adapter_version(copy.deepcopy(small_model), folder, manifest=manifest)
