@@ -121,6 +121,36 @@ def admin_token_create(name: str = typer.Option("cli", help="A label for the tok
 
 
 @app.command()
+def learner(
+    server: str = typer.Option(None, "--server", help="Control plane URL, e.g. http://host:8000."),
+    run: str = typer.Option(None, "--run", help="Run id (UUID)."),
+    token: str = typer.Option(None, "--token", help="The run's learner token (agr_lrn_…)."),
+    model: str = typer.Option(None, help="The run's base model (HF id, folder or alias)."),
+    threads: int = typer.Option(None, help="torch threads."),
+    device: str = typer.Option(None, help="torch device (cpu, cuda, …)."),
+    work_dir: str = typer.Option(None, help="Local folder for batches and checkpoints."),
+    max_versions: int = typer.Option(None, help="Exit after publishing this version."),
+) -> None:
+    """Run the run's learner: attach (standby while another holds it), train, publish.
+    Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
+    from pydantic import ValidationError
+
+    from learner.config import LearnerSettings
+
+    given = {
+        "server_url": server, "run_id": run, "token": token, "model": model,
+        "threads": threads, "device": device, "work_dir": work_dir, "max_versions": max_versions,
+    }
+    try:
+        settings = LearnerSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    from learner.main import main as learner_main
+
+    raise typer.Exit(learner_main(settings))
+
+
+@app.command()
 def worker(
     server: str = typer.Option(None, "--server", help="Control plane URL, e.g. http://host:8000."),
     registration_token: str = typer.Option(

@@ -23,6 +23,11 @@ class LearnerSettings(BaseSettings):
     server_url: str = Field(description="Base URL of the control plane, e.g. http://host:8000.")
     run_id: str = Field(description="The run this learner trains (UUID).")
     token: str = Field(description="The run's learner token (agr_lrn_…).")
+    model: str = Field(
+        "smollm2-135m-instruct",
+        description="The run's base model (HF id, folder or alias): its tokenizer's fingerprint "
+        "is reported on attach, before the run config is known. Must equal the run's.",
+    )
     name: str = Field("learner", description="A name for this learner process.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default).")
     device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")

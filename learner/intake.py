@@ -1,0 +1,129 @@
+"""Claimed batch → groups ready to train: download with sha256, the validating reader (with the
+learner's own prompt tokenization, so mismatches are `prompt_mismatch`), rewards on the decoded
+completions and the rows' reference columns."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from learner.data import Completion, Group
+from protocol.batch_format import METADATA_KEY
+from protocol.batches import BatchExpectations, BatchRejected, RolloutBatchData, read_batch
+from protocol.layout import parse_batch_key
+from protocol.rewards import combine
+from protocol.run_config import RunConfig
+from protocol.schemas_learner import ClaimedBatch
+from protocol.transfer import ChecksumMismatch, download_url
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IntakeResult:
+    batch: ClaimedBatch
+    data: RolloutBatchData
+    groups: list[Group]
+    rewards_by_name: dict[str, list[float]]
+
+
+class Intake:
+    """Downloads, validates and scores claimed batches for one run."""
+
+    def __init__(
+        self, *, run_id: str, config: RunConfig, tokenizer: Any, fingerprint: str, work_dir: Path
+    ) -> None:
+        self.run_id = run_id
+        self.config = config
+        self.tokenizer = tokenizer
+        self.fingerprint = fingerprint
+        self.work_dir = work_dir
+        self.adapter_sha256: dict[int, str | None] = {0: None}  # versions whose sha256 we know
+
+    def _expectations(self, batch: ClaimedBatch, adapter_sha256: str | None) -> BatchExpectations:
+        from lm.chat import encode_prompt
+
+        _run, lease_id, fencing = parse_batch_key(batch.bucket_key)
+        system = self.config.grpo.system_prompt
+        return BatchExpectations(
+            run_id=self.run_id,
+            lease_id=str(lease_id),
+            fencing=fencing,
+            worker_id=str(batch.worker_id),
+            adapter_version=batch.adapter_version,
+            adapter_sha256=adapter_sha256,
+            tokenizer_fingerprint=self.fingerprint,
+            prompt_row_ids=[p.prompt_row_id for p in batch.prompts],
+            group_size=self.config.group_size,
+            vocab_size=len(self.tokenizer),
+            max_new_tokens=self.config.sampling.max_new_tokens,
+            sha256=batch.sha256,
+            prompt_token_ids={
+                p.prompt_row_id: encode_prompt(self.tokenizer, p.prompt, system)
+                for p in batch.prompts
+            },
+        )
+
+    def _read(self, batch: ClaimedBatch, path: Path) -> RolloutBatchData:
+        version = batch.adapter_version
+        if version in self.adapter_sha256:
+            return read_batch(path, self._expectations(batch, self.adapter_sha256[version]))
+        # A version published before this learner attached: its sha256 is not known here,
+        # so the file's own stamp is taken for that one field (everything else is checked).
+        try:
+            return read_batch(path, self._expectations(batch, None))
+        except BatchRejected as exc:
+            if exc.check != "metadata_adapter_sha256":
+                raise
+        raw = (pq.read_schema(path).metadata or {}).get(METADATA_KEY, b"{}")
+        stamped = json.loads(raw).get("adapter_sha256")
+        return read_batch(path, self._expectations(batch, stamped))
+
+    def load(self, batch: ClaimedBatch) -> IntakeResult:
+        """Raise BatchRejected (reason checksum / invalid / prompt_mismatch) when unusable."""
+        path = self.work_dir / "batches" / f"{batch.batch_id}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            download_url(batch.url, path, batch.sha256)
+        except ChecksumMismatch as exc:
+            raise BatchRejected("checksum", str(exc), check="download_sha256") from exc
+        try:
+            data = self._read(batch, path)
+        finally:
+            path.unlink(missing_ok=True)
+        groups, per_reward = self._score(batch, data)
+        return IntakeResult(batch, data, groups, per_reward)
+
+    def _score(
+        self, batch: ClaimedBatch, data: RolloutBatchData
+    ) -> tuple[list[Group], dict[str, list[float]]]:
+        rows = {p.prompt_row_id: p for p in batch.prompts}
+        texts = [
+            self.tokenizer.decode(ids, skip_special_tokens=True)
+            for ids in data.completion_token_ids
+        ]
+        prompts = [rows[i].prompt for i in data.prompt_row_ids]
+        keys = sorted({k for p in batch.prompts for k in p.reference})
+        columns: dict[str, Sequence[Any]] = {
+            k: [rows[i].reference.get(k) for i in data.prompt_row_ids] for k in keys
+        }
+        rewards = combine(self.config.rewards, prompts, texts, columns)
+        g = self.config.group_size
+        groups = []
+        for start in range(0, data.n_samples, g):
+            completions = [
+                Completion(
+                    data.prompt_token_ids[i],
+                    data.completion_token_ids[i],
+                    data.behaviour_logprobs[i],
+                )
+                for i in range(start, start + g)
+            ]
+            groups.append(Group(completions, rewards.total[start : start + g]))
+        return groups, rewards.per_reward

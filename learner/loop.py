@@ -1,0 +1,365 @@
+"""The learner loop (design.md, issue 6): attach → load → claim until prompts_per_step groups →
+validate + score → optimizer step → every weight_sync_steps steps publish version N+1.
+
+A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
+call (or a lost heartbeat): drop the unpublished work and re-attach, resuming from the last
+published version's checkpoint. `exhausted`: train on what is held and publish `final: true`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.checkpoint import load_state, save_state
+from learner.config import LearnerSettings
+from learner.data import Group
+from learner.intake import Intake, IntakeResult
+from learner.spotcheck import compare_logprobs, far_outside
+from learner.trainer import Trainer, add_lora
+from protocol import schemas_learner as sl
+from protocol.adapters import AdapterManifest, sha256_file
+from protocol.batches import BatchRejected
+from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.run_config import RunConfig
+from protocol.storage import PresignedPut
+from protocol.transfer import download_url, upload_presigned
+
+log = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """The learner lease is gone (fenced 409 or failed heartbeat): drop unpublished work."""
+
+
+class SpotCheckFailed(Exception):
+    """A re-scored batch is far outside the policy it claims (rejected as `spot_check`)."""
+
+
+class RunFinished(Exception):
+    """Attach refused because the run is in a terminal state."""
+
+
+class Heartbeat(threading.Thread):
+    """Keeps the learner lease; sets `lost` on a 409."""
+
+    def __init__(self, client: AsyncGrpoClient, run_id: str, fencing: int, interval: float):
+        super().__init__(daemon=True, name="learner-heartbeat")
+        self.client, self.run_id, self.fencing, self.interval = client, run_id, fencing, interval
+        self.lost = threading.Event()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.client.learner_heartbeat(self.run_id, self.fencing)
+            except ConflictError:
+                self.lost.set()
+                return
+            except Exception:  # transient: the next beat retries; the lease TTL decides
+                log.warning("learner heartbeat failed", exc_info=True)
+
+
+def _download_files(files: list[sl.StoredFile], folder: Path) -> Path:
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for f in files:
+        download_url(f.url, folder / f.name, f.sha256)
+    return folder
+
+
+def _finite(values: dict[str, Any]) -> dict[str, float | int | None]:
+    out: dict[str, float | int | None] = {}
+    for k, v in values.items():
+        if isinstance(v, int | float) and math.isfinite(v):
+            out[k] = v
+    return out
+
+
+class Session:
+    """One attachment: the model, the trainer and the unpublished work of this fencing token."""
+
+    def __init__(self, learner: Learner, attach: sl.AttachResponse) -> None:
+        self.learner = learner
+        self.client = learner.client
+        self.run_id = learner.settings.run_id
+        self.fencing = attach.fencing
+        self.version = attach.current_version
+        self.config = RunConfig.model_validate(attach.run_config)
+        self.dir = learner.settings.work_dir / self.run_id / f"f{self.fencing}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.trainer = self._load(attach)
+        self.intake = Intake(
+            run_id=self.run_id,
+            config=self.config,
+            tokenizer=learner.tokenizer,
+            fingerprint=learner.fingerprint,
+            work_dir=self.dir,
+        )
+        if attach.resume_adapter:
+            digest = AdapterManifest.from_json(
+                {f.name: {"sha256": f.sha256, "bytes": f.size} for f in attach.resume_adapter}
+            ).digest()
+            self.intake.adapter_sha256[self.version] = digest
+        self.consumed: list[uuid.UUID] = []
+        self.pending: list[Group] = []
+        self.steps_since_publish = 0
+        self.last_metrics: dict[str, Any] = {}
+        self.heartbeat = Heartbeat(
+            learner.heartbeat_client, self.run_id, self.fencing, attach.heartbeat_interval_s
+        )
+        self.rng = random.Random(self.config.seed * 1_000_003 + self.fencing)
+
+    def _load(self, attach: sl.AttachResponse) -> Trainer:
+        from lm.adapter_io import load_adapter_version
+        from lm.models import load_model
+
+        settings = self.learner.settings
+        torch.manual_seed(self.config.seed)
+        base = load_model(self.config.base_model, device=settings.device)
+        if attach.resume_adapter:
+            folder = _download_files(attach.resume_adapter, self.dir / "resume" / "adapter")
+            model = load_adapter_version(base, folder, is_trainable=True)
+        else:
+            model = add_lora(base, self.config)
+        trainer = Trainer(model, self.config, pad_id=self.learner.pad_id, device=settings.device)
+        if attach.resume_checkpoint:
+            folder = _download_files(attach.resume_checkpoint, self.dir / "resume" / "checkpoint")
+            state = load_state(
+                folder,
+                names=trainer.param_names,
+                optimizer=trainer.optimizer,
+                scheduler=trainer.scheduler,
+            )
+            trainer.step = int(state["step"])
+        return trainer
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _check_lease(self) -> None:
+        if self.heartbeat.lost.is_set():
+            raise LeaseLost("heartbeat answered 409")
+
+    def run(self) -> bool:
+        """Train until the run completes (True) or a stop condition of this process (True)."""
+        self.heartbeat.start()
+        try:
+            return self._run()
+        finally:
+            self.heartbeat.stopped.set()
+
+    def _run(self) -> bool:
+        per_step = self.config.prompts_per_step
+        while True:
+            self._check_lease()
+            need = per_step - len(self.pending)
+            claim = self.client.claim_batches(
+                self.run_id, self.fencing, need, wait_s=self.learner.settings.claim_wait_s
+            )
+            for batch in claim.batches:
+                self._take(batch, claim.current_version)
+            if len(self.pending) >= per_step:
+                self._train()
+                if self.steps_since_publish >= self.config.weight_sync_steps:
+                    if self._publish(final=False):
+                        return True
+            if claim.exhausted and not claim.batches:
+                if self.pending:
+                    self._train()
+                self._publish(final=True)
+                return True
+
+    def _take(self, batch: sl.ClaimedBatch, current_version: int) -> None:
+        try:
+            result = self.intake.load(batch)
+            self._maybe_spot_check(result)
+        except BatchRejected as exc:
+            log.warning("rejecting batch %s: %s", batch.batch_id, exc)
+            self.client.reject_batch(
+                self.run_id, str(batch.batch_id), self.fencing, exc.reason, exc.detail[:2000]
+            )
+            return
+        except SpotCheckFailed as exc:
+            log.warning("rejecting batch %s after its spot check: %s", batch.batch_id, exc)
+            self.client.reject_batch(
+                self.run_id, str(batch.batch_id), self.fencing, "spot_check", str(exc)
+            )
+            return
+        self.pending.extend(result.groups)
+        self.consumed.append(batch.batch_id)
+        self.last_metrics["staleness"] = float(current_version - batch.adapter_version)
+
+    def _maybe_spot_check(self, result: IntakeResult) -> None:
+        """Re-score a fraction of batches. Only batches sampled with the weights the trainer
+        holds right now can be re-scored without another download (this version, no step
+        since its publish; version 0 with the adapter disabled)."""
+        from lm.logprobs import completion_logprobs
+
+        settings = self.learner.settings
+        fraction = settings.spot_check_fraction
+        if fraction is None:
+            fraction = self.config.grpo.spot_check_fraction
+        batch = result.batch
+        if self.rng.random() >= fraction:
+            return
+        if batch.adapter_version != self.version or self.steps_since_publish != 0:
+            return
+        recomputed = completion_logprobs(
+            self.trainer.model,
+            result.data.prompt_token_ids,
+            result.data.completion_token_ids,
+            self.config.sampling.temperature,
+            pad_id=self.learner.pad_id,
+            use_adapter=batch.adapter_version != 0,
+        )
+        check = compare_logprobs(result.data.behaviour_logprobs, recomputed)
+        self.client.spot_check(
+            self.run_id,
+            sl.SpotCheckRequest(
+                fencing=self.fencing,
+                worker_id=batch.worker_id,
+                batch_id=batch.batch_id,
+                mean_abs_logprob_diff=check.mean_abs_diff,
+                kl=check.kl,
+                n_tokens=check.n_tokens,
+            ),
+        )
+        threshold = self.config.alarms.spot_check_mismatch
+        if far_outside(check, threshold, settings.spot_check_reject_factor):
+            raise SpotCheckFailed(
+                f"mean |Δ log-prob| {check.mean_abs_diff:.4f} > {settings.spot_check_reject_factor}"
+                f" × {threshold}"
+            )
+
+    def _train(self) -> None:
+        groups, self.pending = self.pending, []
+        metrics = self.trainer.train_step(groups)
+        metrics.update(self.last_metrics)
+        self.steps_since_publish += 1
+        self.last_metrics = {}
+        self.last_train_metrics = metrics
+        point = sl.MetricPointIn(
+            step=self.trainer.step, version=self.version + 1, values=_finite(metrics)
+        )
+        self.client.post_learner_metrics(self.run_id, self.fencing, [point])
+
+    def _publish(self, *, final: bool) -> bool:
+        """Upload adapter + checkpoint of version N+1 and publish; True when the run is done."""
+        from lm.adapter_io import save_adapter_version
+
+        version = self.version + 1
+        out = self.dir / f"v{version:06d}"
+        if out.exists():
+            shutil.rmtree(out)
+        manifest = save_adapter_version(self.trainer.model, out / "adapter")
+        t = self.trainer
+        save_state(
+            out / "checkpoint",
+            names=t.param_names,
+            optimizer=t.optimizer,
+            scheduler=t.scheduler,
+            step=t.step,
+            version=version,
+        )
+        files: list[tuple[Path, str]] = [
+            (out / "adapter" / f.name, "adapter") for f in manifest.files
+        ]
+        files += [(p, "checkpoint") for p in sorted((out / "checkpoint").iterdir())]
+        uploads = [
+            sl.UploadFile(name=p.name, size=p.stat().st_size, sha256=sha256_file(p), kind=kind)  # type: ignore[arg-type]
+            for p, kind in files
+        ]
+        answer = self.client.request_uploads(
+            self.run_id, sl.UploadsRequest(fencing=self.fencing, version=version, files=uploads)
+        )
+        published: dict[str, list[sl.PublishedFile]] = {"adapter": [], "checkpoint": []}
+        by_name = {(u.name, u.kind): u for u in uploads}
+        for put in answer.uploads:
+            path = out / put.kind / put.name
+            upload_presigned(PresignedPut(url=put.url, headers=put.headers), path)
+            meta = by_name[(put.name, put.kind)]
+            published[put.kind].append(
+                sl.PublishedFile(name=put.name, key=put.key, sha256=meta.sha256, size=meta.size)
+            )
+        metrics = _finite(getattr(self, "last_train_metrics", {}))
+        result = self.client.publish_adapter(
+            self.run_id,
+            sl.PublishRequest(
+                fencing=self.fencing,
+                version=version,
+                files=published["adapter"],
+                checkpoint_files=published["checkpoint"],
+                learner_step=t.step,
+                metrics=metrics,
+                consumed_batch_ids=self.consumed,
+                final=final,
+            ),
+        )
+        log.info("published version %d (%s)", version, result.run_status)
+        self.version = version
+        self.intake.adapter_sha256[version] = manifest.digest()
+        self.consumed = []
+        self.steps_since_publish = 0
+        shutil.rmtree(out, ignore_errors=True)
+        max_versions = self.learner.settings.max_versions
+        done = result.run_status != "running" or (
+            max_versions is not None and version >= max_versions
+        )
+        return bool(final or done)
+
+
+class Learner:
+    """Attach (standby on 409), run a session, re-attach on a lost lease."""
+
+    def __init__(self, settings: LearnerSettings, client: AsyncGrpoClient | None = None):
+        from lm.chat import tokenizer_fingerprint
+        from lm.models import load_tokenizer, set_threads
+
+        self.settings = settings
+        set_threads(settings.threads)
+        self.client = client or AsyncGrpoClient(settings.server_url, settings.token)
+        self.heartbeat_client = AsyncGrpoClient(settings.server_url, settings.token)
+        # attach reports the tokenizer fingerprint, so the tokenizer comes before the run config
+        self.tokenizer: Any = load_tokenizer(settings.model)
+        self.fingerprint = str(tokenizer_fingerprint(self.tokenizer))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def attach(self) -> sl.AttachResponse:
+        """Attach, waiting as a standby while another learner holds the run."""
+        while True:
+            try:
+                return self.client.learner_attach(
+                    self.settings.run_id, self.fingerprint, name=self.settings.name
+                )
+            except ConflictError as exc:
+                if "run is " in str(exc.detail) or "fingerprint" in str(exc.detail):
+                    raise RunFinished(str(exc.detail)) from exc
+                log.info("another learner holds the run; standing by")
+                time.sleep(self.settings.standby_retry_s)
+
+    def run(self) -> None:
+        """Train until the run completes (or max_versions of this process)."""
+        while True:
+            attach = self.attach()
+            base = RunConfig.model_validate(attach.run_config).base_model
+            if base != self.settings.model:
+                raise RunFinished(
+                    f"the run trains {base!r} but this learner loaded {self.settings.model!r}"
+                    " (--model)"
+                )
+            try:
+                if Session(self, attach).run():
+                    return
+            except (ConflictError, LeaseLost) as exc:
+                log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)

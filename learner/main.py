@@ -1,0 +1,22 @@
+"""Entry point of `asyncgrpo learner`: settings are parsed by the caller before torch loads."""
+
+from __future__ import annotations
+
+import logging
+
+from learner.config import LearnerSettings
+
+
+def main(settings: LearnerSettings) -> int:
+    """Run the learner until its run completes; returns the process exit code."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s learner %(name)s: %(message)s"
+    )
+    from learner.loop import Learner, RunFinished
+
+    try:
+        Learner(settings).run()
+    except RunFinished as exc:
+        logging.getLogger("learner").warning("stopping: %s", exc)
+        return 1
+    return 0
