@@ -138,7 +138,7 @@ def publish(
         raise Conflict("batches not claimed under this fencing token", batch_ids=unknown)
     if not repo.advance_version(session, run_id, body.fencing, body.version):
         raise FencingLost("the run's version or learner lease changed: re-attach")
-    config = run_config(run.config)
+    config = run_config(session, run_id)
     final = body.final or (config.max_versions is not None and body.version >= config.max_versions)
     repo.insert_adapter_version(
         session,

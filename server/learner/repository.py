@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from server.db_types import db_now, db_now_plus
 from server.models import (
@@ -37,15 +37,19 @@ class FencedRun:
     id: uuid.UUID
     status: str
     current_version: int
-    config: dict[str, Any]
     learner_fencing: int
 
 
-_FENCED_COLUMNS = (Run.id, Run.status, Run.current_version, Run.config, Run.learner_fencing)
+_FENCED_COLUMNS = (Run.id, Run.status, Run.current_version, Run.learner_fencing)
 
 
 def _fenced(row: Any) -> FencedRun | None:
     return None if row is None else FencedRun(*row)
+
+
+def run_with_deferred_config(session: Session, run_id: uuid.UUID) -> Run | None:
+    """The run row without loading its (possibly large) config until it is read."""
+    return session.get(Run, run_id, options=[defer(Run.config)])
 
 
 def get_run(session: Session, run_id: uuid.UUID) -> Run | None:

@@ -21,7 +21,7 @@ def protected_versions(
     run = repo.get_run(session, run_id)
     if run is None:
         raise NotFound("run not found")
-    floor = run.current_version - run_config(run.config).max_staleness - 1
+    floor = run.current_version - run_config(session, run_id).max_staleness - 1
     keep = {v.version for v in versions if v.version >= floor or v.final}
     keep |= repo.versions_in_use(session, run_id)
     with_checkpoint = [v.version for v in versions if v.checkpoint_files]

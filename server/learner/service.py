@@ -29,12 +29,17 @@ from server.errors import Conflict, FencingLost, NotFound
 from server.learner import repository as repo
 from server.leases import queue
 from server.models import RolloutBatch, Token
+from server.runs import service as runs_service
 
 CLAIM_PAGE = 32
 
 
-def run_config(config: dict[str, Any]) -> RunConfig:
-    return RunConfig.model_validate(config)
+def run_config(session: Session, run_id: uuid.UUID) -> RunConfig:
+    """The run's validated config (parsed once per run by the runs feature's cache)."""
+    run = repo.run_with_deferred_config(session, run_id)
+    if run is None:
+        raise NotFound("run not found")
+    return runs_service.get_config(run)
 
 
 def authorize(token: Token, run_id: uuid.UUID) -> None:
@@ -82,7 +87,7 @@ def attach(
         current_version=run.current_version,
         resume_checkpoint=checkpoint,
         resume_adapter=adapter,
-        run_config=run.config,
+        run_config=run_config(session, run_id).model_dump(mode="json"),
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,
     )
@@ -146,7 +151,7 @@ def claim(
 ) -> ClaimResponse:
     """One claim attempt (the router long-polls by repeating it in fresh transactions)."""
     run = fence(session, settings, token, run_id, body.fencing)
-    config = run_config(run.config)
+    config = run_config(session, run_id)
     if config.max_versions is not None and run.current_version >= config.max_versions:
         return ClaimResponse(batches=[], exhausted=True, current_version=run.current_version)
     taken, stale = _take_batches(session, run, config, body.max_groups)

@@ -46,7 +46,7 @@ def spot_check(
 ) -> SpotCheckResponse:
     """Record one re-scored batch in the worker's running mean; quarantine the worker (no more
     leases) with an event when this check or the running mean is above the run's threshold."""
-    run = fence(session, settings, token, run_id, body.fencing)
+    fence(session, settings, token, run_id, body.fencing)
     batch = repo.get_batch(session, run_id, body.batch_id)
     if batch is None:
         raise NotFound("batch not found")
@@ -56,7 +56,7 @@ def spot_check(
     if row is None:
         raise NotFound("worker not found")
     status, checks, mean = row
-    threshold = run_config(run.config).alarms.spot_check_mismatch
+    threshold = run_config(session, run_id).alarms.spot_check_mismatch
     quarantined = False
     if max(body.mean_abs_logprob_diff, mean) > threshold:
         reason = (

@@ -15,7 +15,8 @@ from sqlalchemy import select, update
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.leases import queue
-from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
+from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
+from server.runs.service import create_run
 from tests.conftest import mint_token
 
 FP = "tok-fp-1"
@@ -55,42 +56,12 @@ def make_config(**overrides: Any) -> RunConfig:
 
 
 def make_run(app: Any, **overrides: Any) -> RunHandle:
-    """A pending run with its dataset rows and every epoch's prompt rows queued (epoch 0
-    first), and its learner token — the shape contracts.md gives create_run."""
+    """A pending run created by the runs feature (dataset rows, every epoch's prompt rows
+    queued, epoch 0 first) and its learner token."""
     config = make_config(**overrides)
-    rows = config.dataset.rows  # type: ignore[union-attr]
     with transaction(app.state.sessionmaker) as session:
-        run = Run(
-            name=config.name,
-            config=config.model_dump(mode="json"),
-            base_model=config.base_model,
-            priority=config.priority,
-            status="pending",
-            current_version=0,
-            fencing_seq=0,
-            groups_in_flight=0,
-            queue_head=0,
-        )
-        session.add(run)
-        session.flush()
-        dataset = []
-        for i, row in enumerate(rows):
-            reference = {k: v for k, v in row.items() if k != "prompt"}
-            dataset.append(
-                DatasetRow(run_id=run.id, row_index=i, prompt=row["prompt"], reference=reference)
-            )
-        session.add_all(dataset)
-        session.flush()
-        n = len(dataset)
-        session.add_all(
-            PromptRow(
-                run_id=run.id, dataset_row_id=d.id, epoch=e, state="queued", queue_pos=e * n + i
-            )
-            for e in range(config.epochs)
-            for i, d in enumerate(dataset)
-        )
+        run, token = create_run(session, config)
         run_id = run.id
-    token = mint_token(app, "learner", name="learner", scope_id=run_id)
     return RunHandle(run_id, token)
 
 
