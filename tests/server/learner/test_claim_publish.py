@@ -211,9 +211,8 @@ def test_max_versions_completes_run_and_final_is_served(app, client, admin_heade
     assert ledger["by_state"] == {"consumed": 2, "dropped": 2}
     assert ledger["dropped_by_reason"] == {"run_completed": 2}
     served = client.get(run.url("adapters/final"), headers=admin_headers)
-    if served.status_code != 404 or "Not Found" not in served.text:  # the runs' GET exists
-        assert served.status_code == 200, served.text
-        assert served.json()["version"] == 2
+    assert served.status_code == 200, served.text
+    assert served.json()["version"] == 2 and served.json()["final"] is True
 
 
 def test_attach_claim_publish_on_both_databases(db_url, tmp_path) -> None:
