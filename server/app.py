@@ -56,6 +56,9 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     install_error_handler(app)
     _install_validation_handler(app)
     _include_routers(app)
+    from server.dashboard.web import install as install_dashboard
+
+    install_dashboard(app)
     app.add_middleware(
         BodySizeLimit, max_bytes=settings.security.max_body_bytes, exempt_prefixes=("/blobs/",)
     )

@@ -65,6 +65,35 @@ class JobsSettings(BaseModel):
     webhook_timeout_s: float = Field(10.0, description="Timeout of one webhook POST.")
 
 
+DEFAULT_ON_DEMAND_PRICES = {
+    "T4": 0.53,
+    "L4": 0.80,
+    "A10G": 1.21,
+    "L40S": 1.86,
+    "A100": 3.67,
+    "A100-80GB": 4.10,
+    "H100": 6.98,
+    "H200": 10.60,
+}
+
+
+class DashboardSettings(BaseModel):
+    """The browser dashboard."""
+
+    on_demand_prices: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_ON_DEMAND_PRICES),
+        description="On-demand USD per hour for one GPU of each type (matched to a worker's "
+        "gpu_type case-insensitively, times its gpu_count): the cost page's saving compares "
+        "what workers cost with what the same hours would have cost on demand.",
+    )
+    session_max_age_s: int = Field(
+        12 * 3600, description="A dashboard login lasts this long (signed session cookie)."
+    )
+    cookie_secure: bool = Field(
+        False, description="Send the session cookie over HTTPS only (set behind TLS)."
+    )
+
+
 class Settings(BaseSettings):
     """Root settings. Nested groups use `__`, e.g. ASYNCGRPO_S3__ENDPOINT_URL."""
 
@@ -88,6 +117,9 @@ class Settings(BaseSettings):
         default_factory=SecuritySettings, description="Secrets and limits."
     )
     jobs: JobsSettings = Field(default_factory=JobsSettings, description="Background jobs.")
+    dashboard: DashboardSettings = Field(
+        default_factory=DashboardSettings, description="The browser dashboard."
+    )
     lease_long_poll_s: float = Field(
         10.0, description="Longest time acquire and claim wait for work before answering."
     )

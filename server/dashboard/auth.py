@@ -1,0 +1,104 @@
+"""Dashboard login: an admin token exchanged for a signed session cookie, and CSRF checks.
+
+The cookie (itsdangerous, keyed by settings.secret_key(), HttpOnly, SameSite=Lax) holds the
+admin token's id and a random CSRF token; it never holds the token itself. Every request
+re-checks that the admin token is still live, so revoking it logs the browser out at once.
+Every POST must carry the session's CSRF token (form field `csrf_token` or header
+`X-CSRF-Token`, which htmx sends from the page's hx-headers). The login form itself uses a
+double-submit cookie, as there is no session yet.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.config import Settings
+
+SESSION_COOKIE = "agr_session"
+LOGIN_CSRF_COOKIE = "agr_login_csrf"
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
+_SALT = "asyncgrpo.dashboard.session"
+
+
+class LoginRequired(Exception):
+    """No valid dashboard session: pages redirect to /login."""
+
+
+class CsrfFailed(Exception):
+    """A POST without the session's CSRF token: 403."""
+
+
+@dataclass(frozen=True)
+class DashboardSession:
+    token_id: uuid.UUID
+    csrf: str
+
+
+def _serializer(settings: Settings) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(settings.secret_key(), salt=_SALT)
+
+
+def new_csrf() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def set_session(response: Response, settings: Settings, token_id: uuid.UUID) -> None:
+    value = _serializer(settings).dumps({"tid": str(token_id), "csrf": new_csrf()})
+    response.set_cookie(
+        SESSION_COOKIE,
+        value,
+        max_age=settings.dashboard.session_max_age_s,
+        httponly=True,
+        samesite="lax",
+        secure=settings.dashboard.cookie_secure,
+        path="/",
+    )
+
+
+def clear_session(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE, path="/")
+
+
+def read_session(request: Request, settings: Settings) -> DashboardSession | None:
+    """The signed, unexpired session in the request's cookie, or None."""
+    raw = request.cookies.get(SESSION_COOKIE)
+    if not raw:
+        return None
+    try:
+        data = _serializer(settings).loads(raw, max_age=settings.dashboard.session_max_age_s)
+        return DashboardSession(uuid.UUID(str(data["tid"])), str(data["csrf"]))
+    except (BadSignature, KeyError, TypeError, ValueError):
+        return None
+
+
+def same(a: str | None, b: str | None) -> bool:
+    return bool(a) and bool(b) and hmac.compare_digest(str(a), str(b))
+
+
+async def submitted_csrf(request: Request) -> str | None:
+    header = request.headers.get(CSRF_HEADER)
+    if header:
+        return header
+    form = await request.form()
+    value = form.get(CSRF_FIELD)
+    return value if isinstance(value, str) else None
+
+
+def set_login_csrf(response: Response, settings: Settings, value: str) -> None:
+    response.set_cookie(
+        LOGIN_CSRF_COOKIE,
+        value,
+        max_age=3600,
+        httponly=True,
+        samesite="strict",
+        secure=settings.dashboard.cookie_secure,
+        path="/login",
+    )

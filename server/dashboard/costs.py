@@ -1,0 +1,131 @@
+"""The cost page: spend per run and per worker, per accepted sample, wasted spend, and the
+saving against the on-demand price table (settings.dashboard.on_demand_prices)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from server.dashboard import repository as repo
+from server.learner.telemetry import AFTER_ACCEPTANCE
+
+WASTE_KINDS = ("rejected", "expired", "aborted")
+
+
+@dataclass
+class RunCost:
+    id: uuid.UUID
+    name: str
+    status: str
+    spent_usd: float
+    budget_usd: float | None
+    accepted_samples: int
+    wasted: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def per_sample(self) -> float | None:
+        return self.spent_usd / self.accepted_samples if self.accepted_samples else None
+
+    @property
+    def wasted_total(self) -> float:
+        return sum(self.wasted.values())
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    id: uuid.UUID
+    name: str
+    gpu: str
+    hours: float
+    usd: float
+    usd_on_runs: float
+    on_demand_usd: float | None
+
+    @property
+    def saving(self) -> float | None:
+        return None if self.on_demand_usd is None else self.on_demand_usd - self.usd
+
+
+@dataclass(frozen=True)
+class CostPage:
+    runs: list[RunCost]
+    workers: list[WorkerCost]
+    learner_usd: float
+    total_usd: float
+    wasted_usd: dict[str, float]
+    on_demand_usd: float
+    compared_usd: float
+
+    @property
+    def saving(self) -> float:
+        return self.on_demand_usd - self.compared_usd
+
+
+def on_demand_price(table: dict[str, float], gpu_type: str, gpu_count: int) -> float | None:
+    """USD/h of the same GPUs on demand (type matched case-insensitively), or None."""
+    prices = {k.lower(): v for k, v in table.items()}
+    price = prices.get(gpu_type.lower())
+    return None if price is None else price * max(gpu_count, 1)
+
+
+def accepted_samples(rows: list[tuple[uuid.UUID, str, str | None, int]]) -> dict[uuid.UUID, int]:
+    """Samples in batches that passed `complete` (learner.telemetry's rule: later rejections
+    at claim or by the learner still count as accepted)."""
+    out: dict[uuid.UUID, int] = defaultdict(int)
+    for run_id, state, reason, samples in rows:
+        if state != "rejected" or reason in AFTER_ACCEPTANCE:
+            out[run_id] += int(samples or 0)
+    return out
+
+
+def cost_page(session: Session, prices: dict[str, float]) -> CostPage:
+    accepted = accepted_samples(repo.batch_samples_by_run(session))
+    runs = {
+        r.id: RunCost(
+            r.id,
+            r.name,
+            r.status,
+            r.spent_usd,
+            (r.config or {}).get("budget_usd"),
+            accepted.get(r.id, 0),
+        )
+        for r in repo.runs_by_id(session).values()
+    }
+    wasted: dict[str, float] = dict.fromkeys(WASTE_KINDS, 0.0)
+    for run_id, kind, usd in repo.wasted_spend(session):
+        wasted[kind] = wasted.get(kind, 0.0) + float(usd or 0.0)
+        if run_id in runs:
+            runs[run_id].wasted[kind] = runs[run_id].wasted.get(kind, 0.0) + float(usd or 0.0)
+    workers = []
+    on_demand = compared = 0.0
+    for wid, name, gpu_type, count, seconds, usd, on_runs in repo.spend_by_worker(session):
+        price = on_demand_price(prices, gpu_type, count)
+        od = None if price is None else float(seconds or 0.0) / 3600 * price
+        if od is not None:
+            on_demand += od
+            compared += float(usd or 0.0)
+        workers.append(
+            WorkerCost(
+                wid,
+                name,
+                f"{count}× {gpu_type}",
+                float(seconds or 0.0) / 3600,
+                float(usd or 0.0),
+                float(on_runs or 0.0),
+                od,
+            )
+        )
+    _, learner_usd = repo.learner_spend(session)
+    ordered = sorted(runs.values(), key=lambda r: r.spent_usd, reverse=True)
+    return CostPage(
+        runs=ordered,
+        workers=workers,
+        learner_usd=learner_usd,
+        total_usd=sum(w.usd for w in workers) + learner_usd,
+        wasted_usd=wasted,
+        on_demand_usd=on_demand,
+        compared_usd=compared,
+    )

@@ -1,0 +1,311 @@
+"""Dashboard pages (HTML, server-rendered; htmx fragments for the live parts)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from server.adapters import service as adapters
+from server.dashboard import costs, forms, planner
+from server.dashboard import service as dash
+from server.dashboard.auth import (
+    LOGIN_CSRF_COOKIE,
+    clear_session,
+    new_csrf,
+    same,
+    set_login_csrf,
+    set_session,
+)
+from server.dashboard.web import CsrfDep, LoginDep, render
+from server.deps import SessionDep, SettingsDep, StoreDep
+from server.errors import AppError, NotFound, Unauthorized
+from server.runs import service as runs
+from server.runs.service import STATUSES
+from server.tokens import service as tokens
+from server.workers import repository as workers_repo
+from server.workers import service as workers
+
+router = APIRouter(include_in_schema=False)
+Action = Literal["pause", "resume", "cancel"]
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/runs", status_code=303)
+
+
+# -- login -----------------------------------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, settings: SettingsDep) -> HTMLResponse:
+    csrf = new_csrf()
+    response = render(request, "pages/login.html", csrf=csrf, error=None)
+    set_login_csrf(response, settings, csrf)
+    return response
+
+
+@router.post("/login", response_class=HTMLResponse)
+def login(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: Annotated[str, Form()] = "",
+    csrf_token: Annotated[str, Form()] = "",
+) -> Response:
+    if not same(csrf_token, request.cookies.get(LOGIN_CSRF_COOKIE)):
+        return HTMLResponse("<p>Refused: reload the login page and try again.</p>", 403)
+    try:
+        admin = tokens.authenticate(session, token.strip(), ("admin",))
+    except AppError as exc:
+        reason = "not an admin token" if not isinstance(exc, Unauthorized) else exc.message
+        csrf = new_csrf()
+        response = render(request, "pages/login.html", 401, csrf=csrf, error=reason)
+        set_login_csrf(response, settings, csrf)
+        return response
+    redirect = RedirectResponse("/runs", status_code=303)
+    set_session(redirect, settings, admin.id)
+    redirect.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
+    return redirect
+
+
+@router.post("/logout")
+def logout(_user: CsrfDep) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    clear_session(response)
+    return response
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+StatusQuery = Annotated[str | None, Query(description="Only runs in this state.")]
+
+
+def _status(status: str | None) -> str | None:
+    return status if status in STATUSES else None
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(
+    request: Request, session: SessionDep, _user: LoginDep, status: StatusQuery = None
+) -> HTMLResponse:
+    status = _status(status)
+    rows = dash.run_rows(session, status)
+    return render(
+        request, "pages/runs.html", rows=rows, status=status, statuses=STATUSES, page="runs"
+    )
+
+
+@router.get("/runs/table", response_class=HTMLResponse)
+def runs_table(
+    request: Request, session: SessionDep, _user: LoginDep, status: StatusQuery = None
+) -> HTMLResponse:
+    status = _status(status)
+    rows = dash.run_rows(session, status)
+    return render(request, "components/_runs_table.html", rows=rows, status=status)
+
+
+def _new_run_context(values: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "page": "new",
+        "values": values or {},
+        "errors": {},
+        "rewards": forms.BUILTIN_REWARDS,
+        "generators": forms.GENERATORS,
+    }
+
+
+@router.get("/runs/new", response_class=HTMLResponse)
+def new_run_page(request: Request, _user: LoginDep) -> HTMLResponse:
+    return render(request, "pages/run_new.html", **_new_run_context())
+
+
+@router.post("/runs/new", response_class=HTMLResponse)
+async def create_run(
+    request: Request, session: SessionDep, settings: SettingsDep, _user: CsrfDep
+) -> HTMLResponse:
+    form = await request.form()
+    upload = form.get("dataset.file")
+    jsonl = None
+    if upload is not None and not isinstance(upload, str):
+        jsonl = (await upload.read()).decode("utf-8", errors="replace")
+    result = forms.parse(form, jsonl)
+    if result.config is None:
+        context = _new_run_context({k: v for k, v in form.items() if isinstance(v, str)})
+        context["errors"] = result.errors
+        context["checked_rewards"] = form.getlist("rewards")
+        return render(request, "pages/run_new.html", 422, **context)
+    run, learner_token = runs.create_run(session, result.config)
+    return render(
+        request,
+        "pages/run_created.html",
+        run=run,
+        learner_token=learner_token,
+        public_url=settings.public_url,
+        page="new",
+    )
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(
+    request: Request, run_id: uuid.UUID, session: SessionDep, _user: LoginDep
+) -> HTMLResponse:
+    live = dash.run_live(session, run_id)
+    return render(request, "pages/run.html", page="runs", flash=None, **live)
+
+
+@router.get("/runs/{run_id}/live", response_class=HTMLResponse)
+def run_live(
+    request: Request, run_id: uuid.UUID, session: SessionDep, _user: LoginDep
+) -> HTMLResponse:
+    live = dash.run_live(session, run_id)
+    return render(request, "components/_run_live.html", flash=None, **live)
+
+
+@router.get("/runs/{run_id}/charts.json")
+def run_charts(run_id: uuid.UUID, session: SessionDep, _user: LoginDep) -> JSONResponse:
+    return JSONResponse(dash.charts(session, run_id))
+
+
+@router.post("/runs/{run_id}/{action}", response_class=HTMLResponse)
+def run_action(
+    request: Request, run_id: uuid.UUID, action: Action, session: SessionDep, _user: CsrfDep
+) -> Response:
+    flash = None
+    try:
+        runs.apply_action(session, run_id, action, f"{action} from the dashboard")
+    except NotFound:
+        raise
+    except AppError as exc:
+        flash = exc.message
+    if not request.headers.get("HX-Request"):
+        return RedirectResponse(f"/runs/{run_id}", status_code=303)
+    live = dash.run_live(session, run_id)
+    return render(request, "components/_run_live.html", flash=flash, **live)
+
+
+@router.get("/runs/{run_id}/adapters/{version}/{name}")
+def adapter_download(
+    run_id: uuid.UUID,
+    version: int,
+    name: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    store: StoreDep,
+    _user: LoginDep,
+) -> RedirectResponse:
+    """A short-lived download URL of one adapter file (adapters.service presigns it)."""
+    ttl = settings.security.url_ttl_s
+    detail = adapters.get_version(session, store, run_id, str(version), ttl)
+    for f in detail.files:
+        if f.name == name:
+            return RedirectResponse(f.url, status_code=303)
+    raise NotFound(f"version {version} has no file {name}")
+
+
+# -- workers ---------------------------------------------------------------------------------
+
+
+def _workers_context(session: SessionDep) -> dict[str, Any]:
+    return {
+        "workers": workers.list_workers(session),
+        "current": dash.repo.current_leases(session),
+    }
+
+
+@router.get("/workers", response_class=HTMLResponse)
+def workers_page(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
+    return render(
+        request, "pages/workers.html", page="workers", minted=None, **_workers_context(session)
+    )
+
+
+@router.get("/workers/table", response_class=HTMLResponse)
+def workers_table(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
+    return render(request, "components/_workers_table.html", **_workers_context(session))
+
+
+@router.post("/workers/{worker_id}/revoke", response_class=HTMLResponse)
+def revoke_worker(
+    request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+) -> Response:
+    workers.revoke(session, worker_id)
+    if not request.headers.get("HX-Request"):
+        return RedirectResponse("/workers", status_code=303)
+    return render(request, "components/_workers_table.html", **_workers_context(session))
+
+
+@router.post("/workers/registration-tokens", response_class=HTMLResponse)
+def create_registration_token(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    _user: CsrfDep,
+    name: Annotated[str, Form(max_length=200)] = "",
+    ttl_hours: Annotated[float, Form(gt=0, le=24 * 365)] = 24.0,
+    max_uses: Annotated[int, Form(ge=1, le=10_000)] = 1,
+) -> HTMLResponse:
+    minted = tokens.mint(
+        session,
+        "registration",
+        name=name or None,
+        ttl=timedelta(hours=ttl_hours),
+        max_uses=max_uses,
+    )
+    return render(
+        request,
+        "pages/workers.html",
+        page="workers",
+        minted=minted,
+        public_url=settings.public_url,
+        **_workers_context(session),
+    )
+
+
+# -- cost and planner ------------------------------------------------------------------------
+
+
+@router.get("/cost", response_class=HTMLResponse)
+def cost_page(
+    request: Request, session: SessionDep, settings: SettingsDep, _user: LoginDep
+) -> HTMLResponse:
+    prices = settings.dashboard.on_demand_prices
+    page = costs.cost_page(session, prices)
+    table = workers_repo.price_table(session)
+    return render(
+        request, "pages/cost.html", page="cost", cost=page, prices=prices, price_table=table
+    )
+
+
+@router.get("/planner", response_class=HTMLResponse)
+def planner_page(
+    request: Request,
+    _user: LoginDep,
+    model: str = "qwen2.5-7b",
+    rank: str = "16",
+    targets: str = "all-linear",
+    link_gbps: str = "1",
+) -> HTMLResponse:
+    error = None
+    result = None
+    try:
+        result = planner.plan(model, int(rank), targets, float(link_gbps))
+    except ValueError as exc:
+        error = str(exc) if "invalid literal" not in str(exc) else "enter numbers"
+    template = (
+        "components/_plan.html" if request.headers.get("HX-Request") else "pages/planner.html"
+    )
+    return render(
+        request,
+        template,
+        page="planner",
+        plan=result,
+        error=error,
+        values={"model": model, "rank": rank, "targets": targets, "link_gbps": link_gbps},
+        presets=planner.PRESETS,
+        targets=planner.TARGET_LABELS,
+    )

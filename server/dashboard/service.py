@@ -1,0 +1,260 @@
+"""What the run pages show, assembled from the services that own each figure:
+runs.service (status, live stats, spend), jobs.alarms/jobs.stats (stale waste, clip fraction —
+the alarm's own readings), learner.telemetry (proxy stats, staleness histogram),
+learner.ledger (the prompt ledger), adapters.service (versions). Series over time come from
+dashboard.repository, the one place they are computed."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from protocol.run_config import RunConfig
+from server.adapters import service as adapters
+from server.dashboard import repository as repo
+from server.jobs import alarms, stats
+from server.jobs.common import db_time
+from server.learner import telemetry
+from server.learner.ledger import ledger_model
+from server.models import Run
+from server.runs import service as runs
+
+DRIFT_KINDS = ("stale_waste", "clip_fraction")
+DRIFT_MEANING = {
+    "stale_waste": "Too much work is in flight for the staleness window: batches are generated "
+    "with adapter versions that are already too old when the learner claims them. Fewer "
+    "workers or smaller leases, a larger max_staleness, or faster adapter sync bring it down.",
+    "clip_fraction": "The sampling policy and the learner's policy have drifted apart: many "
+    "tokens hit the clip bounds. Usually adapter sync is too slow (workers sample with old "
+    "versions) or the learning rate is too high.",
+}
+SPARK_POINTS = 30
+LIVE_LEASES_SHOWN = 50
+EVENTS_SHOWN = 50
+CHART_BUCKETS = 60
+
+
+@dataclass(frozen=True)
+class Drift:
+    kind: str
+    value: float
+    threshold: float
+    message: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run: Run
+    config: RunConfig
+    spark: str
+    stale_waste: float
+    drift: list[Drift]
+
+
+def sparkline(values: list[float], width: int = 120, height: int = 24) -> str:
+    """SVG polyline points for the values (empty when fewer than two)."""
+    if len(values) < 2:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    step = width / (len(values) - 1)
+    return " ".join(
+        f"{i * step:.1f},{height - 2 - (v - low) / span * (height - 4):.1f}"
+        for i, v in enumerate(values)
+    )
+
+
+def drift_of(session: Session, run: Run, now: Any) -> tuple[float, list[Drift]]:
+    """The run's stale waste and its drift alarms that are over threshold now — the alarm
+    job's own readings (jobs.alarms.run_readings), so the banner and the events agree."""
+    waste = 0.0
+    firing: list[Drift] = []
+    for reading in alarms.run_readings(session, run, now):
+        if reading.kind == "stale_waste":
+            waste = reading.value
+        if reading.kind in DRIFT_KINDS and reading.firing and run.status not in runs.TERMINAL:
+            firing.append(
+                Drift(
+                    reading.kind,
+                    reading.value,
+                    reading.threshold,
+                    reading.message,
+                    DRIFT_MEANING[reading.kind],
+                )
+            )
+    return waste, firing
+
+
+def run_rows(session: Session, status: str | None) -> list[RunRow]:
+    listed = runs.list_runs(session, status, 200, 0)
+    sparks = repo.recent_rewards(session, [r.id for r in listed], SPARK_POINTS)
+    now = db_time(session)
+    rows = []
+    for out in listed:
+        run = runs.get_run(session, out.id)
+        waste, drift = drift_of(session, run, now)
+        rows.append(
+            RunRow(run, runs.get_config(run), sparkline(sparks.get(run.id, [])), waste, drift)
+        )
+    return rows
+
+
+def run_live(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
+    """Everything the run page's live fragment shows."""
+    run = runs.get_run(session, run_id)
+    detail = runs.detail(session, run)
+    waste, drift = drift_of(session, run, db_time(session))
+    latest = stats.latest_learner_values(session, run_id) or {}
+    return {
+        "run": run,
+        "detail": detail,
+        "config": runs.get_config(run),
+        "stale_waste": waste,
+        "drift": drift,
+        "clip_fraction": stats.clip_fraction_of(latest) if latest else None,
+        "latest": latest,
+        "proxy": telemetry.proxy_stats(session, run_id),
+        "ledger": ledger_model(session, run_id),
+        "adapters": adapters.list_versions(session, run_id),
+        "leases": repo.live_leases(session, run_id, LIVE_LEASES_SHOWN),
+        "events": repo.events(session, run_id, EVENTS_SHOWN),
+    }
+
+
+# -- chart data ------------------------------------------------------------------------------
+
+
+def _num(values: dict[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        value = values.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def learner_charts(points: list[tuple[int, int | None, Any]]) -> dict[str, Any]:
+    """uPlot data ([x, y1, y2, …]) of the learner series."""
+    steps: list[int] = []
+    low: list[float | None] = []
+    high: list[float | None] = []
+    rmin: list[float | None] = []
+    rmax: list[float | None] = []
+    rmean: list[float | None] = []
+    tps: list[float | None] = []
+    by_version: dict[int, list[float]] = defaultdict(list)
+    for step, version, values in points:
+        values = values or {}
+        steps.append(step)
+        # The learner logs clip_low/clip_high; jobs.stats reads clip_fraction_low/high.
+        low.append(_num(values, "clip_fraction_low", "clip_low"))
+        high.append(_num(values, "clip_fraction_high", "clip_high"))
+        rmin.append(_num(values, "ratio_min"))
+        rmax.append(_num(values, "ratio_max"))
+        rmean.append(_num(values, "ratio_mean"))
+        tps.append(_num(values, "tokens_per_s"))
+        reward = _num(values, "reward_mean")
+        if reward is not None and version is not None:
+            by_version[version].append(reward)
+    versions = sorted(by_version)
+    return {
+        "reward": [versions, [sum(by_version[v]) / len(by_version[v]) for v in versions]],
+        "clip": [steps, low, high],
+        "ratio": [steps, rmin, rmean, rmax],
+        "tokens": [steps, tps],
+    }
+
+
+def _buckets(session: Session, run_id: uuid.UUID) -> int:
+    return max(10, math.ceil(repo.run_age_seconds(session, run_id) / CHART_BUCKETS))
+
+
+def waste_chart(session: Session, run_id: uuid.UUID, bucket_s: int) -> dict[str, Any]:
+    """Stale waste per interval and rejected samples per reason per interval."""
+    generated: dict[int, int] = defaultdict(int)
+    wasted: dict[int, int] = defaultdict(int)
+    reasons: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for bucket, reason, samples in repo.batch_samples_over_time(session, run_id, bucket_s):
+        generated[bucket] += int(samples or 0)
+        if reason is not None:
+            reasons[reason][bucket] += int(samples or 0)
+        if reason == "stale":
+            wasted[bucket] += int(samples or 0)
+    for bucket, samples in repo.aborted_samples_over_time(session, run_id, bucket_s):
+        if bucket is None:
+            continue
+        generated[bucket] += int(samples or 0)
+        wasted[bucket] += int(samples or 0)
+        reasons["aborted"][bucket] += int(samples or 0)
+    keys = sorted(generated)
+    names = sorted(reasons)
+    return {
+        "x": [k * bucket_s for k in keys],
+        "waste": [wasted[k] / generated[k] if generated[k] else 0.0 for k in keys],
+        "reasons": names,
+        "by_reason": [[reasons[n].get(k, 0) for k in keys] for n in names],
+    }
+
+
+def spend_chart(session: Session, run_id: uuid.UUID, bucket_s: int) -> dict[str, Any]:
+    xs: list[float] = []
+    total: list[float] = []
+    running = 0.0
+    for bucket, usd in repo.spend_over_time(session, run_id, bucket_s):
+        running += float(usd or 0.0)
+        xs.append((bucket + 1) * bucket_s)
+        total.append(running)
+    return {"x": xs, "cumulative": total}
+
+
+def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
+    """All chart data of the run page (one JSON document polled by the page)."""
+    run = runs.get_run(session, run_id)
+    config = runs.get_config(run)
+    bucket_s = _buckets(session, run_id)
+    learner = learner_charts(repo.learner_points(session, run_id))
+    waste = waste_chart(session, run_id, bucket_s)
+    spend = spend_chart(session, run_id, bucket_s)
+    histogram = telemetry.proxy_stats(session, run_id).staleness_histogram
+    budget = config.budget_usd
+    clip_limit = config.alarms.clip_fraction
+    return {
+        "reward": {"labels": ["version", "reward mean"], "data": learner["reward"]},
+        "clip": {
+            "labels": ["step", "clip low", "clip high", "threshold (low+high)"],
+            "data": [*learner["clip"], [clip_limit] * len(learner["clip"][0])],
+        },
+        "ratio": {
+            "labels": ["step", "ratio min", "ratio mean", "ratio max"],
+            "data": learner["ratio"],
+        },
+        "tokens": {"labels": ["step", "tokens/s"], "data": learner["tokens"]},
+        "waste": {
+            "labels": ["time", "stale waste", "threshold", *waste["reasons"]],
+            "data": [
+                waste["x"],
+                waste["waste"],
+                [config.alarms.stale_waste] * len(waste["x"]),
+                *waste["by_reason"],
+            ],
+            "time": True,
+        },
+        "staleness": {
+            "labels": ["staleness", "consumed batches"],
+            "data": [[int(k) for k in histogram], list(histogram.values())],
+        },
+        "spend": {
+            "labels": ["time", "spend USD", *(["budget USD"] if budget else [])],
+            "data": [
+                spend["x"],
+                spend["cumulative"],
+                *([[budget] * len(spend["x"])] if budget else []),
+            ],
+            "time": True,
+        },
+    }

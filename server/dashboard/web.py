@@ -1,0 +1,101 @@
+"""Dashboard plumbing: templates, the login dependency, the CSRF check, error pages and the
+static mount. `install(app)` wires it into the app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from server.dashboard import repository as repo
+from server.dashboard.auth import (
+    CsrfFailed,
+    DashboardSession,
+    LoginRequired,
+    read_session,
+    same,
+    submitted_csrf,
+)
+from server.deps import SessionDep, SettingsDep
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+def _templates_dir() -> Path:
+    """templates/ beside the installed packages (the repository root in a checkout or an
+    editable install; the image copies it next to server/)."""
+    return Path(__file__).resolve().parents[2] / "templates"
+
+
+TEMPLATES = Jinja2Templates(directory=str(_templates_dir()))
+
+
+def _usd(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"${value:,.4f}" if abs(value) < 1 else f"${value:,.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def _when(value: Any) -> str:
+    return "—" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+TEMPLATES.env.filters.update(usd=_usd, pct=_pct, when=_when)
+
+
+def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    context.setdefault("csrf", getattr(request.state, "csrf", ""))
+    response: HTMLResponse = TEMPLATES.TemplateResponse(
+        request, name, context, status_code=status_code
+    )
+    return response
+
+
+def require_login(request: Request, session: SessionDep, settings: SettingsDep) -> DashboardSession:
+    user = read_session(request, settings)
+    if user is None or not repo.admin_token_live(session, user.token_id):
+        raise LoginRequired()
+    request.state.csrf = user.csrf
+    return user
+
+
+LoginDep = Annotated[DashboardSession, Depends(require_login)]
+
+
+async def require_csrf(request: Request, user: LoginDep) -> DashboardSession:
+    """Every POST of a logged-in page carries the session's CSRF token."""
+    if not same(await submitted_csrf(request), user.csrf):
+        raise CsrfFailed()
+    return user
+
+
+CsrfDep = Annotated[DashboardSession, Depends(require_csrf)]
+
+
+def install(app: FastAPI) -> None:
+    """Mount the static files, include the pages and render login/CSRF failures."""
+    from server.dashboard.router import router
+
+    app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
+    app.include_router(router)
+
+    @app.exception_handler(LoginRequired)
+    async def _login(request: Request, _exc: LoginRequired) -> Response:
+        if request.headers.get("HX-Request"):
+            return Response(status_code=200, headers={"HX-Redirect": "/login"})
+        return RedirectResponse("/login", status_code=303)
+
+    @app.exception_handler(CsrfFailed)
+    async def _csrf(_request: Request, _exc: CsrfFailed) -> Response:
+        return HTMLResponse(
+            "<p>Refused: the form's CSRF token is missing or wrong. Reload the page.</p>",
+            status_code=403,
+        )

@@ -1,0 +1,239 @@
+"""Dashboard pages through the real app on Postgres: login, CSRF, forms, fragments, charts."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from server.db import transaction
+from server.models import MetricPoint, Run, Token
+from tests.conftest import mint_token
+
+
+def _csrf(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "no CSRF field on the page"
+    return match.group(1)
+
+
+def login(client: TestClient, token: str) -> str:
+    """Log in through the form; returns the session's CSRF token."""
+    page = client.get("/login")
+    r = client.post(
+        "/login", data={"token": token, "csrf_token": _csrf(page.text)}, follow_redirects=False
+    )
+    assert r.status_code == 303, r.text
+    return _csrf(client.get("/runs").text)
+
+
+def test_pages_need_a_session(client: TestClient) -> None:
+    r = client.get("/runs", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    r = client.get("/runs/table", headers={"HX-Request": "true"})
+    assert r.headers["HX-Redirect"] == "/login"
+
+
+def test_login_sets_a_signed_httponly_lax_cookie(client: TestClient, admin_token: str) -> None:
+    page = client.get("/login")
+    r = client.post(
+        "/login",
+        data={"token": admin_token, "csrf_token": _csrf(page.text)},
+        follow_redirects=False,
+    )
+    cookie = r.headers["set-cookie"]
+    assert "agr_session=" in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+    assert admin_token not in cookie
+    assert client.get("/runs").status_code == 200
+    # A tampered cookie is no session.
+    value = client.cookies["agr_session"]
+    client.cookies.clear()
+    client.cookies.set("agr_session", value[:-2] + ("xx" if not value.endswith("xx") else "yy"))
+    assert client.get("/runs", follow_redirects=False).status_code == 303
+
+
+def test_login_refuses_bad_tokens_and_missing_csrf(client: TestClient, app) -> None:  # type: ignore[no-untyped-def]
+    page = client.get("/login")
+    worker_token = mint_token(app, "worker", name="w", scope_id=uuid.uuid4())
+    for token in ("agr_adm_nope", worker_token):
+        r = client.post("/login", data={"token": token, "csrf_token": _csrf(page.text)})
+        assert r.status_code == 401 and 'role="alert"' in r.text
+        page = r
+    admin = mint_token(app, "admin", name="a")
+    r = client.post("/login", data={"token": admin, "csrf_token": "forged"})
+    assert r.status_code == 403
+
+
+def test_revoking_the_admin_token_ends_the_session(client: TestClient, app, admin_token) -> None:  # type: ignore[no-untyped-def]
+    login(client, admin_token)
+    with transaction(app.state.sessionmaker) as session:
+        token = session.execute(select(Token).where(Token.kind == "admin")).scalar_one()
+        token.revoked_at = token.created_at
+    assert client.get("/runs", follow_redirects=False).status_code == 303
+
+
+def test_every_post_checks_csrf_and_logout(client: TestClient, admin_token: str) -> None:
+    csrf = login(client, admin_token)
+    assert client.post("/runs/new", data={"name": "x"}).status_code == 403
+    assert client.post("/workers/registration-tokens", data={}).status_code == 403
+    r = client.post("/logout", data={"csrf_token": csrf}, follow_redirects=False)
+    assert r.status_code == 303
+    assert client.get("/runs", follow_redirects=False).status_code == 303
+
+
+def _form(**fields: str) -> dict[str, str]:
+    base = {"name": "form-run", "base_model": "smollm2-135m-instruct", "rewards": "numeric_match"}
+    base.update(fields)
+    return base
+
+
+def test_new_run_errors_are_inline_and_nothing_is_created(
+    client: TestClient,
+    app,
+    admin_token: str,  # type: ignore[no-untyped-def]
+) -> None:
+    csrf = login(client, admin_token)
+    r = client.post(
+        "/runs/new",
+        data={
+            **_form(group_size="1", **{"lora.rank": "abc", "alarms.stale_waste": "2"}),
+            "csrf_token": csrf,
+        },
+    )
+    assert r.status_code == 422
+    for name in ("group_size", "lora.rank", "alarms.stale_waste"):
+        assert re.search(rf'data-error-for="{re.escape(name)}">[^<]+', r.text), name
+    assert "must be at least 2" in r.text
+    assert 'value="form-run"' in r.text  # what was typed stays
+    with transaction(app.state.sessionmaker) as session:
+        assert session.execute(select(Run)).first() is None
+
+
+def test_new_run_from_jsonl_upload_shows_token_and_command_once(
+    client: TestClient,
+    app,
+    admin_token: str,  # type: ignore[no-untyped-def]
+) -> None:
+    csrf = login(client, admin_token)
+    jsonl = (
+        b'{"prompt": "What is 1+1?", "answer": "2"}\n{"prompt": "What is 2+2?", "answer": "4"}\n'
+    )
+    r = client.post(
+        "/runs/new",
+        data={**_form(**{"dataset.kind": "jsonl", "max_staleness": "2"}), "csrf_token": csrf},
+        files={"dataset.file": ("rows.jsonl", jsonl, "application/json")},
+    )
+    assert r.status_code == 200, r.text
+    token = re.search(r'id="learner-token">(agr_lrn_[^<]+)<', r.text)
+    assert token
+    with transaction(app.state.sessionmaker) as session:
+        run = session.execute(select(Run)).scalar_one()
+        assert run.config["max_staleness"] == 2 and run.config["dataset"]["kind"] == "jsonl"
+        run_id = run.id
+    command = (
+        f"asyncgrpo learner --server http://testserver --run {run_id} --token {token.group(1)}"
+    )
+    assert command in r.text
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200 and token.group(1) not in page.text
+    listing = client.get("/runs").text
+    assert "form-run" in listing
+    assert "form-run" not in client.get("/runs?status=running").text
+
+
+def test_bad_jsonl_is_reported_next_to_the_file(client: TestClient, admin_token: str) -> None:
+    csrf = login(client, admin_token)
+    r = client.post(
+        "/runs/new",
+        data={**_form(**{"dataset.kind": "jsonl"}), "csrf_token": csrf},
+        files={"dataset.file": ("rows.jsonl", b'{"prompt": ""}\n', "application/json")},
+    )
+    assert r.status_code == 422
+    assert re.search(r'data-error-for="dataset.file">line 1: ', r.text)
+
+
+def test_pause_resume_cancel_buttons(client: TestClient, admin_token: str) -> None:
+    csrf = login(client, admin_token)
+    r = client.post("/runs/new", data={**_form(), "csrf_token": csrf})
+    run_id = re.search(r"--run ([0-9a-f-]{36})", r.text).group(1)  # type: ignore[union-attr]
+    hx = {"HX-Request": "true", "X-CSRF-Token": csrf}
+    r = client.post(f"/runs/{run_id}/pause", headers=hx)
+    assert r.status_code == 200 and 'id="run-status">paused' in r.text
+    r = client.post(f"/runs/{run_id}/resume", headers=hx)
+    assert 'id="run-status">pending' in r.text
+    r = client.post(f"/runs/{run_id}/cancel", headers=hx)
+    assert 'id="run-status">cancelled' in r.text
+    r = client.post(f"/runs/{run_id}/resume", headers=hx)
+    assert 'class="flash"' in r.text and "cannot resume" in r.text
+    assert client.post(f"/runs/{run_id}/pause", headers={"HX-Request": "true"}).status_code == 403
+
+
+def test_registration_token_shown_once_with_worker_command(
+    client: TestClient, admin_token: str
+) -> None:
+    csrf = login(client, admin_token)
+    r = client.post(
+        "/workers/registration-tokens",
+        data={"name": "pool", "ttl_hours": "2", "max_uses": "3", "csrf_token": csrf},
+    )
+    assert r.status_code == 200
+    token = re.search(r'id="registration-token">(agr_reg_[^<]+)<', r.text).group(1)  # type: ignore[union-attr]
+    assert f"asyncgrpo worker --server http://testserver --registration-token {token}" in r.text
+    worker = client.post(
+        "/api/v1/workers/register",
+        json={"name": "gpu-1", "gpu_type": "H100"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert worker.status_code == 201
+    page = client.get("/workers").text
+    assert "gpu-1" in page and token not in page
+    wid = worker.json()["id"]
+    r = client.post(f"/workers/{wid}/revoke", headers={"HX-Request": "true", "X-CSRF-Token": csrf})
+    assert r.status_code == 200 and 'class="badge revoked"' in r.text
+
+
+def test_charts_json_carries_the_learner_series(
+    client: TestClient,
+    app,
+    admin_token: str,  # type: ignore[no-untyped-def]
+) -> None:
+    csrf = login(client, admin_token)
+    r = client.post("/runs/new", data={**_form(), "csrf_token": csrf})
+    run_id = uuid.UUID(re.search(r"--run ([0-9a-f-]{36})", r.text).group(1))  # type: ignore[union-attr]
+    with transaction(app.state.sessionmaker) as session:
+        for step in range(4):
+            values = {
+                "reward_mean": step / 4,
+                "clip_low": 0.01 * step,
+                "clip_high": 0.02,
+                "ratio_min": 0.9,
+                "ratio_max": 1.1,
+                "ratio_mean": 1.0,
+                "tokens_per_s": 100,
+            }
+            session.add(
+                MetricPoint(
+                    run_id=run_id, source="learner", step=step, version=step // 2, values=values
+                )
+            )
+    data = client.get(f"/runs/{run_id}/charts.json").json()
+    assert data["reward"]["data"] == [[0, 1], [0.125, 0.625]]
+    assert data["clip"]["data"][0] == [0, 1, 2, 3]
+    assert data["clip"]["data"][1] == [0.0, 0.01, 0.02, 0.03]
+    assert data["clip"]["data"][3] == [0.2] * 4
+    assert data["tokens"]["data"][1] == [100.0] * 4
+    listing = client.get("/runs").text
+    assert "<polyline" in listing
+
+
+def test_cost_and_planner_pages(client: TestClient, admin_token: str) -> None:
+    login(client, admin_token)
+    r = client.get("/cost")
+    assert r.status_code == 200 and "H100" in r.text
+    r = client.get("/planner?model=llama-2-7b&rank=16&targets=all-linear&link_gbps=1")
+    assert 'id="plan-adapter-mb">80.0 MB' in r.text and 'id="plan-sync-s">0.64 s' in r.text
+    r = client.get("/planner?rank=0", headers={"HX-Request": "true"})
+    assert "rank must be between" in r.text and "<html" not in r.text
+    assert client.get("/static/vendor/htmx-2.0.11.min.js").status_code == 200
