@@ -192,5 +192,25 @@ def worker(
     raise typer.Exit(worker_main(settings))
 
 
+@app.command()
+def demo(
+    workers: int = typer.Option(2, min=1, help="Rollout workers to start."),
+    port: int = typer.Option(None, help="Server port (default: a free one)."),
+    versions: int = typer.Option(4, min=1, help="Adapter versions to train before stopping."),
+    dir: str = typer.Option("./asyncgrpo-demo", "--dir", help="Work dir: database, bucket, logs."),
+) -> None:
+    """Run a whole training run on this machine's CPU: the embedded server, workers and the
+    learner with the small model on the arithmetic task. Ctrl-C stops every process."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from asyncgrpo.demo import run_demo
+
+    code = run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
+                    console=Console())  # fmt: skip
+    raise typer.Exit(code)
+
+
 if __name__ == "__main__":
     app()
