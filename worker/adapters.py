@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from protocol.adapters import ADAPTER_WEIGHTS, AdapterManifest, AdapterMismatch, manifest_of
 from protocol.adapters import AdapterFile as ManifestFile
-from protocol.adapters import AdapterManifest, AdapterMismatch
 from protocol.schemas import AdapterRef
 from protocol.transfer import download_url
 
@@ -41,6 +41,14 @@ class AdapterHandle:
     @property
     def key(self) -> tuple[str, int]:
         return (self.run_id, self.version)
+
+
+def names_version(manifest: AdapterManifest, sha256: str) -> bool:
+    """Whether a version sha256 names these files: the digest of their manifest
+    (protocol/adapters.py) or the sha256 of the weights file (the content address the server
+    records at publish). Each file is verified against its own sha256 either way."""
+    weights = next((f.sha256 for f in manifest.files if f.name == ADAPTER_WEIGHTS), None)
+    return sha256 in (manifest.digest(), weights)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -105,10 +113,8 @@ class AdapterCache:
 
     @staticmethod
     def _matches(folder: Path, sha256: str) -> bool:
-        from protocol.adapters import manifest_of
-
         try:
-            return manifest_of(folder).digest() == sha256
+            return names_version(manifest_of(folder), sha256)
         except (AdapterMismatch, OSError):
             return False
 
@@ -124,9 +130,13 @@ class AdapterCache:
                     raise AdapterMismatch(f.name, "not a plain file name")
                 size = download_url(f.url, tmp / f.name, f.sha256, http=self.http)
                 entries.append(ManifestFile(f.name, f.sha256, size))
-            digest = AdapterManifest(tuple(sorted(entries, key=lambda e: e.name))).digest()
-            if digest != ref.sha256:
-                raise AdapterMismatch("manifest", f"version sha256 {digest} != {ref.sha256}")
+            manifest = AdapterManifest(tuple(sorted(entries, key=lambda e: e.name)))
+            if not names_version(manifest, ref.sha256):
+                raise AdapterMismatch(
+                    "manifest",
+                    f"version sha256 {ref.sha256} names neither these files' "
+                    f"manifest ({manifest.digest()}) nor their weights",
+                )
             shutil.rmtree(dest, ignore_errors=True)
             tmp.rename(dest)
         except BaseException:

@@ -23,11 +23,12 @@ from typing import TypeVar
 
 import httpx
 
+from protocol.adapters import AdapterMismatch
 from protocol.batches import BatchFileInfo, BatchMetadata, RolloutSample, write_batch
 from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
 from protocol.schemas import BatchManifest, Lease
 from protocol.storage import ObjectExists, PresignedPut, StoreError
-from protocol.transfer import upload_presigned
+from protocol.transfer import ChecksumMismatch, upload_presigned
 from worker import api, credentials
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, Completion, GenerationCancelled, SamplingSpec
@@ -245,6 +246,12 @@ class WorkerLoop:
         ).start()
         try:
             self._produce(lease, record)
+        except (AdapterMismatch, ChecksumMismatch) as exc:
+            log.error(
+                "lease %s: adapter v%d refused: %s", lease.lease_id, lease.adapter_version, exc
+            )
+            record.outcome = self._give_back(lease, "adapter_invalid")
+            record.reason = f"adapter_invalid: {exc}"
         except (GenerationCancelled, LeaseLost, ConflictError, NotFoundError) as exc:
             record.outcome = Outcome.lost
             record.reason = beat.lost_reason or type(exc).__name__

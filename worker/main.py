@@ -55,8 +55,16 @@ def serve(loop: WorkerLoop, grace_s: float) -> int:
         stop.set()
         loop.request_stop()
 
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    thread = threading.Thread(target=loop.run, name="worker-loop", daemon=True)
+    thread = threading.Thread(target=run, name="worker-loop", daemon=True)
     thread.start()
     try:
         while thread.is_alive() and not stop.is_set():
@@ -68,6 +76,9 @@ def serve(loop: WorkerLoop, grace_s: float) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if errors:
+        log.error("worker loop failed", exc_info=errors[0])
+        return 1
     return 0
 
 

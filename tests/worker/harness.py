@@ -1,0 +1,229 @@
+"""A real control plane for worker tests: uvicorn in a subprocess on 127.0.0.1 (so it can be
+stopped and restarted), a fresh Postgres database, a local-folder bucket, an admin token, a
+run with a learner attached, and a learner that publishes adapter versions."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from protocol.client import AsyncGrpoClient
+from protocol.schemas_learner import PublishedFile, PublishRequest, UploadFile, UploadsRequest
+from protocol.transfer import upload_presigned
+from tests.conftest import TEST_SECRET
+from tests.s3_fixtures import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+class ServerProcess:
+    """`uvicorn server.main:app` with its settings in the environment."""
+
+    def __init__(self, database_url: str, bucket_dir: Path, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url
+        self.env = {
+            **os.environ,
+            "ASYNCGRPO_DATABASE_URL": database_url,
+            "ASYNCGRPO_BUCKET_URL": str(bucket_dir),
+            "ASYNCGRPO_PUBLIC_URL": self.url,
+            "ASYNCGRPO_SECURITY__SECRET_KEY": TEST_SECRET,
+            "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
+            "ASYNCGRPO_LEASE_LONG_POLL_S": "0.5",
+            "ASYNCGRPO_LEARNER_LEASE_TTL_S": "3600",  # the test learner does not heartbeat
+            "ASYNCGRPO_JOBS__MODE": "inprocess",
+            "ASYNCGRPO_JOBS__SWEEP_INTERVAL_S": "0.5",
+            "PYTHONPATH": str(REPO),
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning"],
+            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def sql(self, statement: str, **params: Any) -> list[Any]:
+        engine = create_engine(self.database_url.replace("postgresql://", "postgresql+psycopg://"))
+        try:
+            with engine.begin() as conn:
+                result = conn.execute(text(statement), params)
+                return list(result) if result.returns_rows else []
+        finally:
+            engine.dispose()
+
+
+def mint_admin_token(database_url: str) -> str:
+    from server.db import make_engine, make_sessionmaker, transaction
+    from server.tokens import service as tokens
+
+    engine = make_engine(database_url)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            return tokens.mint(session, "admin", name="worker-tests").plaintext
+    finally:
+        engine.dispose()
+
+
+def run_config(n_prompts: int, **overrides: Any) -> dict[str, Any]:
+    """A tiny run: G=4, 16 new tokens, LoRA r=4, short TTLs."""
+    config: dict[str, Any] = {
+        "name": "worker-e2e",
+        "base_model": "smollm2-135m-instruct",
+        "dataset": {
+            "kind": "jsonl",
+            "rows": [
+                {
+                    "prompt": f"What is {i} + {i + 3}? Answer with just the number.",
+                    "answer": str(2 * i + 3),
+                }
+                for i in range(n_prompts)
+            ],
+        },  # fmt: skip
+        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
+        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "grpo": {"system_prompt": SYSTEM_PROMPT},
+        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
+        "group_size": 4,
+        "prompts_per_lease": 2,
+        "prompts_per_step": 4,
+        "max_staleness": 1,
+        "lease_ttl_s": 30.0,
+        "heartbeat_interval_s": 1.0,
+    }
+    config.update(overrides)
+    return config
+
+
+class Stack:
+    """Server + run + attached learner; `publish` makes a new adapter version."""
+
+    def __init__(self, server: ServerProcess, fingerprint: str, config: dict[str, Any]) -> None:
+        self.server = server
+        self.admin = AsyncGrpoClient(server.url, mint_admin_token(server.database_url))
+        created = self.admin.create_run(config)
+        self.run_id = str(created["run"]["id"])
+        self.learner = AsyncGrpoClient(server.url, created["learner_token"])
+        self.attach = self.learner.learner_attach(self.run_id, fingerprint)
+        self.registration_token = self.admin.create_registration_token(max_uses=10)["token"]
+
+    def publish(self, version: int, adapter_dir: Path) -> None:
+        """Upload an adapter version folder (+ a checkpoint file) and publish it."""
+        files = {p.name: p.read_bytes() for p in sorted(adapter_dir.iterdir())}
+        checkpoint = b"resume-state-" + str(version).encode()
+        uploads = [
+            UploadFile(name=n, size=len(b), sha256=hashlib.sha256(b).hexdigest(), kind="adapter")
+            for n, b in files.items()
+        ] + [
+            UploadFile(
+                name="state.bin",
+                size=len(checkpoint),
+                sha256=hashlib.sha256(checkpoint).hexdigest(),
+                kind="checkpoint",
+            )
+        ]
+        fencing = self.attach.fencing
+        answer = self.learner.request_uploads(
+            self.run_id, UploadsRequest(fencing=fencing, version=version, files=uploads)
+        )
+        published: dict[str, list[PublishedFile]] = {"adapter": [], "checkpoint": []}
+        for put in answer.uploads:
+            body = files.get(put.name, checkpoint)
+            from protocol.storage import PresignedPut
+
+            upload_presigned(PresignedPut(put.url, put.headers), body)
+            published[put.kind].append(
+                PublishedFile(
+                    name=put.name,
+                    key=put.key,
+                    sha256=hashlib.sha256(body).hexdigest(),
+                    size=len(body),
+                )
+            )
+        self.learner.publish_adapter(
+            self.run_id,
+            PublishRequest(
+                fencing=fencing,
+                version=version,
+                files=published["adapter"],
+                checkpoint_files=published["checkpoint"],
+                learner_step=version,
+            ),
+        )
+
+    def lease_rows(self) -> list[Any]:
+        return self.server.sql(
+            "SELECT id, state, adapter_version, end_reason FROM leases WHERE run_id = :r "
+            "ORDER BY fencing",
+            r=uuid.UUID(self.run_id),
+        )
+
+    def batch_rows(self) -> list[Any]:
+        return self.server.sql(
+            "SELECT b.id, b.lease_id, b.state, b.bucket_key, b.adapter_version, b.n_samples, "
+            "b.reject_reason, b.sha256, l.fencing FROM rollout_batches b "
+            "JOIN leases l ON l.id = b.lease_id WHERE b.run_id = :r",
+            r=uuid.UUID(self.run_id),
+        )
+
+    def batch_prompts(self, batch_id: uuid.UUID) -> list[Any]:
+        """(prompt_row_id, prompt) of a batch's rows, as the learner gets them on claim."""
+        return self.server.sql(
+            "SELECT p.id, d.prompt FROM prompt_rows p JOIN dataset_rows d "
+            "ON d.id = p.dataset_row_id WHERE p.batch_id = :b ORDER BY p.id",
+            b=batch_id,
+        )
+
+    def adapter_sha256(self, version: int) -> str:
+        rows = self.server.sql(
+            "SELECT sha256 FROM adapter_versions WHERE run_id = :r AND version = :v",
+            r=uuid.UUID(self.run_id),
+            v=version,
+        )
+        return str(rows[0].sha256)
+
+    def prompt_states(self) -> dict[str, int]:
+        rows = self.server.sql(
+            "SELECT state, count(*) FROM prompt_rows WHERE run_id = :r GROUP BY state",
+            r=uuid.UUID(self.run_id),
+        )
+        return {state: int(n) for state, n in rows}
+
+    def close(self) -> None:
+        self.admin.close()
+        self.learner.close()

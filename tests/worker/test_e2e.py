@@ -1,0 +1,207 @@
+"""The worker against a real control plane (uvicorn subprocess, Postgres, local bucket) with the
+real small model on CPU: register, lease, upload, accept; a new adapter version is picked up;
+the server goes away for 10 s and the worker recovers; a lease that expired while generating is
+never completed; SIGTERM mid-lease releases the lease (in test_signals.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lm.chat import encode_prompt, tokenizer_fingerprint
+from protocol.batches import BatchExpectations, read_batch
+from tests.worker.harness import SYSTEM_PROMPT, ServerProcess, Stack, run_config
+from worker.config import WorkerSettings
+from worker.loop import Outcome, WorkerLoop
+from worker.prompts import PromptEncoder
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
+
+
+@pytest.fixture
+def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def make_stack(server: ServerProcess, small_tokenizer: Any) -> Iterator[Callable[..., Stack]]:
+    stacks: list[Stack] = []
+
+    def make(n_prompts: int, **overrides: Any) -> Stack:
+        stack = Stack(
+            server, tokenizer_fingerprint(small_tokenizer), run_config(n_prompts, **overrides)
+        )
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        stack.close()
+
+
+def worker_settings(stack: Stack, tmp_path: Path, **overrides: Any) -> WorkerSettings:
+    values: dict[str, Any] = {
+        "server_url": stack.server.url,
+        "registration_token": stack.registration_token,
+        "name": "test-worker",
+        "token_file": tmp_path / "worker" / "token.json",
+        "adapter_cache_dir": tmp_path / "worker" / "adapters",
+        "work_dir": tmp_path / "worker" / "batches",
+        "num_threads": 1,
+        "acquire_wait_s": 0.5,
+        "idle_backoff_min_s": 0.2,
+        "idle_backoff_max_s": 1.0,
+        "retry_max_s": 2.0,
+        "http_timeout_s": 5.0,
+    }
+    values.update(overrides)
+    return WorkerSettings(**values)
+
+
+RUNNING: list[LoopThread] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_loops() -> Iterator[None]:
+    """A failed test must not leave a worker loop running into the next one."""
+    yield
+    while RUNNING:
+        loop = RUNNING.pop()
+        loop.loop.request_stop()
+        loop.thread.join(10)
+
+
+class LoopThread:
+    def __init__(self, settings: WorkerSettings, backend: Any) -> None:
+        encoder = PromptEncoder(backend.tokenizer)
+        self.loop = WorkerLoop(
+            settings, backend, fingerprint=encoder.fingerprint(), encoder=encoder
+        )
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.loop.run()
+        except BaseException as exc:  # the test reports it
+            self.error = exc
+
+    def start(self) -> LoopThread:
+        RUNNING.append(self)
+        self.thread.start()
+        return self
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            assert self.error is None, self.error
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def join(self, timeout_s: float) -> None:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "worker loop did not finish"
+        assert self.error is None, self.error
+
+
+@pytest.mark.timeout(600)
+def test_register_lease_upload_accept_and_pick_up_new_version(
+    make_stack: Callable[..., Stack],
+    tx_backend: Any,
+    adapter_dirs: dict[int, Path],
+    small_tokenizer: Any,
+    tmp_path: Path,
+) -> None:
+    stack = make_stack(6)
+    settings = worker_settings(stack, tmp_path, max_leases=3)
+    worker = LoopThread(settings, tx_backend).start()
+    worker.wait_for(lambda: len(worker.loop.history) >= 1, 300, "the first lease")
+    stack.publish(1, adapter_dirs[1])  # a new version mid-run
+    worker.join(400)
+
+    history = worker.loop.history
+    assert [r.outcome for r in history] == [Outcome.accepted] * 3
+    assert history[0].adapter_version == 0
+    assert history[-1].adapter_version == 1  # picked up without a restart
+    assert worker.loop.adapters.keys() == [(stack.run_id, 1)]
+
+    batches = {row.lease_id: row for row in stack.batch_rows()}
+    assert len(batches) == 3 and all(b.state == "accepted" for b in batches.values())
+    assert stack.prompt_states() == {"accepted": 6}
+    # The uploaded files pass the learner's validating reader for their leases, with the
+    # learner's own tokenization of the prompts, stamped with the version they used.
+    fingerprint = tokenizer_fingerprint(small_tokenizer)
+    for record in history:
+        row = batches[record.lease_id]
+        prompts = stack.batch_prompts(row.id)
+        expect = BatchExpectations(
+            run_id=stack.run_id,
+            lease_id=str(record.lease_id),
+            fencing=row.fencing,
+            worker_id=str(worker.loop.worker_id),
+            adapter_version=record.adapter_version,
+            adapter_sha256=stack.adapter_sha256(1) if record.adapter_version else None,
+            tokenizer_fingerprint=fingerprint,
+            prompt_row_ids=[p.id for p in prompts],
+            group_size=4,
+            vocab_size=len(small_tokenizer),
+            max_new_tokens=16,
+            sha256=row.sha256,
+            prompt_token_ids={
+                p.id: encode_prompt(small_tokenizer, p.prompt, SYSTEM_PROMPT) for p in prompts
+            },
+        )
+        data = read_batch(tmp_path / "bucket" / row.bucket_key, expect)
+        assert data.metadata.adapter_version == record.adapter_version == row.adapter_version
+        assert data.n_samples == row.n_samples == 2 * 4
+
+    # Restart: the token file is reused (no second registration, same worker id).
+    again = LoopThread(
+        worker_settings(stack, tmp_path, registration_token=None, max_leases=1), tx_backend
+    )
+    again.loop._register()
+    assert again.loop.worker_id == worker.loop.worker_id
+
+
+@pytest.mark.timeout(600)
+def test_server_down_for_10s_then_worker_recovers(
+    make_stack: Callable[..., Stack], tx_backend: Any, tmp_path: Path
+) -> None:
+    stack = make_stack(6)
+    worker = LoopThread(worker_settings(stack, tmp_path, max_leases=3), tx_backend).start()
+    worker.wait_for(lambda: len(worker.loop.history) >= 1, 300, "the first lease")
+    stack.server.stop()
+    time.sleep(10)
+    assert worker.thread.is_alive() and worker.error is None  # retrying, not crashed
+    stack.server.start()
+    worker.join(400)
+    assert [r.outcome for r in worker.loop.history] == [Outcome.accepted] * 3
+    assert stack.prompt_states() == {"accepted": 6}
+
+
+@pytest.mark.timeout(600)
+def test_lease_expired_while_generating_is_not_completed(
+    make_stack: Callable[..., Stack], tx_backend: Any, tmp_path: Path
+) -> None:
+    # Long completions so that the lease expires while the worker is still generating.
+    stack = make_stack(2, sampling={"temperature": 1.0, "max_new_tokens": 400})
+    worker = LoopThread(worker_settings(stack, tmp_path, max_leases=1), tx_backend).start()
+    worker.wait_for(lambda: any(r.state == "active" for r in stack.lease_rows()), 120, "a lease")
+    # Database time decides: the lease's time is up now; the server's sweep expires it.
+    stack.server.sql("UPDATE leases SET expires_at = now() - interval '1 second'")
+    worker.join(300)
+
+    (record,) = worker.loop.history
+    assert record.outcome == Outcome.lost
+    (lease,) = stack.lease_rows()
+    assert lease.state == "expired"
+    assert stack.batch_rows() == []  # never completed (nor uploaded)
+    assert stack.prompt_states() == {"queued": 2}
