@@ -30,7 +30,7 @@ def demo_config(versions: int) -> dict[str, Any]:
     config: dict[str, Any] = json.loads(text)
     config["max_versions"] = versions
     per_epoch = versions * config["prompts_per_step"]
-    config["dataset"]["size"] = max(config["dataset"]["size"], per_epoch)
+    config["dataset"]["size"] = per_epoch  # one epoch of exactly `versions` steps
     return config
 
 
