@@ -235,18 +235,19 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
         },
         "tokens": {"labels": ["step", "tokens/s"], "data": learner["tokens"]},
         "waste": {
-            "labels": ["time", "stale waste", "threshold", *waste["reasons"]],
-            "data": [
-                waste["x"],
-                waste["waste"],
-                [config.alarms.stale_waste] * len(waste["x"]),
-                *waste["by_reason"],
-            ],
+            "labels": ["time", "stale waste", "threshold"],
+            "data": [waste["x"], waste["waste"], [config.alarms.stale_waste] * len(waste["x"])],
+            "time": True,
+        },
+        "rejections": {
+            "labels": ["time", *(f"{r} (samples)" for r in waste["reasons"])],
+            "data": [waste["x"], *waste["by_reason"]],
             "time": True,
         },
         "staleness": {
             "labels": ["staleness", "consumed batches"],
             "data": [[int(k) for k in histogram], list(histogram.values())],
+            "bars": True,
         },
         "spend": {
             "labels": ["time", "spend USD", *(["budget USD"] if budget else [])],

@@ -48,7 +48,16 @@ def _when(value: Any) -> str:
     return "—" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-TEMPLATES.env.filters.update(usd=_usd, pct=_pct, when=_when)
+def _size(n: int | None) -> str:
+    if n is None:
+        return "—"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+TEMPLATES.env.filters.update(usd=_usd, pct=_pct, when=_when, size=_size)
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

@@ -17,14 +17,26 @@
     const key = el.dataset.chart;
     const width = Math.max(300, el.clientWidth || 380);
     const signature = spec.labels.join("|");
-    if (charts[key] && charts[key].signature === signature) {
+    if (charts[key] && charts[key].signature === signature && spec.data[0].length > 1) {
       charts[key].plot.setData(spec.data);
       return;
     }
     if (charts[key]) { charts[key].plot.destroy(); }
     el.innerHTML = "";
-    const opts = { width: width, height: 220, series: series(spec.labels, spec),
-                   scales: { x: { time: !!spec.time } }, legend: { live: false } };
+    if (!spec.data[0].length) {
+      el.innerHTML = '<p class="muted">no data yet</p>';
+      return;
+    }
+    const s = series(spec.labels, spec);
+    if (spec.bars) {
+      s.slice(1).forEach(function (x) { x.paths = uPlot.paths.bars({ size: [0.6, 60] }); x.fill = x.stroke; });
+    }
+    const x = { time: !!spec.time };
+    if (spec.data[0].length === 1) {
+      const v = spec.data[0][0], pad = spec.time ? 60 : 1;
+      x.range = [v - pad, v + pad];
+    }
+    const opts = { width: width, height: 220, series: s, scales: { x: x }, legend: { live: false } };
     charts[key] = { signature: signature, plot: new uPlot(opts, spec.data, el) };
   }
 
