@@ -27,7 +27,7 @@ from learner.intake import Intake, IntakeResult
 from learner.spotcheck import compare_logprobs, far_outside
 from learner.trainer import Trainer, add_lora
 from protocol import schemas_learner as sl
-from protocol.adapters import AdapterManifest, sha256_file
+from protocol.adapters import ADAPTER_WEIGHTS, sha256_file
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.run_config import RunConfig
@@ -35,6 +35,7 @@ from protocol.storage import PresignedPut
 from protocol.transfer import download_url, upload_presigned
 
 log = logging.getLogger(__name__)
+IDLE_SLEEP_S = 0.5
 
 
 class LeaseLost(Exception):
@@ -89,7 +90,8 @@ def _finite(values: dict[str, Any]) -> dict[str, float | int | None]:
 class Session:
     """One attachment: the model, the trainer and the unpublished work of this fencing token."""
 
-    def __init__(self, learner: Learner, attach: sl.AttachResponse) -> None:
+    def __init__(self, learner: Learner, attach: sl.AttachResponse, heartbeat: Heartbeat) -> None:
+        self.heartbeat = heartbeat
         self.learner = learner
         self.client = learner.client
         self.run_id = learner.settings.run_id
@@ -106,18 +108,13 @@ class Session:
             fingerprint=learner.fingerprint,
             work_dir=self.dir,
         )
-        if attach.resume_adapter:
-            digest = AdapterManifest.from_json(
-                {f.name: {"sha256": f.sha256, "bytes": f.size} for f in attach.resume_adapter}
-            ).digest()
-            self.intake.adapter_sha256[self.version] = digest
+        for f in attach.resume_adapter or []:
+            if f.name == ADAPTER_WEIGHTS:  # the server's version sha256 (content address)
+                self.intake.adapter_sha256[self.version] = f.sha256
         self.consumed: list[uuid.UUID] = []
         self.pending: list[Group] = []
         self.steps_since_publish = 0
         self.last_metrics: dict[str, Any] = {}
-        self.heartbeat = Heartbeat(
-            learner.heartbeat_client, self.run_id, self.fencing, attach.heartbeat_interval_s
-        )
         self.rng = random.Random(self.config.seed * 1_000_003 + self.fencing)
 
     def _load(self, attach: sl.AttachResponse) -> Trainer:
@@ -151,14 +148,7 @@ class Session:
             raise LeaseLost("heartbeat answered 409")
 
     def run(self) -> bool:
-        """Train until the run completes (True) or a stop condition of this process (True)."""
-        self.heartbeat.start()
-        try:
-            return self._run()
-        finally:
-            self.heartbeat.stopped.set()
-
-    def _run(self) -> bool:
+        """Train until the run completes or this process's max_versions (True)."""
         per_step = self.config.prompts_per_step
         while True:
             self._check_lease()
@@ -168,6 +158,8 @@ class Session:
             )
             for batch in claim.batches:
                 self._take(batch, claim.current_version)
+            if not claim.batches and not claim.exhausted:
+                time.sleep(IDLE_SLEEP_S)  # the server may answer at once when nothing is ready
             if len(self.pending) >= per_step:
                 self._train()
                 if self.steps_since_publish >= self.config.weight_sync_steps:
@@ -307,7 +299,9 @@ class Session:
         )
         log.info("published version %d (%s)", version, result.run_status)
         self.version = version
-        self.intake.adapter_sha256[version] = manifest.digest()
+        self.intake.adapter_sha256[version] = next(
+            f.sha256 for f in manifest.files if f.name == ADAPTER_WEIGHTS
+        )
         self.consumed = []
         self.steps_since_publish = 0
         shutil.rmtree(out, ignore_errors=True)
@@ -358,8 +352,18 @@ class Learner:
                     f"the run trains {base!r} but this learner loaded {self.settings.model!r}"
                     " (--model)"
                 )
+            # the heartbeat runs from the attach on: loading the model may outlast the TTL
+            heartbeat = Heartbeat(
+                self.heartbeat_client,
+                self.settings.run_id,
+                attach.fencing,
+                attach.heartbeat_interval_s,
+            )
+            heartbeat.start()
             try:
-                if Session(self, attach).run():
+                if Session(self, attach, heartbeat).run():
                     return
             except (ConflictError, LeaseLost) as exc:
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
+            finally:
+                heartbeat.stopped.set()

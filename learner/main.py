@@ -12,6 +12,7 @@ def main(settings: LearnerSettings) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s learner %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from learner.loop import Learner, RunFinished
 
     try:

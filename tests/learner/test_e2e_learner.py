@@ -1,0 +1,269 @@
+"""The learner process against the real server (uvicorn, Postgres, local store): it attaches,
+claims real Parquet batches written with protocol/batches.py, trains, publishes contiguous
+versions, survives kill -9 (restart resumes from the last published checkpoint) and publishes
+the final version when the run is exhausted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from sqlalchemy import select, update
+
+from protocol.batches import BatchMetadata, RolloutSample, write_batch
+from protocol.layout import batch_key
+from protocol.run_config import RunConfig
+from server.db import transaction
+from server.leases import queue
+from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run
+from tests.conftest import make_settings
+from tests.server.learner.support import make_run, make_worker
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
+ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
+
+
+@pytest.fixture
+def live(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
+    from server.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    bucket = tmp_path / "bucket"
+    settings = make_settings(pg_url, bucket, learner_lease_ttl_s=3.0)
+    settings = settings.model_copy(update={"public_url": base, "lease_long_poll_s": 1.0})
+    app = create_app(settings, migrate=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield base, app, bucket
+    server.should_exit = True
+    thread.join(10)
+    app.state.engine.dispose()
+
+
+def _samples(session: Any, rows: list[PromptRow], config: RunConfig, tok: Any) -> list[Any]:
+    """Per prompt one correct and one wrong completion, tokenized as a worker would."""
+    from lm.chat import encode_prompt
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    samples = []
+    for row in rows:
+        data = session.get(DatasetRow, row.dataset_row_id)
+        ids = encode_prompt(tok, data.prompt, config.grpo.system_prompt)
+        for g, text in enumerate([str(data.reference["answer"]), "no"]):
+            comp = tok.encode(text, add_special_tokens=False) + [eos]
+            samples.append(RolloutSample(row.id, g, ids, comp, [-1.0] * len(comp), "stop"))
+    return samples
+
+
+def _real_batch(
+    app: Any, run_id: uuid.UUID, worker_id: uuid.UUID, version: int, tok: Any, tmp: Path
+) -> uuid.UUID:
+    """What acquire + upload + complete leave behind, with a real Parquet file: the next two
+    queued rows leased and accepted into one completed lease's batch (committed at once, so
+    the learner never sees it half-written)."""
+    from lm.chat import tokenizer_fingerprint
+
+    with transaction(app.state.sessionmaker) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        config = RunConfig.model_validate(run.config)
+        rows = list(
+            session.execute(
+                select(PromptRow)
+                .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
+                .order_by(PromptRow.queue_pos)
+                .limit(config.prompts_per_lease)
+            ).scalars()
+        )
+        fencing = queue.next_fencing(session, run_id)
+        lease = Lease(
+            run_id=run_id,
+            worker_id=worker_id,
+            adapter_version=version,
+            fencing=fencing,
+            state="completed",
+            expires_at=run.created_at,
+            seed=1,
+            n_prompts=len(rows),
+            group_size=config.group_size,
+        )
+        session.add(lease)
+        session.flush()
+        adapter_sha = session.execute(
+            select(AdapterVersion.sha256).where(
+                AdapterVersion.run_id == run_id, AdapterVersion.version == version
+            )
+        ).scalar_one_or_none()
+        meta = BatchMetadata(
+            run_id=str(run_id),
+            lease_id=str(lease.id),
+            fencing=fencing,
+            worker_id=str(worker_id),
+            adapter_version=version,
+            adapter_sha256=adapter_sha,
+            tokenizer_fingerprint=tokenizer_fingerprint(tok),
+            sampling=config.sampling.model_dump(),
+        )
+        path = tmp / f"{lease.id}.parquet"
+        info = write_batch(path, meta, _samples(session, rows, config, tok))
+        key = batch_key(run_id, lease.id, fencing)
+        app.state.store.put_bytes(key, path.read_bytes())
+        batch = RolloutBatch(
+            run_id=run_id,
+            lease_id=lease.id,
+            worker_id=worker_id,
+            adapter_version=version,
+            bucket_key=key,
+            sha256=info.sha256,
+            bytes=info.bytes,
+            n_samples=info.n_samples,
+            n_tokens=info.n_tokens,
+            n_groups=info.n_groups,
+            tokenizer_fingerprint=meta.tokenizer_fingerprint,
+            state="accepted",
+        )
+        session.add(batch)
+        session.flush()
+        session.execute(
+            update(PromptRow)
+            .where(PromptRow.id.in_([r.id for r in rows]))
+            .values(state="accepted", lease_id=lease.id, batch_id=batch.id)
+        )
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(groups_in_flight=Run.groups_in_flight + len(rows))
+        )
+        return batch.id
+
+
+def _learner(base: str, run: Any, work: Path, log: Path) -> subprocess.Popen[bytes]:
+    exe = Path(sys.executable).parent / "asyncgrpo"
+    env = {
+        **os.environ,
+        "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
+        "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
+    }
+    cmd = [
+        str(exe),
+        "learner",
+        "--server",
+        base,
+        "--run",
+        str(run.id),
+        "--token",
+        run.token,
+        "--threads",
+        "1",
+        "--work-dir",
+        str(work),
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def _wait_version(app: Any, run_id: uuid.UUID, version: int, proc: Any, log: Path) -> None:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        with transaction(app.state.sessionmaker) as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            if run.current_version >= version:
+                return
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    raise AssertionError(f"no version {version}:\n{log.read_text()[-3000:]}")
+
+
+def test_learner_publishes_resumes_after_kill_and_finishes(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from lm.models import load_tokenizer
+
+    base, app, bucket = live
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": ROWS},
+        max_staleness=5,
+        lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        grpo={"spot_check_fraction": 0.0, "learning_rate": 1e-3},
+        sampling={"max_new_tokens": 8},
+    )
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    log = tmp_path / "learner.log"
+    work = tmp_path / "work"
+    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
+    first = _learner(base, run, work, log)
+    try:
+        _wait_version(app, run.id, 1, first, log)
+        batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+        _wait_version(app, run.id, 2, first, log)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    batches.append(_real_batch(app, run.id, worker_id, 2, tok, tmp_path))
+    second = _learner(base, run, work, log)
+    try:
+        assert second.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.send_signal(signal.SIGKILL)
+    with transaction(app.state.sessionmaker) as session:
+        run_row = session.get(Run, run.id)
+        assert run_row is not None and run_row.status == "completed"
+        versions = session.execute(
+            select(
+                AdapterVersion.version,
+                AdapterVersion.final,
+                AdapterVersion.learner_step,
+                AdapterVersion.files,
+            )
+            .where(AdapterVersion.run_id == run.id)
+            .order_by(AdapterVersion.version)
+        ).all()
+        consumed = dict(
+            session.execute(
+                select(RolloutBatch.id, RolloutBatch.consumed_version).where(
+                    RolloutBatch.run_id == run.id
+                )
+            ).all()
+        )
+    assert [v.version for v in versions] == [1, 2, 3, 4]
+    assert [v.final for v in versions] == [False, False, False, True]
+    assert [v.learner_step for v in versions] == [1, 2, 3, 3]  # the final step had nothing left
+    assert sorted(consumed[b] for b in batches) == [1, 2, 3]  # each batch in exactly one version
+    # the published final adapter loads with PEFT
+    from lm.adapter_io import load_adapter_version
+    from lm.models import load_model
+
+    final = versions[-1].files
+    folder = tmp_path / "final"
+    folder.mkdir()
+    for name, meta in final.items():
+        (folder / name).write_bytes((bucket / meta["key"]).read_bytes())
+    model = load_adapter_version(load_model("smollm2-135m-instruct"), folder)
+    assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
+    state = json.loads(
+        (bucket / f"runs/{run.id}/checkpoints/v000003/trainer_state.json").read_text()
+    )
+    assert state["step"] == 3 and state["version"] == 3
