@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from fastapi import APIRouter, Response, status
+from sqlalchemy.orm import Session
 
 from protocol.schemas import (
     CompleteRequest,
@@ -28,6 +31,22 @@ router = APIRouter(prefix="/api/v1/leases", tags=["leases"])
 POLL_INTERVAL_S = 0.25
 
 
+@contextmanager
+def _ends_here(session: Session) -> Iterator[None]:
+    """Commit (or roll back) in the endpoint's own thread, before returning.
+
+    The session dependency would end the transaction later, in another threadpool hop; under
+    load every pool thread can be waiting on the run row's lock that this very transaction
+    holds, and that hop never comes (a thread-pool/lock deadlock). Its later commit is a no-op.
+    """
+    try:
+        yield
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+
+
 @router.post(
     "/acquire",
     response_model=Lease,
@@ -42,13 +61,13 @@ def acquire(
 ) -> Lease | Response:
     deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
     while True:
-        worker = worker_of(session, token)
-        lease = service.acquire(session, store, settings, worker, body)
+        # Each try is its own transaction: never hold locks (or SQLite's write lock) while
+        # sleeping.
+        with _ends_here(session):
+            worker = worker_of(session, token)
+            lease = service.acquire(session, store, settings, worker, body)
         if lease is not None or worker.status != "active" or time.monotonic() >= deadline:
             break
-        # End this try's transaction before waiting: never hold locks (or SQLite's write lock)
-        # while sleeping.
-        session.commit()
         time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -59,7 +78,8 @@ def acquire(
 def heartbeat(
     lease_id: uuid.UUID, body: HeartbeatRequest, session: SessionDep, token: WorkerDep
 ) -> HeartbeatResponse:
-    return service.heartbeat(session, worker_of(session, token), lease_id, body)
+    with _ends_here(session):
+        return service.heartbeat(session, worker_of(session, token), lease_id, body)
 
 
 @router.post("/{lease_id}/upload", response_model=UploadResponse)
@@ -71,7 +91,8 @@ def upload(
     store: StoreDep,
     token: WorkerDep,
 ) -> UploadResponse:
-    return service.upload(session, store, settings, worker_of(session, token), lease_id, body)
+    with _ends_here(session):
+        return service.upload(session, store, settings, worker_of(session, token), lease_id, body)
 
 
 @router.post("/{lease_id}/complete", response_model=CompleteResponse)
@@ -82,11 +103,13 @@ def complete(
     store: StoreDep,
     token: WorkerDep,
 ) -> CompleteResponse:
-    return service.complete(session, store, worker_of(session, token), lease_id, body)
+    with _ends_here(session):
+        return service.complete(session, store, worker_of(session, token), lease_id, body)
 
 
 @router.post("/{lease_id}/release", response_model=ReleaseResponse)
 def release(
     lease_id: uuid.UUID, body: ReleaseRequest, session: SessionDep, token: WorkerDep
 ) -> ReleaseResponse:
-    return service.release(session, worker_of(session, token), lease_id, body)
+    with _ends_here(session):
+        return service.release(session, worker_of(session, token), lease_id, body)

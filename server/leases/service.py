@@ -77,12 +77,15 @@ def acquire(
     models = list(worker.models or [])
     if body.models is not None:
         models = [m for m in body.models if m in models]
-    repo.touch_worker(session, worker.id)
+    lease = None
     for run in repo.candidate_runs(session, models):
         lease = _grant(session, store, settings, run, worker.id)
         if lease is not None:
-            return lease
-    return None
+            break
+    # Lock order everywhere: lease -> prompt rows -> run -> worker (the worker row last), so
+    # an acquire and a sweep or fenced call never wait on each other in a cycle.
+    repo.touch_worker(session, worker.id)
+    return lease
 
 
 def _grant(
