@@ -1,0 +1,55 @@
+"""Bucket key layout: the keys design.md names, and refusal of anything that could escape them."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from protocol import layout
+
+RUN = uuid.UUID("12345678-1234-5678-1234-567812345678")
+LEASE = uuid.UUID("87654321-4321-8765-4321-876543218765")
+
+
+def test_keys_follow_the_documented_layout() -> None:
+    assert (
+        layout.adapter_key(RUN, 3, "adapter_model.safetensors")
+        == f"runs/{RUN}/adapters/v000003/adapter_model.safetensors"
+    )
+    assert layout.checkpoint_key(RUN, 12, "optimizer.safetensors") == (
+        f"runs/{RUN}/checkpoints/v000012/optimizer.safetensors"
+    )
+    assert layout.batch_key(RUN, LEASE, 42) == f"runs/{RUN}/batches/{LEASE}-42.parquet"
+    assert layout.batch_key(str(RUN), str(LEASE), 42) == layout.batch_key(RUN, LEASE, 42)
+
+
+def test_batch_keys_round_trip() -> None:
+    key = layout.batch_key(RUN, LEASE, 7)
+    assert layout.parse_batch_key(key) == (RUN, LEASE, 7)
+    assert key.startswith(layout.batches_prefix(RUN))
+    with pytest.raises(ValueError):
+        layout.parse_batch_key(layout.adapter_key(RUN, 1, "a.json"))
+
+
+def test_versions_sort_lexicographically_and_parse() -> None:
+    keys = [layout.adapter_prefix(RUN, v) for v in (10, 2, 100, 1)]
+    assert sorted(keys) == [layout.adapter_prefix(RUN, v) for v in (1, 2, 10, 100)]
+    assert layout.parse_version_dir("v000100") == 100
+    with pytest.raises(ValueError):
+        layout.parse_version_dir("100")
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "", "a..b", "x" * 300])
+def test_file_names_cannot_escape_their_folder(name: str) -> None:
+    with pytest.raises(ValueError):
+        layout.adapter_key(RUN, 1, name)
+
+
+def test_negative_numbers_and_bad_ids_are_refused() -> None:
+    with pytest.raises(ValueError):
+        layout.adapter_prefix(RUN, -1)
+    with pytest.raises(ValueError):
+        layout.batch_key(RUN, LEASE, -1)
+    with pytest.raises(ValueError):
+        layout.run_prefix("../../etc")
