@@ -17,6 +17,19 @@ import httpx
 from pydantic import BaseModel
 
 from protocol import schemas_learner as sl
+from protocol.schemas import (
+    BatchManifest,
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    Lease,
+    LeaseAcquireRequest,
+    ReleaseRequest,
+    ReleaseResponse,
+    UploadRequest,
+    UploadResponse,
+)
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -259,6 +272,47 @@ class AsyncGrpoClient:
         )
 
     # -- worker calls (lease engine) -------------------------------------------------------------
+
+    def acquire_lease(
+        self, *, models: list[str] | None = None, wait_s: float = 0.0
+    ) -> Lease | None:
+        """A lease, or None when nothing is admissible (after the long-poll, if any)."""
+        body = LeaseAcquireRequest(models=models, wait_s=wait_s)
+        return self._model(
+            Lease,
+            "POST",
+            "/api/v1/leases/acquire",
+            json=self._body(body),
+            timeout_s=wait_s + 30.0,
+        )
+
+    def _lease_call(self, model: type[T], lease: Lease, op: str, body: BaseModel) -> T:
+        result = self._model(
+            model, "POST", f"/api/v1/leases/{lease.lease_id}/{op}", json=self._body(body)
+        )
+        assert result is not None
+        return result
+
+    def heartbeat_lease(self, lease: Lease) -> HeartbeatResponse:
+        """Extend the lease; `abort: true` means drop the work (409 raises ConflictError)."""
+        return self._lease_call(
+            HeartbeatResponse, lease, "heartbeat", HeartbeatRequest(fencing=lease.fencing)
+        )
+
+    def upload_url(self, lease: Lease, *, size: int, sha256: str) -> UploadResponse:
+        """A presigned PUT for the lease's batch key, bound to this size and sha256."""
+        body = UploadRequest(fencing=lease.fencing, size=size, sha256=sha256)
+        return self._lease_call(UploadResponse, lease, "upload", body)
+
+    def complete_lease(self, lease: Lease, manifest: BatchManifest) -> CompleteResponse:
+        body = CompleteRequest(fencing=lease.fencing, manifest=manifest)
+        return self._lease_call(CompleteResponse, lease, "complete", body)
+
+    def release_lease(self, lease: Lease) -> ReleaseResponse:
+        """Prompts back to the front of the queue now (e.g. a spot preemption notice)."""
+        return self._lease_call(
+            ReleaseResponse, lease, "release", ReleaseRequest(fencing=lease.fencing)
+        )
 
     # -- learner calls ---------------------------------------------------------------------------
 
