@@ -50,13 +50,20 @@ def _bucket(session: Session, column: Any, bucket_s: int) -> Any:
     return cast(func.floor(_epoch(session, column) / bucket_s), Integer)
 
 
-def learner_points(session: Session, run_id: uuid.UUID) -> list[tuple[int, int | None, Any]]:
-    """(step, version, values) of the run's learner series, by step (columns only)."""
-    rows = session.execute(
-        select(MetricPoint.step, MetricPoint.version, MetricPoint.values)
-        .where(MetricPoint.run_id == run_id, MetricPoint.source == "learner")
-        .order_by(MetricPoint.step, MetricPoint.id)
-    ).all()
+def learner_points(
+    session: Session, run_id: uuid.UUID, max_points: int
+) -> list[tuple[int, int | None, Any]]:
+    """(step, version, values) of the run's learner series, by step, thinned to at most about
+    `max_points` evenly spaced steps (a chart is a few hundred pixels wide)."""
+    where = (MetricPoint.run_id == run_id, MetricPoint.source == "learner")
+    n = int(
+        session.execute(select(func.count()).select_from(MetricPoint).where(*where)).scalar_one()
+    )
+    query = select(MetricPoint.step, MetricPoint.version, MetricPoint.values).where(*where)
+    stride = -(-n // max_points) if n > max_points else 1
+    if stride > 1:
+        query = query.where(MetricPoint.step % stride == 0)
+    rows = session.execute(query.order_by(MetricPoint.step, MetricPoint.id)).all()
     return [(r[0], r[1], r[2]) for r in rows]
 
 

@@ -37,6 +37,7 @@ SPARK_POINTS = 30
 LIVE_LEASES_SHOWN = 50
 EVENTS_SHOWN = 50
 CHART_BUCKETS = 60
+CHART_POINTS = 1000
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
     run = runs.get_run(session, run_id)
     config = runs.get_config(run)
     bucket_s = _buckets(session, run_id)
-    learner = learner_charts(repo.learner_points(session, run_id))
+    learner = learner_charts(repo.learner_points(session, run_id, CHART_POINTS))
     waste = waste_chart(session, run_id, bucket_s)
     spend = spend_chart(session, run_id, bucket_s)
     histogram = telemetry.proxy_stats(session, run_id).staleness_histogram
