@@ -152,9 +152,8 @@ def learner_charts(points: list[tuple[int, int | None, Any]]) -> dict[str, Any]:
     for step, version, values in points:
         values = values or {}
         steps.append(step)
-        # The learner logs clip_low/clip_high; jobs.stats reads clip_fraction_low/high.
-        low.append(_num(values, "clip_fraction_low", "clip_low"))
-        high.append(_num(values, "clip_fraction_high", "clip_high"))
+        low.append(_num(values, "clip_low"))
+        high.append(_num(values, "clip_high"))
         rmin.append(_num(values, "ratio_min"))
         rmax.append(_num(values, "ratio_max"))
         rmean.append(_num(values, "ratio_mean"))

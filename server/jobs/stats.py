@@ -54,11 +54,9 @@ def stale_waste(session: Session, run_id: uuid.UUID, window_s: float) -> Waste:
 
 
 def clip_fraction_of(values: dict[str, Any]) -> float | None:
-    """Total clip fraction from one learner metrics point: `clip_fraction`, or the sum of
-    `clip_fraction_low` and `clip_fraction_high`."""
-    if isinstance(values.get("clip_fraction"), int | float):
-        return float(values["clip_fraction"])
-    parts = [values.get("clip_fraction_low"), values.get("clip_fraction_high")]
+    """Total clip fraction of one learner metrics point: `clip_low` + `clip_high`, the names
+    learner/loss.py logs (design.md: clip fraction low and high)."""
+    parts = [values.get("clip_low"), values.get("clip_high")]
     nums = [float(p) for p in parts if isinstance(p, int | float)]
     return sum(nums) if nums else None
 

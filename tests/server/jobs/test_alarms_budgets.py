@@ -87,7 +87,7 @@ def test_clip_fraction_and_quarantine_alarms(db_session: Session) -> None:
             run_id=run.id,
             source="learner",
             step=1,
-            values={"clip_fraction_low": 0.2, "clip_fraction_high": 0.15},
+            values={"clip_low": 0.2, "clip_high": 0.15},
         )
     )
     db_session.execute(update(Worker).where(Worker.id == worker.id).values(status="quarantined"))
