@@ -1,0 +1,265 @@
+"""Lease-engine throughput: N closed-loop simulated workers doing acquire → heartbeat → upload →
+complete against a real server (uvicorn) on Postgres with the local store, and the same cycle
+as raw SQL through psycopg in the same run.
+
+    .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10
+
+Needs Postgres at ASYNCGRPO_BENCH_PG (default postgresql+psycopg://postgres@127.0.0.1:5432);
+creates and drops a scratch database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import psycopg
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PG = os.environ.get("ASYNCGRPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
+SECRET = "bench-secret-" + "x" * 32
+DATA = b"x" * 2048
+SHA = hashlib.sha256(DATA).hexdigest()
+ADMIT_SQL = (
+    "UPDATE runs SET groups_in_flight=groups_in_flight+1, fencing_seq=fencing_seq+1, "
+    "last_lease_at=clock_timestamp() WHERE id=%s AND status='running' RETURNING fencing_seq"
+)
+
+
+def setup(db_url: str, bucket: Path, n_rows: int, n_workers: int) -> tuple[str, list[str]]:
+    from protocol.run_config import RunConfig
+    from server.db import make_engine, make_sessionmaker
+    from server.migrate import upgrade
+    from tests.server.leases.helpers import make_run, make_worker
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    config = RunConfig.model_validate(
+        {
+            "name": "bench", "base_model": "bench-model",
+            "dataset": {"kind": "jsonl", "rows": [{"prompt": f"p{i}"} for i in range(n_rows)]},
+            "rewards": [{"name": "numeric_match"}], "group_size": 2, "prompts_per_lease": 1,
+            "prompts_per_step": 1000, "max_staleness": 1000, "lease_ttl_s": 60.0,
+        }
+    )  # fmt: skip
+    with make_sessionmaker(engine)() as db:
+        run = make_run(db, config)
+        tokens = [
+            make_worker(db, models=["bench-model"], name=f"b{i}")[1] for i in range(n_workers)
+        ]
+        db.commit()
+        run_id = str(run.id)
+    engine.dispose()
+    return run_id, tokens
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.lat: dict[str, list[float]] = {}
+        self.cycles = 0
+        self.errors = 0
+
+    def add(self, name: str, seconds: float) -> None:
+        self.lat.setdefault(name, []).append(seconds)
+
+    def report(self, label: str, elapsed: float) -> float:
+        rate = self.cycles / elapsed
+        parts = []
+        for name, xs in self.lat.items():
+            xs.sort()
+            p50, p99 = statistics.median(xs), xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+            parts.append(f"{name} p50 {p50 * 1000:.1f} ms p99 {p99 * 1000:.1f} ms")
+        print(f"  {label}: {rate:.0f} cycles/s, errors {self.errors}; " + "; ".join(parts))
+        return rate
+
+
+async def http_worker(base: str, token: str, store: object, stop: float, stats: Stats) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(base, headers=headers) as http:
+        while time.monotonic() < stop:
+
+            async def call(name: str, path: str, body: dict) -> tuple[int, dict]:
+                t = time.perf_counter()
+                async with http.post(path, json=body) as r:
+                    data = await r.json() if r.status == 200 else {}
+                    stats.add(name, time.perf_counter() - t)
+                    return r.status, data
+
+            code, lease = await call("acquire", "/api/v1/leases/acquire", {})
+            if code != 200:
+                stats.errors += 1
+                continue
+            lid, f = lease["lease_id"], lease["fencing"]
+            await call("heartbeat", f"/api/v1/leases/{lid}/heartbeat", {"fencing": f})
+            body = {"fencing": f, "size": len(DATA), "sha256": SHA}
+            await call("upload", f"/api/v1/leases/{lid}/upload", body)
+            store.put_bytes(lease["batch_key"], DATA)  # type: ignore[attr-defined]
+            manifest = {"key": lease["batch_key"], "sha256": SHA, "size": len(DATA),
+                        "n_samples": 2, "n_tokens": 10, "generation_seconds": 0.0}  # fmt: skip
+            code, _ = await call("complete", f"/api/v1/leases/{lid}/complete",
+                                 {"fencing": f, "manifest": manifest})  # fmt: skip
+            if code == 200:
+                stats.cycles += 1
+            else:
+                stats.errors += 1
+
+
+async def sql_worker(dsn: str, run_id: str, worker_id: str, stop: float, stats: Stats) -> None:
+    """The same cycle's statements, straight through psycopg (the floor the API is compared to)."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        while time.monotonic() < stop:
+            t = time.perf_counter()
+            async with conn.transaction():
+                row = await (
+                    await conn.execute(
+                        "SELECT id FROM prompt_rows WHERE run_id=%s AND state='queued' "
+                        "ORDER BY queue_pos LIMIT 1 FOR UPDATE SKIP LOCKED",
+                        (run_id,),
+                    )
+                ).fetchone()
+                if row is None:
+                    stats.errors += 1
+                    continue
+                fencing = (
+                    await (
+                        await conn.execute(
+                            ADMIT_SQL,
+                            (run_id,),
+                        )
+                    ).fetchone()
+                )[0]  # type: ignore[index]
+                lid = uuid.uuid4()
+                await conn.execute(
+                    "INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, "
+                    "expires_at, seed, n_prompts, group_size, created_at) VALUES (%s,%s,%s,0,%s,"
+                    "'active', clock_timestamp() + interval '60 s', 1, 1, 2, clock_timestamp())",
+                    (lid, run_id, worker_id, fencing),
+                )
+                await conn.execute("UPDATE prompt_rows SET state='leased', lease_id=%s WHERE id=%s",
+                                   (lid, row[0]))  # fmt: skip
+            stats.add("acquire", time.perf_counter() - t)
+            for name in ("heartbeat", "upload"):
+                t = time.perf_counter()
+                await conn.execute(
+                    "UPDATE leases SET last_heartbeat_at=clock_timestamp(), expires_at="
+                    "clock_timestamp() + interval '60 s' WHERE id=%s AND fencing=%s AND "
+                    "state='active' AND expires_at > clock_timestamp() RETURNING id",
+                    (lid, fencing),
+                )
+                await conn.commit()
+                stats.add(name, time.perf_counter() - t)
+            t = time.perf_counter()
+            async with conn.transaction():
+                await conn.execute(
+                    "UPDATE leases SET state='completed', ended_at=clock_timestamp() WHERE id=%s "
+                    "AND fencing=%s AND state='active' AND expires_at > clock_timestamp() "
+                    "RETURNING id",
+                    (lid, fencing),
+                )
+                bid = uuid.uuid4()
+                await conn.execute(
+                    "INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version,"
+                    " bucket_key, sha256, bytes, n_samples, n_tokens, n_groups, state, created_at)"
+                    " VALUES (%s,%s,%s,%s,0,'k',%s,1,2,10,1,'accepted', clock_timestamp())",
+                    (bid, run_id, lid, worker_id, SHA),
+                )
+                await conn.execute("UPDATE prompt_rows SET state='accepted', batch_id=%s WHERE "
+                                   "lease_id=%s AND state='leased'", (bid, lid))  # fmt: skip
+                await conn.execute(
+                    "UPDATE workers SET last_seen_at=clock_timestamp(), "
+                    "accepted_batches=accepted_batches+1 WHERE id=%s",
+                    (worker_id,),
+                )
+            stats.add("complete", time.perf_counter() - t)
+            stats.cycles += 1
+
+
+async def run_http(base: str, tokens: list[str], store: object, n: int, seconds: float) -> float:
+    stats = Stats()
+    stop = time.monotonic() + seconds
+    start = time.monotonic()
+    await asyncio.gather(*(http_worker(base, tokens[i], store, stop, stats) for i in range(n)))
+    return stats.report(f"API  N={n}", time.monotonic() - start)
+
+
+async def run_sql(dsn: str, run_id: str, worker_id: str, n: int, seconds: float) -> float:
+    stats = Stats()
+    stop = time.monotonic() + seconds
+    start = time.monotonic()
+    await asyncio.gather(*(sql_worker(dsn, run_id, worker_id, stop, stats) for _ in range(n)))
+    return stats.report(f"SQL  N={n}", time.monotonic() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--uvicorn-workers", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=60000)
+    args = parser.parse_args()
+    name = f"agr_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    db_url = f"{PG}/{name}"
+    bucket = Path(tempfile.mkdtemp(prefix="agr-bench-"))
+    proc = None
+    try:
+        run_id, tokens = setup(db_url, bucket, args.rows, max(args.workers))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "ASYNCGRPO_DATABASE_URL": db_url, "ASYNCGRPO_BUCKET_URL": str(bucket),
+               "ASYNCGRPO_SECURITY__SECRET_KEY": SECRET, "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
+               "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
+             "--port", str(port), "--workers", str(args.uvicorn_workers), "--log-level",
+             "warning", "--no-access-log"], cwd=ROOT, env=env)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        from protocol.storage_local import LocalStore
+
+        store = LocalStore(root=str(bucket), base_url=base + "/blobs", secret_key=SECRET)
+        dsn = db_url.replace("postgresql+psycopg", "postgresql")
+        with psycopg.connect(dsn) as c:
+            worker_id = str(c.execute("SELECT id FROM workers LIMIT 1").fetchone()[0])  # type: ignore[index]
+        print(f"bench/leases.py: {args.seconds:.0f} s per point, uvicorn workers "
+              f"{args.uvicorn_workers}, Postgres, local store")  # fmt: skip
+        for n in args.workers:
+            api = asyncio.run(run_http(base, tokens, store, n, args.seconds))
+            raw = asyncio.run(run_sql(dsn, run_id, worker_id, n, args.seconds))
+            print(f"  N={n}: API/raw SQL = {api / raw:.2f}")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
