@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from server.config import Settings, get_settings
 from server.db import make_engine, make_sessionmaker, transaction
-from server.errors import install_error_handler
+from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.limits import BodySizeLimit
 from server.storage_factory import make_store
 
@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.store = make_store(settings)
     install_error_handler(app)
     _install_validation_handler(app)
+    document_errors(app)
     _include_routers(app)
     from server.dashboard.web import install as install_dashboard
 
@@ -94,14 +95,15 @@ def _install_validation_handler(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {
-                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
-                "message": err.get("msg", ""),
-                "type": err.get("type", ""),
-            }
+            FieldError(
+                field=".".join(str(p) for p in err.get("loc", ()) if p != "body"),
+                message=err.get("msg", ""),
+                type=err.get("type", ""),
+            )
             for err in exc.errors()
         ]
-        return JSONResponse({"detail": "invalid request", "errors": errors}, status_code=422)
+        body = ErrorBody(detail="invalid request", errors=errors)
+        return JSONResponse(body.model_dump(mode="json"), status_code=422)
 
 
 def bootstrap_admin_token(app: FastAPI) -> None:

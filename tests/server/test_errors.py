@@ -1,0 +1,64 @@
+"""The OpenAPI schema describes the error bodies the app really sends (found by the API fuzzer:
+FastAPI's default 422 model said `detail` was a list, the app sends a string plus `errors`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.errors import ErrorBody
+from tests.conftest import make_settings, mint_token
+
+
+@pytest.fixture
+def sqlite_client(sqlite_url: str, tmp_path: Path) -> Any:
+    from server.app import create_app
+
+    app = create_app(make_settings(sqlite_url, tmp_path / "bucket"), migrate=True)
+    with TestClient(app) as client:
+        yield client
+    app.state.engine.dispose()
+
+
+def _response_schema(schema: dict[str, Any], path: str, method: str, status: str) -> Any:
+    return schema["paths"][path][method]["responses"][status]["content"]["application/json"][
+        "schema"
+    ]
+
+
+def test_validation_error_body_is_the_documented_one(sqlite_client: TestClient) -> None:
+    schema = sqlite_client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    assert _response_schema(schema, "/api/v1/runs", "get", "422") == {
+        "$ref": "#/components/schemas/ErrorBody"
+    }
+    headers = {"Authorization": f"Bearer {mint_token(sqlite_client.app, 'admin')}"}
+    response = sqlite_client.get("/api/v1/runs?limit=0", headers=headers)
+    assert response.status_code == 422
+    body = ErrorBody.model_validate(response.json())
+    assert body.errors is not None
+    assert [e.field for e in body.errors] == ["query.limit"]
+
+
+def test_app_errors_are_documented_on_token_operations(sqlite_client: TestClient) -> None:
+    schema = sqlite_client.get("/openapi.json").json()
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for status in ("400", "401", "403", "404", "409", "413", "422"):
+        assert _response_schema(schema, "/api/v1/runs/{run_id}", "get", status) == ref
+    assert "401" not in schema["paths"]["/healthz"]["get"]["responses"]
+    # An operation's own error model wins (the signed blob URLs answer BlobError).
+    blob_403 = _response_schema(schema, "/blobs/{key}", "get", "403")
+    assert blob_403 == {"$ref": "#/components/schemas/BlobError"}
+
+    missing = sqlite_client.get("/api/v1/runs/00000000-0000-0000-0000-000000000000")
+    assert missing.status_code == 401
+    ErrorBody.model_validate(missing.json())
+    headers = {"Authorization": f"Bearer {mint_token(sqlite_client.app, 'admin')}"}
+    unknown = sqlite_client.get(
+        "/api/v1/runs/00000000-0000-0000-0000-000000000000", headers=headers
+    )
+    assert unknown.status_code == 404
+    assert ErrorBody.model_validate(unknown.json()).detail
