@@ -268,6 +268,11 @@ class RunConfig(_Strict):
     weight_sync_steps: int = Field(1, description="Optimizer steps between published versions.")
     max_staleness: int = Field(1, description="Versions a batch may lag when claimed (0 = sync).")
     max_attempts: int = Field(3, description="Re-queues before a prompt row is dropped.")
+    admission_control: bool = Field(
+        True,
+        description="Admission control: acquire answers 204 at the bound and heartbeats abort "
+        "leases that can no longer be admissible. Off only for benchmarks.",
+    )
     epochs: int = Field(1, description="Passes over the dataset.")
     max_versions: int | None = Field(None, description="Stop after this many versions.")
     lease_ttl_s: float = Field(

@@ -45,8 +45,14 @@ def cfg(config: dict[str, Any], name: str) -> Any:
     return config.get(name, _DEFAULTS[name])
 
 
+UNLIMITED_GROUPS = 2**31 - 1  # the admission bound of a run with admission_control off
+
+
 def admission_bound(config: dict[str, Any]) -> int:
-    """RunConfig.admission_bound_groups() without re-validating the whole stored config."""
+    """RunConfig.admission_bound_groups() without re-validating the whole stored config
+    (unlimited when the run turned admission control off, for benchmarks)."""
+    if not cfg(config, "admission_control"):
+        return UNLIMITED_GROUPS
     return (
         (int(cfg(config, "max_staleness")) + 1)
         * int(cfg(config, "weight_sync_steps"))
@@ -198,7 +204,9 @@ def heartbeat(
     reason = None
     if lease.status != "running":
         reason = f"run_{lease.status}"
-    elif lease.current_version - lease.adapter_version > int(cfg(config, "max_staleness")):
+    elif cfg(config, "admission_control") and lease.current_version - lease.adapter_version > int(
+        cfg(config, "max_staleness")
+    ):
         reason = "stale"
     if reason is None:
         _fence(session, lease_id, worker, body.fencing, **repo.extend_values(ttl_s))
