@@ -89,7 +89,10 @@ class WorkerSettings(BaseSettings):
     )
     http_timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP call.")
     shutdown_grace_s: float = Field(
-        4.0, gt=0, description="On SIGTERM, time allowed to release the lease before exiting."
+        3.0,
+        gt=0,
+        description="On SIGTERM, time allowed to stop generating and release the lease; the "
+        "process exits within about this + 1.5 s.",
     )
     max_leases: int | None = Field(
         None, ge=1, description="Exit after this many finished leases (tests, demos)."

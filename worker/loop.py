@@ -161,7 +161,7 @@ class WorkerLoop:
         except Stopping:
             pass
         finally:
-            self._release_current("shutdown")
+            self.release_current("shutdown")
             if self.client is not None:
                 self.client.close()
         return self.history
@@ -294,12 +294,13 @@ class WorkerLoop:
             self._released.add(lease.lease_id)
             return True
 
-    def _release_current(self, reason: str) -> None:
+    def release_current(self, reason: str, timeout_s: float | None = None) -> None:
+        """Release the lease being worked on, if any (safe from another thread)."""
         lease = self._current
         if lease is not None:
             self._cancel.set()
             log.info("releasing lease %s: %s", lease.lease_id, reason)
-            self._release(lease, timeout_s=self.settings.shutdown_grace_s)
+            self._release(lease, timeout_s=timeout_s or self.settings.shutdown_grace_s)
 
     def _produce(self, lease: Lease, record: LeaseRecord) -> None:
         started = time.monotonic()

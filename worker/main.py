@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -72,7 +73,7 @@ def serve(loop: WorkerLoop, grace_s: float) -> int:
         if stop.is_set():
             thread.join(timeout=grace_s)
             if thread.is_alive():  # stuck in a call: release from here, then leave
-                loop._release_current("shutdown (loop did not stop in time)")
+                loop.release_current("shutdown (loop did not stop in time)", timeout_s=1.0)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -82,7 +83,17 @@ def serve(loop: WorkerLoop, grace_s: float) -> int:
     return 0
 
 
-def main(settings: WorkerSettings) -> int:
+def _close_quickly(backend: Backend, timeout_s: float) -> None:
+    """Close the engine (vLLM: its processes) but never wait longer than `timeout_s`."""
+    closer = threading.Thread(target=backend.close, name="backend-close", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+
+
+def main(settings: WorkerSettings, *, hard_exit: bool = True) -> int:
+    """Run the worker until stopped. With `hard_exit`, the process ends with os._exit once the
+    lease is released: tearing down torch at interpreter exit can take seconds, and a
+    preempted box has only a few."""
     logging.basicConfig(
         level=os.environ.get("ASYNCGRPO_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -90,8 +101,15 @@ def main(settings: WorkerSettings) -> int:
     started = time.monotonic()
     backend = make_backend(settings)
     log.info("%s backend ready in %.1fs", backend.name, time.monotonic() - started)
+    code = 1
     try:
-        loop = build_loop(settings, backend)
-        return serve(loop, settings.shutdown_grace_s)
+        code = serve(build_loop(settings, backend), settings.shutdown_grace_s)
     finally:
-        backend.close()
+        _close_quickly(backend, 1.0)
+        log.info("worker exiting (%d)", code)
+        if hard_exit:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code

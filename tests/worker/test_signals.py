@@ -1,0 +1,77 @@
+"""SIGTERM mid-lease (a spot preemption notice): the real `asyncgrpo worker` process releases
+its lease (prompts back in the queue, no attempt counted) and exits within 5 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lm.chat import tokenizer_fingerprint
+from tests.worker.harness import REPO, ServerProcess, Stack, run_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
+
+
+@pytest.fixture
+def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGTERM])
+def test_sigterm_mid_lease_releases_and_exits_fast(
+    server: ServerProcess, small_tokenizer: Any, tmp_path: Path, signum: int
+) -> None:
+    config = run_config(2, sampling={"temperature": 1.0, "max_new_tokens": 1000})
+    stack = Stack(server, tokenizer_fingerprint(small_tokenizer), config)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(tmp_path / "w" / "adapters"),
+        "ASYNCGRPO_WORKER_WORK_DIR": str(tmp_path / "w" / "batches"),
+        "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "0.5",
+    }
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncgrpo.cli", "worker", "--server", server.url,
+         "--registration-token", stack.registration_token, "--backend", "transformers",
+         "--token-file", str(tmp_path / "w" / "token.json"), "--threads", "1"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 200
+        while not any(r.state == "active" for r in stack.lease_rows()):
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the worker never took a lease"
+            time.sleep(0.3)
+        time.sleep(1.0)  # generating now
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        proc.wait(timeout=15)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stack.close()
+    assert elapsed < 5.0, (elapsed, (tmp_path / "worker.log").read_text()[-3000:])
+    assert proc.returncode == 0
+    (lease,) = stack.lease_rows()
+    assert lease.state == "released"
+    assert stack.prompt_states() == {"queued": 2}
+    attempts = server.sql(
+        "SELECT attempts FROM prompt_rows WHERE run_id = :r", r=uuid.UUID(stack.run_id)
+    )
+    assert [a.attempts for a in attempts] == [0, 0]  # a voluntary release counts no attempt
+    assert stack.batch_rows() == []
