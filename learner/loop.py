@@ -321,7 +321,7 @@ class Learner:
 
         self.settings = settings
         set_threads(settings.threads)
-        self.client = client or AsyncGrpoClient(settings.server_url, settings.token)
+        self.client = client or AsyncGrpoClient(settings.server_url, settings.token, max_retries=30)
         self.heartbeat_client = AsyncGrpoClient(settings.server_url, settings.token)
         # attach reports the tokenizer fingerprint, so the tokenizer comes before the run config
         self.tokenizer: Any = load_tokenizer(settings.model)

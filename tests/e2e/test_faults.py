@@ -76,48 +76,64 @@ def test_worker_killed_and_worker_paused(e2e: E2E) -> None:
 
 @pytest.mark.timeout(600)
 def test_learner_killed_and_server_restarted(e2e: E2E) -> None:
+    """Two faults in one run, one after the other, each with its own assertions."""
     start(e2e, epochs=3)
     c = e2e.cluster
-
-    # kill -9 the learner while it holds claimed, unpublished batches; restart it
-    e2e.wait_for("version 1", lambda: e2e.version() >= 1, START_S)
     claimed = "SELECT count(*) FROM rollout_batches WHERE run_id = :run AND state = 'claimed'"
+
+    # 1. kill -9 the learner while it holds claimed, unpublished batches; restart it: it
+    #    resumes from the last published version (publishes exactly the next one)
+    e2e.wait_for("version 1", lambda: e2e.version() >= 1, START_S)
     e2e.wait_for("claimed batches", lambda: e2e.sql(claimed)[0][0] > 0, 120)
     assert c.learner is not None
     c.learner.kill9()
     at_kill = e2e.version()
     c.start_learner()
     e2e.wait_for("a version from the new learner", lambda: e2e.version() > at_kill, 180)
-    log = c.learner.log_text()
-    assert "published version" in log
+    assert f"published version {at_kill + 1} " in c.learner.log_text()
 
-    # restart the server mid-run: workers and learner reconnect by themselves
+    # 2. restart the server mid-run: workers and learner reconnect by themselves
     pids = {p.name: p.pid for p in c.processes() if p.name != "server"}
     before = e2e.version()
     c.restart_server(down_s=3.0)
     e2e.wait_for("a version after the restart", lambda: e2e.version() > before, 180)
     assert {p.name: p.pid for p in c.processes() if p.name != "server"} == pids
-    assert all(p.alive() for p in c.workers.values())
+    assert all(p.alive() for p in c.processes()), e2e.logs()
 
     finish(e2e)
+    assert all(p.alive() for p in c.workers.values())
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(480)
+@pytest.mark.xfail(
+    reason="learner bug (reported): a batch download or adapter upload that fails for more "
+    "than ~1 s (protocol.transfer: 3 attempts) ends the learner process with TransferError",
+    strict=False,
+)
 def test_bucket_unreachable_for_15_seconds(e2e: E2E) -> None:
+    """The bucket unreachable for 15 s (contents kept) while a worker generates and the
+    learner trains: both back off and recover."""
     start(e2e, epochs=2)
     c = e2e.cluster
-    e2e.wait_for("version 1", lambda: e2e.version() >= 1, START_S)
-    keys_before = e2e.bucket_keys()
-    accepted = "SELECT count(*) FROM rollout_batches WHERE run_id = :run"
-    batches_before = e2e.sql(accepted)[0][0]
+    claimed = "SELECT count(*) FROM rollout_batches WHERE run_id = :run AND state = 'claimed'"
 
+    def busy() -> bool:
+        leases = [e2e.active_lease(w) for w in c.workers]
+        return any(leases) and e2e.sql(claimed)[0][0] > 0
+
+    e2e.wait_for("a worker generating while the learner trains", busy, START_S)
+    keys_before = e2e.bucket_keys()
+    batches = "SELECT count(*) FROM rollout_batches WHERE run_id = :run"
+    batches_before = e2e.sql(batches)[0][0]
     e2e.proxy.cut()
     time.sleep(15.0)
     down = [p.name for p in c.processes() if not p.alive()]
     e2e.proxy.restore()
     assert down == [], e2e.logs()
-
     assert keys_before <= e2e.bucket_keys()  # nothing lost while it was unreachable
-    e2e.wait_for("a batch after the outage", lambda: e2e.sql(accepted)[0][0] > batches_before, 120)
+    e2e.wait_for("a batch after the outage", lambda: e2e.sql(batches)[0][0] > batches_before, 120)
+
+    # a worker's bucket calls failed during the outage and were retried with backoff
+    assert any("retrying" in w.log_text() for w in c.workers.values()), e2e.logs()
     finish(e2e)
     assert all(p.alive() for p in c.workers.values())
