@@ -1,0 +1,345 @@
+"""Shared helpers of bench/sync_latency.py, bench/async_vs_sync.py and bench/admission.py.
+
+Everything runs the real system through asyncgrpo/cluster.py: a uvicorn control plane on a
+fresh Postgres database (jobs in-process), moto's S3 server in its own process as the bucket,
+rollout workers (transformers on CPU) and the learner as subprocesses with one torch thread
+each. These helpers add what only the benchmarks need: the moto process, a throw-away
+database, CPU pinning with `taskset`, a SIGSTOP/SIGCONT duty-cycle throttle (what `cpulimit`
+does), figures read back from the run's rows, and printed tables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess, free_port
+
+MB = 1024 * 1024
+MODEL = "smollm2-135m-instruct"
+SECRET = "bench-secret-" + "x" * 40
+S3_KEYS = ("bench-access-key", "bench-secret-key")
+PG_ADMIN_URL = os.environ.get(
+    "ASYNCGRPO_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+CONTENDED = (
+    "CPU-contended: 2 shared cores, other engineers' test runs on the same machine; "
+    "quote medians, compare within one table only"
+)
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3:
+    url: str
+    bucket: str
+    region: str = "us-east-1"
+
+
+@contextmanager
+def moto_s3(work: Path) -> Iterator[S3]:
+    """moto's S3 server in its own process (`python -m moto.server`) with one bucket."""
+    import boto3
+    from botocore.config import Config
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    proc = ManagedProcess("moto", argv, dict(os.environ), work, work / "logs" / "moto.log").start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/moto-api/", timeout=1.0)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or not proc.alive():
+                    raise RuntimeError("moto server did not start:\n" + proc.log_text()) from None
+                time.sleep(0.2)
+        s3 = S3(url=url, bucket=f"bench-{uuid.uuid4().hex[:12]}")
+        client = boto3.client(
+            "s3",
+            endpoint_url=url,
+            region_name=s3.region,
+            aws_access_key_id=S3_KEYS[0],
+            aws_secret_access_key=S3_KEYS[1],
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+        )
+        client.create_bucket(Bucket=s3.bucket)
+        yield s3
+    finally:
+        proc.stop(grace_s=5)
+
+
+@contextmanager
+def postgres_db() -> Iterator[str]:
+    """A fresh Postgres database migrated to head, dropped afterwards."""
+    from server.db import make_engine
+    from server.migrate import upgrade
+
+    name = f"agr_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    try:
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def cluster_config(work: Path, database_url: str, s3: S3, **worker_env: str) -> ClusterConfig:
+    """The e2e suite's settings (short long-polls and back-offs), on moto S3."""
+    return ClusterConfig(
+        work_dir=work / "cluster",
+        database_url=database_url,
+        bucket_url=f"s3://{s3.bucket}",
+        s3={
+            "endpoint_url": s3.url,
+            "path_style": "true",
+            "region": s3.region,
+            "access_key_id": S3_KEYS[0],
+            "secret_access_key": S3_KEYS[1],
+        },
+        secret_key=SECRET,
+        server_env={
+            "ASYNCGRPO_JOBS__MODE": "inprocess",
+            "ASYNCGRPO_JOBS__SWEEP_INTERVAL_S": "1",
+            "ASYNCGRPO_LEASE_LONG_POLL_S": "1",
+            "ASYNCGRPO_LEARNER_LEASE_TTL_S": "60",
+        },
+        worker_env={
+            "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "1",
+            "ASYNCGRPO_WORKER_IDLE_BACKOFF_MIN_S": "0.2",
+            "ASYNCGRPO_WORKER_IDLE_BACKOFF_MAX_S": "1",
+            "ASYNCGRPO_WORKER_RETRY_MAX_S": "2",
+            "ASYNCGRPO_WORKER_HTTP_TIMEOUT_S": "30",
+            **worker_env,
+        },
+        learner_env={
+            "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
+            "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "1",
+        },
+    )
+
+
+def pin(proc: ManagedProcess, cpus: str) -> bool:
+    """Pin every thread of the process to `cpus` (threads it starts later inherit it)."""
+    done = subprocess.run(
+        ["taskset", "-a", "-p", "-c", cpus, str(proc.pid)], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+class Throttle(threading.Thread):
+    """Lets a process group run `duty` of every `period_s` (SIGCONT … SIGSTOP), as `cpulimit`
+    does: the process becomes ~1/duty times slower in wall time, whatever it is doing."""
+
+    def __init__(self, proc: ManagedProcess, duty: float, period_s: float = 0.3) -> None:
+        super().__init__(daemon=True, name=f"throttle-{proc.name}")
+        self.proc, self.duty, self.period_s = proc, duty, period_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        run_s = self.duty * self.period_s
+        while not self.stopped.is_set() and self.proc.alive():
+            self.proc.signal_group(signal.SIGCONT)
+            if self.stopped.wait(run_s):
+                break
+            self.proc.signal_group(signal.SIGSTOP)
+            self.stopped.wait(self.period_s - run_s)
+        self.proc.signal_group(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=5)
+        self.proc.signal_group(signal.SIGCONT)
+
+
+def wait_workers_ready(cluster: Cluster, names: Sequence[str], timeout_s: float = 600) -> None:
+    """Until each worker's log says its backend is loaded."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(names)
+    while pending:
+        for name in list(pending):
+            proc = cluster.workers[name]
+            if "backend ready" in proc.log_text():
+                pending.discard(name)
+            elif not proc.alive():
+                raise RuntimeError(f"worker {name} exited:\n{proc.log_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workers not ready: {sorted(pending)}")
+        time.sleep(0.5)
+
+
+def wait_run_finished(cluster: Cluster, run_id: str, timeout_s: float) -> str:
+    """Poll the run's status until it leaves pending/running (or the learner dies)."""
+    assert cluster.admin is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = str(cluster.admin.get_run(run_id)["status"])
+        if status not in ("pending", "running"):
+            return status
+        if cluster.learner is not None and not cluster.learner.alive():
+            raise RuntimeError("learner exited:\n" + cluster.learner.log_text()[-3000:])
+        time.sleep(1.0)
+    raise TimeoutError(f"run {run_id} not finished after {timeout_s}s")
+
+
+def log_time(line: str) -> float:
+    """Epoch seconds of a `%(asctime)s` log line (local time, milliseconds)."""
+    stamp = line[:23]
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+# -- figures from the run's rows -----------------------------------------------------------------
+
+
+def sql(database_url: str, statement: str, **params: Any) -> list[Any]:
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(statement), params))
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One finished run, measured between the publish of version 1 and of the last version
+    (the learner's model load and the first step are left out: steady state only)."""
+
+    versions: int
+    window_s: float
+    samples: int  # completions consumed into versions 2..last
+    reward_sum: float  # Σ reward over those completions (reward_mean × samples per step)
+    reward_mean: float
+    generated: int  # completions generated over the whole run (uploaded + aborted leases)
+    stale_rejected: int
+    aborted: int
+    wasted_worker_s: float  # generation time of stale-rejected batches + aborted leases' time
+    worker_s: float  # generation time of every uploaded batch + aborted leases' time
+
+    @property
+    def samples_per_hour(self) -> float:
+        return self.samples / self.window_s * 3600 if self.window_s > 0 else 0.0
+
+    @property
+    def reward_per_minute(self) -> float:
+        return self.reward_sum / self.window_s * 60 if self.window_s > 0 else 0.0
+
+    @property
+    def stale_waste(self) -> float:
+        return (self.stale_rejected + self.aborted) / self.generated if self.generated else 0.0
+
+
+def run_figures(database_url: str, run_id: str, group_size: int) -> RunFigures:
+    run = uuid.UUID(run_id)
+    times = sql(
+        database_url,
+        "SELECT version, created_at FROM adapter_versions WHERE run_id = :r ORDER BY version",
+        r=run,
+    )
+    versions = len(times)
+    window_s = (times[-1][1] - times[0][1]).total_seconds() if versions >= 2 else 0.0
+    points = sql(
+        database_url,
+        "SELECT version, \"values\" FROM metric_points WHERE run_id = :r AND source = 'learner'",
+        r=run,
+    )
+    samples, reward_sum = 0, 0.0
+    for version, values in points:
+        if version is not None and version >= 2 and values.get("reward_mean") is not None:
+            n = int(values.get("groups", 0)) * group_size
+            samples += n
+            reward_sum += float(values["reward_mean"]) * n
+    batches = sql(
+        database_url,
+        "SELECT coalesce(sum(n_samples), 0), "
+        "coalesce(sum(CASE WHEN reject_reason = 'stale' THEN n_samples ELSE 0 END), 0), "
+        "coalesce(sum(generation_seconds), 0), "
+        "coalesce(sum(CASE WHEN reject_reason = 'stale' THEN generation_seconds ELSE 0 END), 0) "
+        "FROM rollout_batches WHERE run_id = :r",
+        r=run,
+    )[0]
+    aborted = sql(
+        database_url,
+        "SELECT coalesce(sum(n_prompts * group_size), 0), "
+        "coalesce(sum(extract(epoch FROM ended_at - created_at)), 0) "
+        "FROM leases WHERE run_id = :r AND state = 'aborted' AND end_reason = 'stale'",
+        r=run,
+    )[0]
+    return RunFigures(
+        versions=versions,
+        window_s=window_s,
+        samples=samples,
+        reward_sum=reward_sum,
+        reward_mean=reward_sum / samples if samples else 0.0,
+        generated=int(batches[0]) + int(aborted[0]),
+        stale_rejected=int(batches[1]),
+        aborted=int(aborted[0]),
+        wasted_worker_s=float(batches[3]) + float(aborted[1]),
+        worker_s=float(batches[2]) + float(aborted[1]),
+    )
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100])."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    sys.stdout.flush()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def load_average() -> str:
+    one, five, _fifteen = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} (1 / 5 min) on {os.cpu_count()} cores"
