@@ -50,6 +50,7 @@ CONTENDED = (
 class S3:
     url: str
     bucket: str
+    pid: int  # the moto server process
     region: str = "us-east-1"
 
 
@@ -74,7 +75,7 @@ def moto_s3(work: Path) -> Iterator[S3]:
                 if time.monotonic() > deadline or not proc.alive():
                     raise RuntimeError("moto server did not start:\n" + proc.log_text()) from None
                 time.sleep(0.2)
-        s3 = S3(url=url, bucket=f"bench-{uuid.uuid4().hex[:12]}")
+        s3 = S3(url=url, bucket=f"bench-{uuid.uuid4().hex[:12]}", pid=proc.pid)
         client = boto3.client(
             "s3",
             endpoint_url=url,
@@ -148,8 +149,12 @@ def cluster_config(work: Path, database_url: str, s3: S3, **worker_env: str) -> 
 
 def pin(proc: ManagedProcess, cpus: str) -> bool:
     """Pin every thread of the process to `cpus` (threads it starts later inherit it)."""
+    return _taskset(proc.pid, cpus)
+
+
+def _taskset(pid: int, cpus: str) -> bool:
     done = subprocess.run(
-        ["taskset", "-a", "-p", "-c", cpus, str(proc.pid)], capture_output=True, check=False
+        ["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True, check=False
     )
     return done.returncode == 0
 
@@ -343,3 +348,83 @@ def _cell(value: Any) -> str:
 def load_average() -> str:
     one, five, _fifteen = os.getloadavg()
     return f"load average {one:.1f} / {five:.1f} (1 / 5 min) on {os.cpu_count()} cores"
+
+
+# -- a sweep of runs on one cluster ------------------------------------------------------------
+
+
+def tiny_run(name: str, versions: int, **overrides: Any) -> dict[str, Any]:
+    """A tiny arithmetic run: G = 4, 1 prompt per lease, 2 per step, 16 new tokens, LoRA r 4."""
+    config: dict[str, Any] = {
+        "name": name,
+        "base_model": MODEL,
+        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 400, "seed": 0},
+        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
+        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "grpo": {"learning_rate": 5e-4, "spot_check_fraction": 0.0},
+        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
+        "group_size": 4,
+        "prompts_per_lease": 1,
+        "prompts_per_step": 2,
+        "max_versions": versions,
+        "max_attempts": 3,
+        "lease_ttl_s": 30.0,
+        "heartbeat_interval_s": 1.0,
+    }
+    config.update(overrides)
+    return config
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the processes share this machine's cores, and how much the slow worker runs."""
+
+    control_cpus: str = "0"  # server, moto, learner
+    worker_cpus: str = "1"  # both workers
+    slow_duty: float = 1 / 3
+
+    def describe(self) -> str:
+        return (
+            f"taskset: server + moto + learner on CPU {self.control_cpus}, both workers on CPU "
+            f"{self.worker_cpus}; worker 'slow' throttled to {self.slow_duty:.0%} of wall time "
+            "by a SIGSTOP/SIGCONT duty cycle (300 ms period, as cpulimit does)"
+        )
+
+
+def sweep(
+    configs: Sequence[dict[str, Any]], layout: Layout, timeout_s: float = 900
+) -> list[RunFigures]:
+    """Run each config to completion, one after the other, on one cluster (server, moto, a fast
+    and a throttled worker stay up; a learner process per run). Returns each run's figures."""
+    import tempfile
+
+    out: list[RunFigures] = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_db() as db:
+        work = Path(tmp)
+        with moto_s3(work) as s3:
+            cluster = Cluster(cluster_config(work, db, s3))
+            with cluster:
+                cluster.start_server()
+                assert cluster.server is not None
+                pin(cluster.server, layout.control_cpus)
+                _taskset(s3.pid, layout.control_cpus)
+                throttle = None
+                for i, config in enumerate(configs):
+                    run_id = cluster.create_run(config)
+                    if i == 0:
+                        for name in ("fast", "slow"):
+                            pin(cluster.start_worker(name), layout.worker_cpus)
+                        throttle = Throttle(cluster.workers["slow"], layout.slow_duty)
+                    learner = cluster.start_learner()
+                    pin(learner, layout.control_cpus)
+                    if throttle is not None and i == 0:
+                        wait_workers_ready(cluster, ["fast", "slow"])
+                        throttle.start()
+                    status = wait_run_finished(cluster, run_id, timeout_s)
+                    learner.stop(grace_s=10)
+                    figures = run_figures(db, run_id, int(config["group_size"]))
+                    out.append(figures)
+                    print(f"{config['name']}: {status}, {figures}", flush=True)
+                if throttle is not None:
+                    throttle.stop()
+    return out

@@ -1,0 +1,74 @@
+"""Admission control on and off: stale waste and wasted worker-seconds at max_staleness 1, 2, 4.
+
+The same cluster as bench/async_vs_sync.py (Postgres, moto S3 in its own process, a learner, a
+fast and a throttled worker; see there for the CPU layout). Each setting trains the tiny run to
+a fixed number of versions with `admission_control` on (acquire answers 204 at the bound
+(max_staleness + 1) × weight_sync_steps × prompts_per_step groups; a heartbeat aborts a lease
+whose version can no longer be admissible) and off (no bound, no abort: the learner's claim
+still rejects batches older than max_staleness — invariant 5 holds either way).
+
+stale waste = (samples rejected stale at claim + samples of leases aborted as stale) ÷ samples
+generated (uploaded + aborted), over the whole run; wasted worker-seconds = generation time of
+the stale-rejected batches + the lifetime of the aborted leases; worker-s = all generation time
+(+ aborted leases). CPU-contended figures (2 shared cores).
+
+    .venv/bin/python bench/admission.py [--versions 6] [--staleness 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", type=int, default=6)
+    parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--slow-duty", type=float, default=1 / 3)
+    args = parser.parse_args()
+    layout = common.Layout(slow_duty=args.slow_duty)
+    settings = [(s, on) for s in args.staleness for on in (True, False)]
+    configs = [
+        common.tiny_run(
+            f"bench-admission-s{s}-{'on' if on else 'off'}",
+            args.versions,
+            max_staleness=s,
+            admission_control=on,
+        )
+        for s, on in settings
+    ]
+    figures = common.sweep(configs, layout)
+    rows = [
+        [
+            s, "on" if on else "off", f.versions, f.generated, f.stale_rejected, f.aborted,
+            f.stale_waste, f.wasted_worker_s, f.worker_s, f.samples_per_hour,
+        ]
+        for (s, on), f in zip(settings, figures, strict=True)
+    ]  # fmt: skip
+    common.print_table(
+        f"Admission control ({common.CONTENDED}; {common.load_average()})",
+        [
+            "max_staleness",
+            "admission",
+            "versions",
+            "generated",
+            "stale rejected",
+            "aborted",
+            "stale waste",
+            "wasted worker-s",
+            "worker-s",
+            "samples/h",
+        ],  # fmt: skip
+        rows,
+    )
+    print(layout.describe())
+
+
+if __name__ == "__main__":
+    main()
