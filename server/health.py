@@ -4,8 +4,9 @@ from fastapi import APIRouter
 
 from server.db import ping
 from server.deps import SessionDep
+from server.routing import TransactionalRoute
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=TransactionalRoute)
 
 
 @router.get("/healthz")

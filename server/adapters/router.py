@@ -10,8 +10,9 @@ from fastapi import APIRouter, Path
 from server.adapters import service
 from server.adapters.schemas import AdapterVersionDetail, AdapterVersionOut
 from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
+from server.routing import TransactionalRoute
 
-router = APIRouter(prefix="/api/v1/runs", tags=["adapters"])
+router = APIRouter(prefix="/api/v1/runs", tags=["adapters"], route_class=TransactionalRoute)
 
 DOWNLOAD_TTL_S = 900
 

@@ -8,8 +8,9 @@ from fastapi.responses import FileResponse
 from server.blobs import service
 from server.blobs.schemas import BlobError, BlobStored
 from server.deps import SettingsDep, StoreDep
+from server.routing import TransactionalRoute
 
-router = APIRouter(tags=["blobs"])
+router = APIRouter(tags=["blobs"], route_class=TransactionalRoute)
 
 
 class BlobFileResponse(FileResponse):

@@ -23,13 +23,14 @@ from server.dashboard.auth import (
 from server.dashboard.web import CsrfDep, LoginDep, render
 from server.deps import SessionDep, SettingsDep, StoreDep
 from server.errors import AppError, NotFound, Unauthorized
+from server.routing import TransactionalRoute
 from server.runs import service as runs
 from server.runs.service import STATUSES
 from server.tokens import service as tokens
 from server.workers import repository as workers_repo
 from server.workers import service as workers
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=TransactionalRoute)
 Action = Literal["pause", "resume", "cancel"]
 
 

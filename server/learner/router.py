@@ -42,8 +42,9 @@ from server.learner import publish as publish_service
 from server.learner import service, telemetry
 from server.learner.ledger import ledger_model
 from server.learner.schemas import Ledger, RunMetrics
+from server.routing import TransactionalRoute
 
-router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["learner"])
+router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["learner"], route_class=TransactionalRoute)
 
 CLAIM_POLL_INTERVAL_S = 0.25
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from fastapi import APIRouter, Response, status
-from sqlalchemy.orm import Session
 
 from protocol.schemas import (
     CompleteRequest,
@@ -24,27 +21,12 @@ from protocol.schemas import (
 )
 from server.deps import SessionDep, SettingsDep, StoreDep, WorkerDep
 from server.leases import service
+from server.routing import TransactionalRoute
 from server.workers.service import worker_of
 
-router = APIRouter(prefix="/api/v1/leases", tags=["leases"])
+router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=TransactionalRoute)
 
 POLL_INTERVAL_S = 0.25
-
-
-@contextmanager
-def _ends_here(session: Session) -> Iterator[None]:
-    """Commit (or roll back) in the endpoint's own thread, before returning.
-
-    The session dependency would end the transaction later, in another threadpool hop; under
-    load every pool thread can be waiting on the run row's lock that this very transaction
-    holds, and that hop never comes (a thread-pool/lock deadlock). Its later commit is a no-op.
-    """
-    try:
-        yield
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
 
 
 @router.post(
@@ -61,11 +43,11 @@ def acquire(
 ) -> Lease | Response:
     deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
     while True:
+        worker = worker_of(session, token)
+        lease = service.acquire(session, store, settings, worker, body)
         # Each try is its own transaction: never hold locks (or SQLite's write lock) while
-        # sleeping.
-        with _ends_here(session):
-            worker = worker_of(session, token)
-            lease = service.acquire(session, store, settings, worker, body)
+        # sleeping. The route class commits the last one (server/routing.py).
+        session.commit()
         if lease is not None or worker.status != "active" or time.monotonic() >= deadline:
             break
         time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
@@ -78,8 +60,7 @@ def acquire(
 def heartbeat(
     lease_id: uuid.UUID, body: HeartbeatRequest, session: SessionDep, token: WorkerDep
 ) -> HeartbeatResponse:
-    with _ends_here(session):
-        return service.heartbeat(session, worker_of(session, token), lease_id, body)
+    return service.heartbeat(session, worker_of(session, token), lease_id, body)
 
 
 @router.post("/{lease_id}/upload", response_model=UploadResponse)
@@ -91,8 +72,7 @@ def upload(
     store: StoreDep,
     token: WorkerDep,
 ) -> UploadResponse:
-    with _ends_here(session):
-        return service.upload(session, store, settings, worker_of(session, token), lease_id, body)
+    return service.upload(session, store, settings, worker_of(session, token), lease_id, body)
 
 
 @router.post("/{lease_id}/complete", response_model=CompleteResponse)
@@ -103,13 +83,11 @@ def complete(
     store: StoreDep,
     token: WorkerDep,
 ) -> CompleteResponse:
-    with _ends_here(session):
-        return service.complete(session, store, worker_of(session, token), lease_id, body)
+    return service.complete(session, store, worker_of(session, token), lease_id, body)
 
 
 @router.post("/{lease_id}/release", response_model=ReleaseResponse)
 def release(
     lease_id: uuid.UUID, body: ReleaseRequest, session: SessionDep, token: WorkerDep
 ) -> ReleaseResponse:
-    with _ends_here(session):
-        return service.release(session, worker_of(session, token), lease_id, body)
+    return service.release(session, worker_of(session, token), lease_id, body)

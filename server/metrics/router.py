@@ -8,8 +8,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.concurrency import run_in_threadpool
 
 from server.metrics.service import DatabaseCollector
+from server.routing import TransactionalRoute
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], route_class=TransactionalRoute)
 
 
 @router.get("/metrics", response_class=Response)

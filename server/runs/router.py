@@ -9,10 +9,11 @@ from fastapi import APIRouter, Query, status
 
 from protocol.run_config import RunConfig
 from server.deps import AdminDep, SessionDep
+from server.routing import TransactionalRoute
 from server.runs import service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=TransactionalRoute)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunCreated)

@@ -63,11 +63,12 @@ def revoke(session: Session, token_id: uuid.UUID) -> bool:
 
 def count_active(session: Session, kind: str) -> int:
     return session.execute(
-        select(func.count()).select_from(Token).where(Token.kind == kind, Token.revoked_at.is_(None))
+        select(func.count())
+        .select_from(Token)
+        .where(Token.kind == kind, Token.revoked_at.is_(None))
     ).scalar_one()
 
 
 def list_kind(session: Session, kind: str) -> list[Token]:
-    return list(
-        session.execute(select(Token).where(Token.kind == kind).order_by(Token.created_at)).scalars()
-    )
+    query = select(Token).where(Token.kind == kind).order_by(Token.created_at)
+    return list(session.execute(query).scalars())

@@ -5,10 +5,11 @@ from datetime import timedelta
 from fastapi import APIRouter, status
 
 from server.deps import AdminDep, SessionDep
+from server.routing import TransactionalRoute
 from server.tokens import service
 from server.tokens.schemas import RegistrationTokenCreate, RegistrationTokenCreated
 
-router = APIRouter(prefix="/api/v1", tags=["tokens"])
+router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalRoute)
 
 
 @router.post(
@@ -28,6 +29,9 @@ def create_registration_token(
     )
     t = minted.token
     return RegistrationTokenCreated(
-        id=t.id, token=minted.plaintext, prefix=t.prefix, expires_at=t.expires_at,
+        id=t.id,
+        token=minted.plaintext,
+        prefix=t.prefix,
+        expires_at=t.expires_at,
         max_uses=t.max_uses,
     )

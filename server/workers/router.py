@@ -5,10 +5,11 @@ import uuid
 from fastapi import APIRouter, status
 
 from server.deps import AdminDep, RegistrationDep, SessionDep
+from server.routing import TransactionalRoute
 from server.workers import service
 from server.workers.schemas import WorkerOut, WorkerRegister, WorkerRegistered
 
-router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
+router = APIRouter(prefix="/api/v1/workers", tags=["workers"], route_class=TransactionalRoute)
 
 
 @router.post("/register", status_code=status.HTTP_201_CREATED, response_model=WorkerRegistered)
