@@ -175,7 +175,8 @@ def test_register_lease_upload_accept_and_pick_up_new_version(
 def test_server_down_for_10s_then_worker_recovers(
     make_stack: Callable[..., Stack], tx_backend: Any, tmp_path: Path
 ) -> None:
-    stack = make_stack(6)
+    # A TTL well above the outage (and the restart time): leases in flight survive it.
+    stack = make_stack(6, lease_ttl_s=120.0)
     worker = LoopThread(worker_settings(stack, tmp_path, max_leases=3), tx_backend).start()
     worker.wait_for(lambda: len(worker.loop.history) >= 1, 300, "the first lease")
     stack.server.stop()
