@@ -184,6 +184,16 @@ class Throttle(threading.Thread):
         self.proc.signal_group(signal.SIGCONT)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the benchmark through its `finally` blocks (every process it started is
+    stopped, the database dropped) instead of killing it on the spot."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def wait_workers_ready(cluster: Cluster, names: Sequence[str], timeout_s: float = 600) -> None:
     """Until each worker's log says its backend is loaded."""
     deadline = time.monotonic() + timeout_s
@@ -398,6 +408,7 @@ def sweep(
     and a throttled worker stay up; a learner process per run). Returns each run's figures."""
     import tempfile
 
+    exit_on_sigterm()
     out: list[RunFigures] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_db() as db:
         work = Path(tmp)
@@ -409,22 +420,24 @@ def sweep(
                 pin(cluster.server, layout.control_cpus)
                 _taskset(s3.pid, layout.control_cpus)
                 throttle = None
-                for i, config in enumerate(configs):
-                    run_id = cluster.create_run(config)
-                    if i == 0:
-                        for name in ("fast", "slow"):
-                            pin(cluster.start_worker(name), layout.worker_cpus)
-                        throttle = Throttle(cluster.workers["slow"], layout.slow_duty)
-                    learner = cluster.start_learner()
-                    pin(learner, layout.control_cpus)
-                    if throttle is not None and i == 0:
-                        wait_workers_ready(cluster, ["fast", "slow"])
-                        throttle.start()
-                    status = wait_run_finished(cluster, run_id, timeout_s)
-                    learner.stop(grace_s=10)
-                    figures = run_figures(db, run_id, int(config["group_size"]))
-                    out.append(figures)
-                    print(f"{config['name']}: {status}, {figures}", flush=True)
-                if throttle is not None:
-                    throttle.stop()
+                try:
+                    for i, config in enumerate(configs):
+                        run_id = cluster.create_run(config)
+                        if i == 0:
+                            for name in ("fast", "slow"):
+                                pin(cluster.start_worker(name), layout.worker_cpus)
+                            throttle = Throttle(cluster.workers["slow"], layout.slow_duty)
+                        learner = cluster.start_learner()
+                        pin(learner, layout.control_cpus)
+                        if throttle is not None and i == 0:
+                            wait_workers_ready(cluster, ["fast", "slow"])
+                            throttle.start()
+                        status = wait_run_finished(cluster, run_id, timeout_s)
+                        learner.stop(grace_s=10)
+                        figures = run_figures(db, run_id, int(config["group_size"]))
+                        out.append(figures)
+                        print(f"{config['name']}: {status}, {figures}", flush=True)
+                finally:
+                    if throttle is not None:
+                        throttle.stop()
     return out

@@ -245,6 +245,7 @@ def wait_pickups(
 
 
 def measure(args: argparse.Namespace, work: Path) -> list[tuple[Published, dict[str, Pickup]]]:
+    common.exit_on_sigterm()
     results = []
     templates = build_templates(args.sizes, work / "templates")
     with common.postgres_db() as db, common.moto_s3(work) as s3:
