@@ -180,7 +180,8 @@ class Throttle(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
-        self.join(timeout=5)
+        if self.ident is not None:  # started
+            self.join(timeout=5)
         self.proc.signal_group(signal.SIGCONT)
 
 
