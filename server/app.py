@@ -6,13 +6,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from server.config import Settings, get_settings
 from server.db import make_engine, make_sessionmaker, transaction
+from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.limits import BodySizeLimit
 from server.storage_factory import make_store
@@ -77,18 +78,20 @@ def _include_routers(app: FastAPI) -> None:
     from server.tokens.router import router as tokens_router
     from server.workers.router import router as workers_router
 
+    # JSON API routers: text Postgres cannot store is a 422, not a 500 at the first query.
+    json_api = [Depends(refuse_unstorable_text)]
+    app.include_router(health_router)
     for router in (
-        health_router,
         runs_router,
         adapters_router,
         tokens_router,
         workers_router,
         leases_router,
         learner_router,
-        blobs_router,
-        metrics_router,
     ):
-        app.include_router(router)
+        app.include_router(router, dependencies=json_api)
+    app.include_router(blobs_router)
+    app.include_router(metrics_router)
 
 
 def _install_validation_handler(app: FastAPI) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -12,7 +14,7 @@ from sqlalchemy.orm import Session
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import transaction
-from server.errors import Unauthorized
+from server.errors import Unauthorized, Unprocessable
 from server.models import Token
 from server.tokens import service as tokens
 
@@ -66,3 +68,58 @@ AdminDep = Annotated[Token, Depends(require_admin)]
 WorkerDep = Annotated[Token, Depends(require_worker)]
 LearnerDep = Annotated[Token, Depends(require_learner)]
 RegistrationDep = Annotated[Token, Depends(require_registration)]
+
+
+# JSON escapes of U+0000 and of UTF-16 surrogates (which may be unpaired).
+_SUSPECT_ESCAPE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
+
+
+async def refuse_unstorable_text(request: Request) -> None:
+    """Postgres text and jsonb cannot hold U+0000, and an unpaired surrogate cannot be encoded
+    to UTF-8, so a JSON body carrying either would end in a 500 at the first query: refuse it up
+    front with 422 and the field. (Raw NUL bytes are not valid JSON: body validation refuses
+    those.)"""
+    if "json" not in request.headers.get("content-type", ""):
+        return
+    body = await request.body()
+    if not _SUSPECT_ESCAPE.search(body):
+        return
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return  # malformed JSON: the body validation answers 422
+    field = _unstorable_field(data, ())
+    if field is not None:
+        message = "text may not contain NUL (\\u0000) or unpaired surrogates"
+        raise Unprocessable(
+            "invalid request", errors=[{"field": field, "message": message, "type": "text"}]
+        )
+
+
+def _unstorable(text: str) -> bool:
+    if "\x00" in text:
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _unstorable_field(value: Any, path: tuple[str, ...]) -> str | None:
+    """Dotted path of the first string (or key) Postgres could not store, or None."""
+    if isinstance(value, str):
+        return ".".join(path) if _unstorable(value) else None
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _unstorable(key):
+                return ".".join((*path, ascii(key)))
+            items.append((key, item))
+    elif isinstance(value, list):
+        items = [(str(i), item) for i, item in enumerate(value)]
+    for key, item in items:
+        found = _unstorable_field(item, (*path, key))
+        if found is not None:
+            return found
+    return None
