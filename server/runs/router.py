@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, status
 
 from protocol.run_config import RunConfig
 from server.deps import AdminDep, SessionDep
+from server.limits import PG_BIGINT_MAX
 from server.routing import TransactionalRoute
 from server.runs import service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
@@ -29,7 +30,9 @@ def list_runs(
     _admin: AdminDep,
     status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
-    offset: Annotated[int, Query(ge=0, description="Runs to skip (newest first).")] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=PG_BIGINT_MAX, description="Runs to skip (newest first).")
+    ] = 0,
 ) -> list[RunOut]:
     return service.list_runs(session, status, limit, offset)
 
