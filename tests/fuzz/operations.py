@@ -1,0 +1,131 @@
+"""Which token kind each API operation takes, read from the app itself (its routes' dependencies
+and its OpenAPI security), and the real ids the fuzzer substitutes into path parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import fastapi.routing
+from fastapi import FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+
+from server import deps
+from tests.fuzz.seed import Seeded
+
+KINDS = ("admin", "registration", "worker", "learner")
+
+# Operations that take no bearer token (design.md: /healthz and /metrics are open; /blobs/*
+# URLs carry their own signature). /docs and /openapi.json are not in the schema.
+OPEN_OPERATIONS = {
+    ("GET", "/healthz"),
+    ("GET", "/metrics"),
+    ("GET", "/blobs/{key}"),
+    ("PUT", "/blobs/{key}"),
+}
+
+# The claim long-poll reads the bearer credentials as a dependency but authenticates inside each
+# attempt's own transaction (require_learner is called in the handler), so the kind cannot be
+# read from its dependencies.
+AUTHENTICATED_IN_HANDLER = {("POST", "/api/v1/runs/{run_id}/batches/claim"): "learner"}
+
+_GUARDS: dict[Callable[..., Any], str] = {
+    deps.require_admin: "admin",
+    deps.require_registration: "registration",
+    deps.require_worker: "worker",
+    deps.require_learner: "learner",
+}
+
+
+def _calls(dependant: Dependant) -> Iterator[Any]:
+    for sub in dependant.dependencies:
+        yield sub.call
+        yield from _calls(sub)
+
+
+def _api_routes(app: FastAPI) -> Iterator[Any]:
+    """The app's API routes with their full paths. FastAPI >= 0.16x keeps included routers as
+    branches (iter_route_contexts flattens them); older versions list APIRoutes directly."""
+    iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    if iter_contexts is None:
+        yield from (r for r in app.routes if isinstance(r, APIRoute))
+        return
+    for context in iter_contexts(app.routes):
+        if isinstance(context.original_route, APIRoute):
+            yield context
+
+
+def bearer_kinds(app: FastAPI) -> dict[tuple[str, str], str | None]:
+    """(METHOD, path) -> the token kind its dependencies demand; None where no guard is a
+    dependency. Raises when an operation reads bearer credentials but has no known guard."""
+    found: dict[tuple[str, str], str | None] = {}
+    for route in _api_routes(app):
+        calls = list(_calls(route.dependant))
+        kinds = {_GUARDS[c] for c in calls if c in _GUARDS}
+        reads_bearer = any(c is deps._bearer for c in calls)
+        assert len(kinds) <= 1, (route.path, kinds)
+        for method in route.methods:
+            # Starlette's `{key:path}` converter appears as `{key}` in the OpenAPI schema.
+            key = (method, route.path_format)
+            kind = next(iter(kinds), None) or AUTHENTICATED_IN_HANDLER.get(key)
+            assert kind is not None or not reads_bearer, f"{key} reads a token but has no guard"
+            found[key] = kind
+    return found
+
+
+def schema_security(schema: dict[str, Any]) -> dict[tuple[str, str], bool]:
+    """(METHOD, path) -> whether the OpenAPI operation declares a security requirement."""
+    out: dict[tuple[str, str], bool] = {}
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            out[(method.upper(), path)] = bool(operation.get("security"))
+    return out
+
+
+def real_path_ids(seeded: Seeded, method: str, path: str) -> dict[str, str]:
+    """Real ids for the path parameters of an operation. Destructive admin calls get the victim
+    run / worker so that they do not end the live ones the other operations need."""
+    destructive_run = method == "POST" and path.rsplit("/", 1)[-1] in {"pause", "resume", "cancel"}
+    revoke = path.endswith("/revoke")
+    return {
+        "run_id": str(seeded.victim_run_id if destructive_run else seeded.run_id),
+        "worker_id": str(seeded.victim_worker_id if revoke else seeded.worker_id),
+        "lease_id": str(seeded.lease_id),
+        "batch_id": str(seeded.batch_id),
+        "version": "latest",
+    }
+
+
+# Dashboard pages (not in the OpenAPI schema) that need no session: the login page and form,
+# and `/`, which only redirects to /runs.
+DASHBOARD_OPEN = {("GET", "/"), ("GET", "/login"), ("POST", "/login")}
+
+
+def dashboard_pages(app: FastAPI) -> dict[tuple[str, str], bool]:
+    """(METHOD, path) -> whether the page demands a dashboard login, for the routes left out
+    of the OpenAPI schema."""
+    from server.dashboard import web
+
+    guards = {web.require_login, web.require_csrf}
+    pages: dict[tuple[str, str], bool] = {}
+    for route in _api_routes(app):
+        if route.include_in_schema:
+            continue
+        protected = any(c in guards for c in _calls(route.dependant))
+        for method in route.methods:
+            pages[(method, route.path_format)] = protected
+    return pages
+
+
+def fill_path(path: str, seeded: Seeded) -> str:
+    """The path with its parameters set to real objects (or plausible values)."""
+    values = {
+        **real_path_ids(seeded, "GET", path),
+        "action": "pause",
+        "name": "adapter_model.safetensors",
+    }
+    for name, value in values.items():
+        path = path.replace("{" + name + "}", value)
+    assert "{" not in path, path
+    return path
