@@ -48,6 +48,12 @@ class LearnerSettings(BaseSettings):
         description="Reject a spot-checked batch whose mean |Δ log-prob| exceeds this many "
         "times the run's spot_check_mismatch threshold.",
     )
+    transfer_retry_cap_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait between retries of a bucket transfer (exponential backoff "
+        "with jitter; transfers are retried for as long as the learner lease holds).",
+    )
     max_versions: int | None = Field(
         None, ge=1, description="Stop after publishing this many versions (None: run to the end)."
     )

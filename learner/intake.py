@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +37,21 @@ class Intake:
     """Downloads, validates and scores claimed batches for one run."""
 
     def __init__(
-        self, *, run_id: str, config: RunConfig, tokenizer: Any, fingerprint: str, work_dir: Path
+        self,
+        *,
+        run_id: str,
+        config: RunConfig,
+        tokenizer: Any,
+        fingerprint: str,
+        work_dir: Path,
+        download: Callable[[str, Path, str | None], int] = download_url,
     ) -> None:
         self.run_id = run_id
         self.config = config
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
         self.work_dir = work_dir
+        self.download = download  # the learner passes one that retries through an outage
         self.adapter_sha256: dict[int, str | None] = {0: None}  # versions whose sha256 we know
 
     def _expectations(self, batch: ClaimedBatch, adapter_sha256: str | None) -> BatchExpectations:
@@ -90,7 +98,7 @@ class Intake:
         path = self.work_dir / "batches" / f"{batch.batch_id}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            download_url(batch.url, path, batch.sha256)
+            self.download(batch.url, path, batch.sha256)
         except ChecksumMismatch as exc:
             raise BatchRejected("checksum", str(exc), check="download_sha256") from exc
         try:

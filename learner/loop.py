@@ -26,13 +26,12 @@ from learner.data import Group
 from learner.intake import Intake, IntakeResult
 from learner.spotcheck import compare_logprobs, far_outside
 from learner.trainer import Trainer, add_lora
+from learner.transfers import BucketRefused, Retrier, transient_api, upload_version_files
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS, sha256_file
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.run_config import RunConfig
-from protocol.storage import PresignedPut
-from protocol.transfer import download_url, upload_presigned
 
 log = logging.getLogger(__name__)
 IDLE_SLEEP_S = 0.5
@@ -70,12 +69,12 @@ class Heartbeat(threading.Thread):
                 log.warning("learner heartbeat failed", exc_info=True)
 
 
-def _download_files(files: list[sl.StoredFile], folder: Path) -> Path:
+def _download_files(retrier: Retrier, files: list[sl.StoredFile], folder: Path) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     for f in files:
-        download_url(f.url, folder / f.name, f.sha256)
+        retrier.download(f.url, folder / f.name, f.sha256)
     return folder
 
 
@@ -100,6 +99,7 @@ class Session:
         self.config = RunConfig.model_validate(attach.run_config)
         self.dir = learner.settings.work_dir / self.run_id / f"f{self.fencing}"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.retrier = Retrier(self._check_lease, cap_s=learner.settings.transfer_retry_cap_s)
         self.trainer = self._load(attach)
         self.intake = Intake(
             run_id=self.run_id,
@@ -107,6 +107,7 @@ class Session:
             tokenizer=learner.tokenizer,
             fingerprint=learner.fingerprint,
             work_dir=self.dir,
+            download=self.retrier.download,
         )
         for f in attach.resume_adapter or []:
             if f.name == ADAPTER_WEIGHTS:  # the server's version sha256 (content address)
@@ -125,13 +126,17 @@ class Session:
         torch.manual_seed(self.config.seed)
         base = load_model(self.config.base_model, device=settings.device)
         if attach.resume_adapter:
-            folder = _download_files(attach.resume_adapter, self.dir / "resume" / "adapter")
+            folder = _download_files(
+                self.retrier, attach.resume_adapter, self.dir / "resume" / "adapter"
+            )
             model = load_adapter_version(base, folder, is_trainable=True)
         else:
             model = add_lora(base, self.config)
         trainer = Trainer(model, self.config, pad_id=self.learner.pad_id, device=settings.device)
         if attach.resume_checkpoint:
-            folder = _download_files(attach.resume_checkpoint, self.dir / "resume" / "checkpoint")
+            folder = _download_files(
+                self.retrier, attach.resume_checkpoint, self.dir / "resume" / "checkpoint"
+            )
             state = load_state(
                 folder,
                 names=trainer.param_names,
@@ -271,31 +276,33 @@ class Session:
             sl.UploadFile(name=p.name, size=p.stat().st_size, sha256=sha256_file(p), kind=kind)  # type: ignore[arg-type]
             for p, kind in files
         ]
-        answer = self.client.request_uploads(
-            self.run_id, sl.UploadsRequest(fencing=self.fencing, version=version, files=uploads)
+        request = sl.UploadsRequest(fencing=self.fencing, version=version, files=uploads)
+        keys = upload_version_files(
+            self.retrier, self.client, self.run_id, request, {(k, p.name): p for p, k in files}
         )
         published: dict[str, list[sl.PublishedFile]] = {"adapter": [], "checkpoint": []}
-        by_name = {(u.name, u.kind): u for u in uploads}
-        for put in answer.uploads:
-            path = out / put.kind / put.name
-            upload_presigned(PresignedPut(url=put.url, headers=put.headers), path)
-            meta = by_name[(put.name, put.kind)]
-            published[put.kind].append(
-                sl.PublishedFile(name=put.name, key=put.key, sha256=meta.sha256, size=meta.size)
+        for u in uploads:
+            key = keys[(u.kind, u.name)]
+            published[u.kind].append(
+                sl.PublishedFile(name=u.name, key=key, sha256=u.sha256, size=u.size)
             )
         metrics = _finite(getattr(self, "last_train_metrics", {}))
-        result = self.client.publish_adapter(
-            self.run_id,
-            sl.PublishRequest(
-                fencing=self.fencing,
-                version=version,
-                files=published["adapter"],
-                checkpoint_files=published["checkpoint"],
-                learner_step=t.step,
-                metrics=metrics,
-                consumed_batch_ids=self.consumed,
-                final=final,
-            ),
+        body = sl.PublishRequest(
+            fencing=self.fencing,
+            version=version,
+            files=published["adapter"],
+            checkpoint_files=published["checkpoint"],
+            learner_step=t.step,
+            metrics=metrics,
+            consumed_batch_ids=self.consumed,
+            final=final,
+        )
+        # a 5xx (the server's own bucket check failing) is retried; a publish that landed
+        # but whose answer was lost answers 409 on the retry: re-attach resumes from it
+        result = self.retrier.call(
+            f"publish of version {version}",
+            lambda: self.client.publish_adapter(self.run_id, body),
+            transient_api,
         )
         log.info("published version %d (%s)", version, result.run_status)
         self.version = version
@@ -363,7 +370,7 @@ class Learner:
             try:
                 if Session(self, attach, heartbeat).run():
                     return
-            except (ConflictError, LeaseLost) as exc:
+            except (ConflictError, LeaseLost, BucketRefused) as exc:
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
             finally:
                 heartbeat.stopped.set()

@@ -1,0 +1,145 @@
+"""The learner's bucket transfers, kept going through a bucket outage.
+
+Every transfer goes through protocol/transfer.py (`download_url`, `upload_presigned`); a
+failure that an outage explains (a transport error, 429/5xx from the bucket, 5xx from the
+control plane whose own bucket calls fail) is retried with protocol.client.Backoff (exponential,
+full jitter, capped) for as long as the learner lease holds: `alive()` raises once the
+heartbeat has seen a 409, and a fenced call answering 409 raises ConflictError, both of which
+end the session (unpublished work dropped, re-attach) as before.
+
+Uploads: a PUT URL is conditional (If-None-Match: *) and short-lived, so after any failed PUT
+fresh URLs are requested for the files not yet confirmed; the server deletes whatever sits at
+an unpublished key before presigning, so a PUT that timed out but landed (its retry answering
+412 ObjectExists) is simply sent again: a file counts as uploaded only on a 2xx to our own PUT
+of our own bytes, and the publish check (every object present with its stated size) follows.
+
+Downloads: a 4xx from the bucket (an expired URL after a long outage, a missing object) is not
+retried; `BucketRefused` ends the session so that a re-attach (which releases this learner's
+claims) hands the batches out again with fresh URLs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from protocol import schemas_learner as sl
+from protocol.client import ApiError, AsyncGrpoClient, Backoff
+from protocol.storage import ObjectExists, PresignedPut
+from protocol.transfer import RETRY_STATUSES, ChecksumMismatch, TransferError
+from protocol.transfer import download_url as _download_url
+from protocol.transfer import upload_presigned as _upload_presigned
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class BucketRefused(Exception):
+    """A download URL the bucket refuses for good (4xx: expired or missing)."""
+
+
+def transient_transfer(exc: BaseException) -> bool:
+    """A bucket transfer failure that waiting can cure."""
+    if isinstance(exc, ChecksumMismatch):
+        return False
+    if isinstance(exc, TransferError):
+        return exc.status_code is None or exc.status_code in RETRY_STATUSES
+    return isinstance(exc, httpx.TransportError)
+
+
+def transient_api(exc: BaseException) -> bool:
+    """A control-plane call that failed because the server (or its bucket) is unreachable."""
+    if isinstance(exc, ApiError):
+        return exc.status_code >= 500 or exc.status_code == 429
+    return isinstance(exc, httpx.TransportError)
+
+
+class Retrier:
+    """Retries a call while `transient(exc)` and the lease holds (`alive()` raises if not)."""
+
+    def __init__(
+        self,
+        alive: Callable[[], None],
+        *,
+        base_s: float = 0.5,
+        cap_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.alive, self.base_s, self.cap_s, self.sleep = alive, base_s, cap_s, sleep
+        self.retries = 0  # total retries (for tests and logs)
+
+    def backoff(self) -> Backoff:
+        return Backoff(base_s=self.base_s, cap_s=self.cap_s)
+
+    def wait(self, backoff: Backoff, what: str, exc: BaseException) -> None:
+        delay = backoff.next_delay()
+        self.retries += 1
+        log.warning("%s failed (%r); retrying in %.1f s", what, exc, delay)
+        self.sleep(delay)
+
+    def call(self, what: str, fn: Callable[[], T], transient: Callable[[BaseException], bool]) -> T:
+        backoff = self.backoff()
+        while True:
+            self.alive()
+            try:
+                return fn()
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                self.wait(backoff, what, exc)
+
+    def download(self, url: str, dest: Path, expected_sha256: str | None) -> int:
+        """`download_url` until it succeeds; ChecksumMismatch as is; BucketRefused on a 4xx."""
+        try:
+            return self.call(
+                f"download of {dest.name}",
+                lambda: _download_url(url, dest, expected_sha256),
+                transient_transfer,
+            )
+        except ChecksumMismatch:
+            raise
+        except TransferError as exc:
+            raise BucketRefused(f"download of {dest.name} refused: {exc}") from exc
+
+
+def upload_version_files(
+    retrier: Retrier,
+    client: AsyncGrpoClient,
+    run_id: str,
+    request: sl.UploadsRequest,
+    paths: dict[tuple[str, str], Path],
+) -> dict[tuple[str, str], str]:
+    """Upload every file of `request` (paths by (kind, name)), asking for fresh presigned URLs
+    for the files left after any failure, until all landed or the lease is lost. Returns the
+    bucket key of each file."""
+    left = {(f.kind, f.name): f for f in request.files}
+    keys: dict[tuple[str, str], str] = {}
+    backoff = retrier.backoff()
+    while left:
+        body = request.model_copy(update={"files": list(left.values())})
+        answer = retrier.call(
+            f"upload URLs for version {request.version}",
+            lambda body=body: client.request_uploads(run_id, body),  # type: ignore[misc]
+            transient_api,
+        )
+        for put in answer.uploads:
+            retrier.alive()
+            try:
+                _upload_presigned(
+                    PresignedPut(url=put.url, headers=put.headers), paths[(put.kind, put.name)]
+                )
+            except ObjectExists as exc:  # our timed-out PUT landed, or a fenced learner's
+                retrier.wait(backoff, f"upload of {put.kind}/{put.name} (already there)", exc)
+                break  # fresh URLs (the server clears the key) and send our bytes again
+            except TransferError as exc:  # outage, or a URL that expired meanwhile
+                retrier.wait(backoff, f"upload of {put.kind}/{put.name}", exc)
+                break
+            left.pop((put.kind, put.name))
+            keys[(put.kind, put.name)] = put.key
+            backoff.reset()
+    return keys

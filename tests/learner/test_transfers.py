@@ -1,0 +1,225 @@
+"""The learner's transfers through a bucket outage: moto S3 behind a TCP proxy that is cut and
+restored; the control plane (in-process, real Postgres) reaches the same bucket only through
+the proxy, so its own bucket calls fail during the outage too."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from learner import transfers
+from learner.transfers import BucketRefused, Retrier, upload_version_files
+from protocol import schemas_learner as sl
+from protocol.client import AsyncGrpoClient
+from tests.e2e.tcp_proxy import TcpProxy
+from tests.learner.s3_live import proxied_settings
+from tests.s3_fixtures import S3Endpoint
+from tests.server.learner.support import FP, make_run
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Gone(Exception):
+    pass
+
+
+def _restore_after(proxy: TcpProxy, seconds: float) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), proxy.restore()), daemon=True)
+    thread.start()
+    return thread
+
+
+def _fast_retrier(alive: Any = lambda: None) -> Retrier:
+    return Retrier(alive, base_s=0.05, cap_s=0.3)
+
+
+@pytest.fixture
+def app(pg_url: str, tmp_path: Path, proxy: TcpProxy, moto_endpoint: S3Endpoint, s3_bucket: str):  # type: ignore[no-untyped-def]
+    from server.app import create_app
+
+    settings = proxied_settings(pg_url, tmp_path, proxy, moto_endpoint, s3_bucket)
+    application = create_app(settings, migrate=True)
+    yield application
+    application.state.engine.dispose()
+
+
+@pytest.fixture
+def learner(app: Any) -> Iterator[tuple[AsyncGrpoClient, str, int]]:
+    run = make_run(app)
+    http = TestClient(app, raise_server_exceptions=False)  # a bucket failure is a 500
+    client = AsyncGrpoClient("http://testserver", run.token, http=http, max_retries=0)
+    attach = client.learner_attach(str(run.id), FP)
+    yield client, str(run.id), attach.fencing
+    http.close()
+
+
+NAMES = [
+    ("adapter", "adapter_model.safetensors"),
+    ("adapter", "adapter_config.json"),
+    ("checkpoint", "optimizer.safetensors"),
+]
+
+
+def _files(tmp: Path) -> tuple[list[sl.UploadFile], dict[tuple[str, str], Path]]:
+    uploads, paths = [], {}
+    for i, (kind, name) in enumerate(NAMES):
+        path = tmp / kind / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(uuid.uuid4().bytes * (100 + i))
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        uploads.append(sl.UploadFile(name=path.name, size=len(data), sha256=sha, kind=kind))  # type: ignore[arg-type]
+        paths[(kind, path.name)] = path
+    return uploads, paths
+
+
+def _bucket_bytes(s3: S3Endpoint, bucket: str, key: str) -> bytes:
+    return bytes(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def _publish(client: AsyncGrpoClient, run_id: str, fencing: int, files: Any, keys: Any) -> int:
+    def published(kind: str) -> list[sl.PublishedFile]:
+        return [
+            sl.PublishedFile(name=f.name, key=keys[(f.kind, f.name)], sha256=f.sha256, size=f.size)
+            for f in files
+            if f.kind == kind
+        ]
+
+    body = sl.PublishRequest(
+        fencing=fencing,
+        version=1,
+        files=published("adapter"),
+        checkpoint_files=published("checkpoint"),
+        learner_step=1,
+        metrics={},
+        consumed_batch_ids=[],
+        final=False,
+    )
+    return client.publish_adapter(run_id, body).version
+
+
+def test_download_waits_out_an_outage(
+    tmp_path: Path,
+    proxy: TcpProxy,
+    moto_endpoint: S3Endpoint,
+    s3_bucket: str,
+    app: Any,
+) -> None:
+    data = b"batch bytes " * 1000
+    moto_endpoint.client().put_object(Bucket=s3_bucket, Key="runs/x/batch.parquet", Body=data)
+    url = app.state.store.presign_get("runs/x/batch.parquet", 600)
+    proxy.cut()
+    _restore_after(proxy, 1.5)
+    retrier = _fast_retrier()
+    dest = tmp_path / "batch.parquet"
+    assert retrier.download(url, dest, hashlib.sha256(data).hexdigest()) == len(data)
+    assert dest.read_bytes() == data
+    assert retrier.retries >= 1
+
+
+def test_download_retries_stop_when_the_lease_is_lost(
+    tmp_path: Path,
+    proxy: TcpProxy,
+    app: Any,
+) -> None:
+    url = app.state.store.presign_get("runs/x/none.parquet", 600)
+    proxy.cut()
+    checks = []
+
+    def alive() -> None:
+        checks.append(1)
+        if len(checks) > 3:
+            raise Gone
+
+    with pytest.raises(Gone):
+        _fast_retrier(alive).download(url, tmp_path / "b", None)
+    assert len(checks) == 4
+
+
+def test_download_refused_by_the_bucket_is_not_retried(tmp_path: Path, app: Any) -> None:
+    url = app.state.store.presign_get("runs/x/missing.parquet", 600)  # 404
+    retrier = _fast_retrier()
+    with pytest.raises(BucketRefused):
+        retrier.download(url, tmp_path / "b", None)
+    assert retrier.retries == 0
+
+
+def test_uploads_survive_an_outage_and_publish(
+    tmp_path: Path,
+    proxy: TcpProxy,
+    moto_endpoint: S3Endpoint,
+    s3_bucket: str,
+    learner: tuple[AsyncGrpoClient, str, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bucket goes away between the upload URLs and the first PUT: the PUT fails, fresh URLs
+    are asked for (the server's own bucket call answers 500 until the bucket is back), and
+    every file lands."""
+    real = transfers._upload_presigned
+    puts: list[str] = []
+
+    def cut_before_first_put(put: Any, source: Any) -> None:
+        if not puts:
+            proxy.cut()
+            _restore_after(proxy, 2.0)
+        puts.append(put.url)
+        real(put, source)
+
+    monkeypatch.setattr(transfers, "_upload_presigned", cut_before_first_put)
+    client, run_id, fencing = learner
+    files, paths = _files(tmp_path)
+    request = sl.UploadsRequest(fencing=fencing, version=1, files=files)
+    retrier = _fast_retrier()
+    keys = upload_version_files(retrier, client, run_id, request, paths)
+    assert retrier.retries >= 2  # the failed PUT and at least one failed uploads call
+    assert len(puts) == len(files) + 1
+    for f in files:
+        assert (
+            _bucket_bytes(moto_endpoint, s3_bucket, keys[(f.kind, f.name)])
+            == paths[(f.kind, f.name)].read_bytes()
+        )
+    assert _publish(client, run_id, fencing, files, keys) == 1
+
+
+def test_a_put_that_landed_before_its_retry_is_sent_again(
+    tmp_path: Path,
+    moto_endpoint: S3Endpoint,
+    s3_bucket: str,
+    learner: tuple[AsyncGrpoClient, str, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first PUT lands but its answer is lost, so the retry of the conditional PUT gets a
+    real 412 from the bucket: fresh URLs are requested and our bytes sent again."""
+    real = transfers._upload_presigned
+    calls: list[str] = []
+
+    def landed_then_retried(put: Any, source: Any) -> None:
+        calls.append(put.url)
+        if len(calls) == 1:
+            real(put, source)  # lands; the "retry" below answers 412 (ObjectExists)
+        real(put, source)
+
+    monkeypatch.setattr(transfers, "_upload_presigned", landed_then_retried)
+    client, run_id, fencing = learner
+    files, paths = _files(tmp_path)
+    request = sl.UploadsRequest(fencing=fencing, version=1, files=files)
+    retrier = _fast_retrier()
+    keys = upload_version_files(retrier, client, run_id, request, paths)
+    assert retrier.retries == 1
+    assert len(calls) == len(files) + 1  # file 0 twice (the second with a fresh URL)
+    first_key = calls[0].split("?", 1)[0]
+    assert first_key.endswith("adapter_model.safetensors") and calls[1].startswith(first_key)
+    for f in files:
+        assert (
+            _bucket_bytes(moto_endpoint, s3_bucket, keys[(f.kind, f.name)])
+            == paths[(f.kind, f.name)].read_bytes()
+        )
+    assert _publish(client, run_id, fencing, files, keys) == 1
