@@ -39,7 +39,7 @@ def finish(e2e: E2E) -> None:
 
 @pytest.mark.timeout(600)
 def test_worker_killed_and_worker_paused(e2e: E2E) -> None:
-    start(e2e, epochs=2)
+    start(e2e, epochs=1)
     c = e2e.cluster
 
     # kill -9 a worker mid-lease: the lease expires and its prompts are re-issued
