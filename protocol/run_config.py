@@ -37,6 +37,12 @@ def _fail(message: str) -> PydanticCustomError:
 
 Rule = tuple[Callable[[Any], bool], str]
 
+# Completions per prompt: bounded so that a group's counts stay far inside the database's
+# integer columns (an unbounded G was accepted, then every lease acquire failed with a 500).
+MAX_GROUP_SIZE = 1024
+# Run.groups_in_flight is an INTEGER column compared with the admission bound.
+MAX_ADMISSION_BOUND = 2**31 - 1
+
 
 class _Strict(BaseModel):
     """Refuses unknown fields, NaN and infinities; applies the class's RULES to each field."""
@@ -293,15 +299,16 @@ class RunConfig(_Strict):
         ),
         "rewards": (lambda r: len(r) >= 1, "must list at least one reward"),
         "group_size": (
-            lambda g: g >= 2,
-            "must be at least 2: advantages compare the completions of a group",
+            lambda g: 2 <= g <= MAX_GROUP_SIZE,
+            f"must be at least 2 and at most {MAX_GROUP_SIZE}: advantages compare the completions "
+            "of a group",
         ),
         "prompts_per_lease": (lambda n: n >= 1, "must be at least 1"),
         "weight_sync_steps": (lambda n: n >= 1, "must be at least 1"),
         "max_staleness": (lambda n: n >= 0, "must be at least 0 (0 is synchronous GRPO)"),
         "max_attempts": (lambda n: n >= 1, "must be at least 1"),
         "max_versions": (lambda n: n >= 1, "must be at least 1 when set"),
-        "lease_ttl_s": (lambda x: x > 0, "must be greater than 0"),
+        "lease_ttl_s": (lambda x: 0 < x <= 86_400, "must be greater than 0 and at most a day"),
         "budget_usd": (lambda x: x > 0, "must be greater than 0 when set"),
         "learner_price_per_hour": (lambda x: x >= 0, "must be at least 0"),
         "priority": (lambda p: -1_000_000 <= p <= 1_000_000, "must be in ±1,000,000"),
@@ -331,6 +338,20 @@ class RunConfig(_Strict):
                 f"epochs × dataset rows must be at most {MAX_PROMPT_ROWS:,}: every epoch's "
                 f"prompt rows are created up front (got {n} × {dataset.n_rows():,})"
             )
+        return n
+
+    @field_validator("max_staleness")
+    @classmethod
+    def _admission_bound_fits(cls, n: int, info: ValidationInfo) -> int:
+        steps = info.data.get("weight_sync_steps")
+        per_step = info.data.get("prompts_per_step")
+        if steps is not None and per_step is not None:
+            bound = (n + 1) * steps * per_step
+            if bound > MAX_ADMISSION_BOUND:
+                raise _fail(
+                    f"(max_staleness + 1) × weight_sync_steps × prompts_per_step must be at "
+                    f"most {MAX_ADMISSION_BOUND:,}: it bounds the groups in flight (got {bound:,})"
+                )
         return n
 
     @field_validator("heartbeat_interval_s")
