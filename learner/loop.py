@@ -241,6 +241,7 @@ class Session:
     def _train(self) -> None:
         groups, self.pending = self.pending, []
         metrics = self.trainer.train_step(groups)
+        log.info("trained step %d on %d groups", self.trainer.step, len(groups))
         metrics.update(self.last_metrics)
         self.steps_since_publish += 1
         self.last_metrics = {}

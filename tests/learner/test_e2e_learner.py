@@ -159,12 +159,16 @@ def _real_batch(
         return batch.id
 
 
-def _learner(base: str, run: Any, work: Path, log: Path) -> subprocess.Popen[bytes]:
+def _learner(
+    base: str, run: Any, work: Path, log: Path, settings: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`asyncgrpo learner` as a process; `settings` are extra ASYNCGRPO_LEARNER_* values."""
     exe = Path(sys.executable).parent / "asyncgrpo"
     env = {
         **os.environ,
         "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
         "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
+        **{f"ASYNCGRPO_LEARNER_{k}": v for k, v in (settings or {}).items()},
     }
     cmd = [
         str(exe),

@@ -1,0 +1,128 @@
+"""The learner process through bucket outages (moto S3 behind a TCP proxy that is cut for 10 s,
+contents kept): once while it publishes a version (the server's own bucket calls fail too) and
+once while it downloads a claimed batch. It keeps running, and the versions stay contiguous with
+every batch consumed into exactly one of them."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from sqlalchemy import select
+
+from server.db import transaction
+from server.models import AdapterVersion, RolloutBatch, Run
+from tests.e2e.tcp_proxy import TcpProxy
+from tests.learner.s3_live import proxied_settings
+from tests.learner.test_e2e_learner import ROWS, _learner, _real_batch, _wait_version
+from tests.s3_fixtures import S3Endpoint, free_port
+from tests.server.learner.support import make_run, make_worker
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
+OUTAGE_S = 10.0
+
+
+@pytest.fixture
+def live_s3(
+    pg_url: str, tmp_path: Path, proxy: TcpProxy, moto_endpoint: S3Endpoint, s3_bucket: str
+) -> Iterator[tuple[str, Any]]:
+    from server.app import create_app
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    settings = proxied_settings(
+        pg_url, tmp_path, proxy, moto_endpoint, s3_bucket, learner_lease_ttl_s=30.0
+    )
+    settings = settings.model_copy(update={"public_url": base, "lease_long_poll_s": 1.0})
+    app = create_app(settings, migrate=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield base, app
+    server.should_exit = True
+    thread.join(10)
+    app.state.engine.dispose()
+
+
+def _wait_log(log: Path, needle: str, proc: Any, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while needle not in log.read_text(errors="replace"):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {needle!r} in:\n{log.read_text()[-3000:]}"
+        time.sleep(0.02)
+
+
+def _outage(proxy: TcpProxy, proc: Any, log: Path) -> None:
+    proxy.cut()
+    time.sleep(OUTAGE_S)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    proxy.restore()
+
+
+def test_learner_keeps_publishing_through_bucket_outages(
+    live_s3: tuple[str, Any], proxy: TcpProxy, tmp_path: Path
+) -> None:
+    from lm.models import load_tokenizer
+
+    base, app = live_s3
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": ROWS},
+        max_staleness=5,
+        lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        grpo={"spot_check_fraction": 0.0, "learning_rate": 1e-3},
+        sampling={"max_new_tokens": 8},
+    )
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    log = tmp_path / "learner.log"
+    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
+    proc = _learner(base, run, tmp_path / "work", log, {"TRANSFER_RETRY_CAP_S": "2"})
+    try:
+        _wait_version(app, run.id, 1, proc, log)
+        # 1. mid-publish: cut as soon as step 2 is trained, before its files are uploaded
+        batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+        _wait_log(log, "trained step 2 ", proc)
+        _outage(proxy, proc, log)
+        _wait_version(app, run.id, 2, proc, log)
+        text = log.read_text()
+        assert re.search(r"(upload URLs for|publish of) version 2 failed", text), text[-3000:]
+        # 2. mid-download: the batch is claimable while the bucket is away
+        batches.append(_real_batch(app, run.id, worker_id, 2, tok, tmp_path))
+        _outage(proxy, proc, log)
+        assert proc.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log.read_text()
+    assert "download of " in text and "failed" in text, text[-3000:]
+    with transaction(app.state.sessionmaker) as session:
+        run_row = session.get(Run, run.id)
+        assert run_row is not None and run_row.status == "completed"
+        versions = session.execute(
+            select(AdapterVersion.version)
+            .where(AdapterVersion.run_id == run.id)
+            .order_by(AdapterVersion.version)
+        ).all()
+        consumed = dict(
+            session.execute(
+                select(RolloutBatch.id, RolloutBatch.consumed_version).where(
+                    RolloutBatch.run_id == run.id
+                )
+            ).all()
+        )
+    assert [v.version for v in versions] == [1, 2, 3, 4]  # contiguous, 4 = final
+    assert sorted(consumed[b] for b in batches) == [1, 2, 3]
