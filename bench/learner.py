@@ -2,17 +2,26 @@
 adapter vs one GRPO learner step (plan, micro-batches, loss, backward, clip, AdamW).
 
     .venv/bin/python bench/learner.py [--prompts 8] [--group 8] [--tokens 32] [--threads 2]
+    (or .venv/bin/python -m bench.learner ...)
 
 Prints learner efficiency (plain / ours; target >= 0.85), tokens/s and peak RSS. Every group
-has mixed rewards, so no group is skipped (skipping would flatter the learner).
+has mixed rewards, so no group is skipped (skipping would flatter the learner). The plain and
+the GRPO runs alternate, so a change in the machine's load hits both alike; the load average is
+printed, and the figures are labelled contended when it exceeds the core count.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # a plain script: the repository root, not bench/, on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])  # (bench/learner.py shadows learner/)
 
 
 def main() -> None:
@@ -80,17 +89,17 @@ def main() -> None:
     def ours() -> None:
         trainer.train_step(groups)
 
-    def timed(fn) -> float:  # type: ignore[no-untyped-def]
-        fn()  # warm-up
-        runs = []
-        for _ in range(args.repeats):
+    plain()  # warm-up
+    ours()
+    load_before = os.getloadavg()[0]
+    runs: dict[str, list[float]] = {"plain": [], "ours": []}
+    for _ in range(args.repeats):
+        for name, fn in (("plain", plain), ("ours", ours)):
             start = time.perf_counter()
             fn()
-            runs.append(time.perf_counter() - start)
-        return statistics.median(runs)
-
-    t_plain = timed(plain)
-    t_ours = timed(ours)
+            runs[name].append(time.perf_counter() - start)
+    load = max(load_before, os.getloadavg()[0])
+    t_plain, t_ours = statistics.median(runs["plain"]), statistics.median(runs["ours"])
     tokens = plan.n_completion_tokens
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print(f"sequences {plan.n_completions}, completion tokens {tokens}, micro-batches {len(micro)}")
@@ -98,6 +107,11 @@ def main() -> None:
     print(f"GRPO learner step:      {t_ours:.3f} s ({tokens / t_ours:.0f} completion tok/s)")
     print(f"learner efficiency (plain / ours): {t_plain / t_ours:.3f} (target >= 0.85)")
     print(f"peak RSS: {peak_gb:.2f} GB")
+    cores = os.cpu_count() or 1
+    label = "CONTENDED" if load > cores else "uncontended"
+    print(
+        f"load average (1 min) up to {load:.1f} on {cores} cores: {label}; threads {args.threads}"
+    )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ class Trainer:
     def _micro_step(self, mb: MicroBatch, normaliser: float) -> tuple[float, dict[str, float]]:
         g, temperature = self.config.grpo, self.config.sampling.temperature
         mb = mb.to(self.device)
-        logp = packed_logprobs(self.model, mb.packed, temperature)  # (B, T)
+        logp, entropy = packed_logprobs(self.model, mb.packed, temperature, with_entropy=True)
         ref = None
         if g.beta != 0.0:
             with torch.no_grad(), self.model.disable_adapter():
@@ -75,6 +75,8 @@ class Trainer:
             normaliser=normaliser,
         )
         loss.backward()
+        metrics["entropy_sum"] = float(entropy.sum())  # pads are 0
+        metrics["entropy_tokens"] = float(mb.completion_mask.sum())
         return float(loss.detach()), metrics
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
@@ -90,8 +92,11 @@ class Trainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss, parts = 0.0, []
+        entropy_sum = entropy_tokens = 0.0
         for mb in step_micro_batches(plan, g.micro_batch_tokens, self.pad_id):
             part_loss, metrics = self._micro_step(mb, plan.normaliser)
+            entropy_sum += metrics.pop("entropy_sum")
+            entropy_tokens += metrics.pop("entropy_tokens")
             loss += part_loss
             parts.append(metrics)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
@@ -113,5 +118,7 @@ class Trainer:
             "step_seconds": elapsed,
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
+        if entropy_tokens > 0:  # mean over the completion tokens trained (skipped groups: none)
+            out["entropy"] = entropy_sum / entropy_tokens
         out.update({k: v for k, v in merged.items() if k != "tokens"})
         return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -68,10 +68,27 @@ def _adapter_state(model: Any, use_adapter: bool) -> Iterator[None]:
         yield
 
 
-def packed_logprobs(model: Any, batch: PackedBatch, temperature: float) -> torch.Tensor:
+@overload
+def packed_logprobs(
+    model: Any, batch: PackedBatch, temperature: float, *, with_entropy: Literal[False] = False
+) -> torch.Tensor: ...
+
+
+@overload
+def packed_logprobs(
+    model: Any, batch: PackedBatch, temperature: float, *, with_entropy: Literal[True]
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def packed_logprobs(
+    model: Any, batch: PackedBatch, temperature: float, *, with_entropy: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """(B, T) log-probs of the completion tokens (0 where completion_mask is False).
 
-    Differentiable: call under torch.no_grad() when no gradient is wanted.
+    Differentiable: call under torch.no_grad() when no gradient is wanted. With
+    `with_entropy`, also the (B, T) entropy -sum_v p_v log p_v of the temperature-scaled
+    distribution p = softmax(logits / T) at each completion position (0 on pads); it is a
+    metric, computed without gradient.
     """
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
@@ -86,7 +103,12 @@ def packed_logprobs(model: Any, batch: PackedBatch, temperature: float) -> torch
     logits = out.logits[:, :-1, :]  # (B, T, V): position P-1+t predicts completion token t
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
     token = logprobs.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return token.masked_fill(~batch.completion_mask, 0.0)
+    token = token.masked_fill(~batch.completion_mask, 0.0)
+    if not with_entropy:
+        return token
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(-1)  # (B, T)
+    return token, entropy.masked_fill(~batch.completion_mask, 0.0)
 
 
 def completion_logprobs(

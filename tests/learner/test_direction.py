@@ -3,6 +3,8 @@ completion's probability rises after a few GRPO optimizer steps."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -63,6 +65,8 @@ def test_preferred_completion_becomes_more_likely() -> None:
         completions = [Completion(prompt, t, b) for t, b in zip(tokens, behaviour, strict=True)]
         metrics = trainer.train_step([Group(completions, [1.0, 0.0, 1.0, 0.0])])
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        # mean entropy over the completion tokens: positive, below a uniform distribution's
+        assert 0.0 < metrics["entropy"] < math.log(len(tokenizer))
     after_good = _sequence_logprob(model, prompt, good, eos)
     after_bad = _sequence_logprob(model, prompt, bad, eos)
     assert after_good > before_good + 0.05
