@@ -11,6 +11,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# Column ranges the database can store (BIGINT, INTEGER): larger numbers are 422, not a 500.
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
 
 
 class _Request(BaseModel):
@@ -88,7 +91,7 @@ class Lease(BaseModel):
 
 
 class FencedRequest(_Request):
-    fencing: int = Field(ge=0, description="The lease's fencing token.")
+    fencing: int = Field(ge=0, le=BIGINT_MAX, description="The lease's fencing token.")
 
 
 class HeartbeatRequest(FencedRequest):
@@ -103,7 +106,7 @@ class HeartbeatResponse(BaseModel):
 
 
 class UploadRequest(FencedRequest):
-    size: int = Field(gt=0, description="Exact byte size of the batch file.")
+    size: int = Field(gt=0, le=BIGINT_MAX, description="Exact byte size of the batch file.")
     sha256: str = Field(pattern=SHA256_PATTERN, description="Hex sha256 of the batch file.")
 
 
@@ -119,10 +122,12 @@ class UploadResponse(BaseModel):
 class BatchManifest(_Request):
     key: str = Field(max_length=1000, description="Bucket key the batch was uploaded to.")
     sha256: str = Field(pattern=SHA256_PATTERN, description="Hex sha256 of the batch file.")
-    size: int = Field(gt=0, description="Byte size of the batch file.")
-    n_samples: int = Field(ge=0, description="Completions in the batch (prompts × G).")
-    n_tokens: int = Field(ge=0, description="Completion tokens in the batch.")
-    generation_seconds: float = Field(ge=0, description="Wall time spent generating.")
+    size: int = Field(gt=0, le=BIGINT_MAX, description="Byte size of the batch file.")
+    n_samples: int = Field(ge=0, le=INT_MAX, description="Completions in the batch (prompts × G).")
+    n_tokens: int = Field(ge=0, le=INT_MAX, description="Completion tokens in the batch.")
+    generation_seconds: float = Field(
+        ge=0, le=1e9, allow_inf_nan=False, description="Wall time spent generating."
+    )
 
 
 class CompleteRequest(FencedRequest):

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from protocol.schemas import BIGINT_MAX, INT_MAX
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -70,7 +72,7 @@ class AttachResponse(_Response):
 
 
 class FencedRequest(_Request):
-    fencing: int = Field(description="The fencing token attach returned.")
+    fencing: int = Field(ge=0, le=BIGINT_MAX, description="The fencing token attach returned.")
 
 
 class HeartbeatRequest(FencedRequest):
@@ -138,13 +140,13 @@ FileKind = Literal["adapter", "checkpoint"]
 
 class UploadFile(_Request):
     name: FileName
-    size: int = Field(ge=0, description="Exact size in bytes.")
+    size: int = Field(ge=0, le=BIGINT_MAX, description="Exact size in bytes.")
     sha256: Sha256Hex
     kind: FileKind = Field(description="adapter (served to workers) or checkpoint (resume).")
 
 
 class UploadsRequest(FencedRequest):
-    version: int = Field(ge=1, description="The version being published: current + 1.")
+    version: int = Field(ge=1, le=INT_MAX, description="The version being published: current + 1.")
     files: list[UploadFile] = Field(min_length=1, max_length=64, description="Files to upload.")
 
 
@@ -164,16 +166,16 @@ class PublishedFile(_Request):
     name: FileName
     key: str = Field(max_length=1000, description="Bucket key the file was uploaded to.")
     sha256: Sha256Hex
-    size: int = Field(ge=0, description="Size in bytes.")
+    size: int = Field(ge=0, le=BIGINT_MAX, description="Size in bytes.")
 
 
 class PublishRequest(FencedRequest):
-    version: int = Field(ge=1, description="Exactly current_version + 1.")
+    version: int = Field(ge=1, le=INT_MAX, description="Exactly current_version + 1.")
     files: list[PublishedFile] = Field(min_length=1, description="Adapter files (PEFT folder).")
     checkpoint_files: list[PublishedFile] = Field(
         min_length=1, description="Resume state files written under this version."
     )
-    learner_step: int = Field(ge=0, description="Optimizer steps taken so far.")
+    learner_step: int = Field(ge=0, le=INT_MAX, description="Optimizer steps taken so far.")
     metrics: dict[str, Any] = Field(default_factory=dict, description="Summary metrics.")
     consumed_batch_ids: list[uuid.UUID] = Field(
         default_factory=list, description="Claimed batches this version was trained on."
@@ -188,8 +190,10 @@ class PublishResponse(_Response):
 
 
 class MetricPointIn(_Request):
-    step: int = Field(ge=0, description="Learner step.")
-    version: int | None = Field(None, description="Adapter version being trained.")
+    step: int = Field(ge=0, le=INT_MAX, description="Learner step.")
+    version: int | None = Field(
+        None, ge=0, le=INT_MAX, description="Adapter version being trained."
+    )
     values: dict[str, float | int | None] = Field(description="Named metric values.")
 
 
@@ -204,9 +208,13 @@ class MetricsAccepted(_Response):
 class SpotCheckRequest(FencedRequest):
     worker_id: uuid.UUID = Field(description="The worker whose batch was re-scored.")
     batch_id: uuid.UUID = Field(description="The batch that was re-scored.")
-    mean_abs_logprob_diff: float = Field(ge=0.0, description="Mean |Δ log-prob| per token.")
-    kl: float | None = Field(None, description="Approximate KL(behaviour‖learner).")
-    n_tokens: int = Field(ge=0, description="Tokens compared.")
+    mean_abs_logprob_diff: float = Field(
+        ge=0.0, allow_inf_nan=False, description="Mean |Δ log-prob| per token."
+    )
+    kl: float | None = Field(
+        None, allow_inf_nan=False, description="Approximate KL(behaviour‖learner)."
+    )
+    n_tokens: int = Field(ge=0, le=INT_MAX, description="Tokens compared.")
 
 
 class SpotCheckResponse(_Response):

@@ -9,6 +9,7 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from protocol.schemas import INT_MAX
 from protocol.schemas_learner import (
     AttachRequest,
     AttachResponse,
@@ -156,7 +157,9 @@ def get_metrics(
     run_id: uuid.UUID,
     session: SessionDep,
     _admin: AdminDep,
-    since_step: int | None = Query(None, ge=0, description="Only points with step ≥ this."),
+    since_step: int | None = Query(
+        None, ge=0, le=INT_MAX, description="Only points with step ≥ this."
+    ),
 ) -> RunMetrics:
     return telemetry.run_metrics(session, run_id, since_step)
 

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-BIGINT_MAX = 2**63 - 1
-
 
 @dataclass(frozen=True)
 class KnownFinding:
@@ -20,28 +18,8 @@ class KnownFinding:
     cause: str
 
 
-def _fencing_outside_bigint(case: Any) -> bool:
-    body = case.body
-    if not isinstance(body, dict):
-        return False
-    fencing = body.get("fencing")
-    return type(fencing) is int and not -BIGINT_MAX - 1 <= fencing <= BIGINT_MAX
-
-
-KNOWN_FINDINGS = [
-    KnownFinding(
-        name="fencing-outside-bigint",
-        matches=_fencing_outside_bigint,
-        cause=(
-            "FencedRequest.fencing is `int, ge=0` with no upper bound (protocol/schemas.py, "
-            "worker calls) and `int` with no bound at all (protocol/schemas_learner.py); a "
-            "fencing token outside the BIGINT range reaches the compare-and-set "
-            "`... AND fencing = :t` and Postgres raises NumericValueOutOfRange -> 500 "
-            "(server/leases/service.py _fence, server/learner/ heartbeat). Fix: "
-            "ge=0, le=2**63-1 on both fields."
-        ),
-    ),
-]
+# Empty: every 5xx found so far is fixed (tests/fuzz/test_numeric_bounds.py guards them).
+KNOWN_FINDINGS: list[KnownFinding] = []
 
 
 def known_finding(case: Any) -> KnownFinding | None:
