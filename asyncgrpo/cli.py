@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 import typer
 
 app = typer.Typer(
@@ -16,7 +18,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(admin_token_app, name="admin-token")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
@@ -137,9 +139,15 @@ def learner(
 
     from learner.config import LearnerSettings
 
-    given = {
-        "server_url": server, "run_id": run, "token": token, "model": model,
-        "threads": threads, "device": device, "work_dir": work_dir, "max_versions": max_versions,
+    given: dict[str, Any] = {
+        "server_url": server,
+        "run_id": run,
+        "token": token,
+        "model": model,
+        "threads": threads,
+        "device": device,
+        "work_dir": work_dir,
+        "max_versions": max_versions,
     }
     try:
         settings = LearnerSettings(**{k: v for k, v in given.items() if v is not None})
@@ -171,7 +179,7 @@ def worker(
 
     from worker.config import WorkerSettings
 
-    given = {
+    given: dict[str, Any] = {
         "server_url": server,
         "registration_token": registration_token,
         "name": name,
