@@ -45,7 +45,12 @@ def test_metrics_carry_run_and_worker_figures(client: TestClient, app: Any) -> N
             )
         )
         session.add(
-            MetricPoint(run_id=run.id, source="learner", step=7, values={"clip_low": 0.1, "clip_high": 0.025})
+            MetricPoint(
+                run_id=run.id,
+                source="learner",
+                step=7,
+                values={"clip_low": 0.1, "clip_high": 0.025},
+            )
         )
         session.execute(
             update(Run).where(Run.id == run.id).values(current_version=5, spent_usd=1.75)
