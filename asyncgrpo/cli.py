@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
+
+T = TypeVar("T", bound="BaseSettings")
 
 app = typer.Typer(
     help="Asynchronous GRPO + LoRA fine-tuning on cheap, elastic, preemptible GPUs.",
@@ -21,6 +26,16 @@ app.add_typer(admin_token_app, name="admin-token")
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _parse(settings_cls: type[T], given: dict[str, Any]) -> T:
+    """Command-line options over environment variables; a clear message on bad values."""
+    from pydantic import ValidationError
+
+    try:
+        return settings_cls(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
 
 def _settings():  # type: ignore[no-untyped-def]
@@ -135,8 +150,6 @@ def learner(
 ) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
     Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
-    from pydantic import ValidationError
-
     from learner.config import LearnerSettings
 
     given: dict[str, Any] = {
@@ -149,10 +162,7 @@ def learner(
         "work_dir": work_dir,
         "max_versions": max_versions,
     }
-    try:
-        settings = LearnerSettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    settings = _parse(LearnerSettings, given)
     from learner.main import main as learner_main
 
     raise typer.Exit(learner_main(settings))
@@ -175,8 +185,6 @@ def worker(
 ) -> None:
     """Run a rollout worker: register once, then lease, generate and upload until stopped.
     Other settings come from ASYNCGRPO_WORKER_* variables (see worker/config.py)."""
-    from pydantic import ValidationError
-
     from worker.config import WorkerSettings
 
     given: dict[str, Any] = {
@@ -191,10 +199,7 @@ def worker(
         "num_threads": threads,
         "max_leases": max_leases,
     }
-    try:
-        settings = WorkerSettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    settings = _parse(WorkerSettings, given)
     from worker.main import main as worker_main
 
     raise typer.Exit(worker_main(settings))
