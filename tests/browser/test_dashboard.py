@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,8 @@ from protocol.schemas import BatchManifest
 from protocol.storage import PresignedPut
 from protocol.transfer import upload_presigned
 from tests.conftest import TEST_SECRET, mint_token
+from tests.live_server import serve_in_thread
+from tests.s3_fixtures import free_port
 from worker import api as worker_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
@@ -45,20 +45,12 @@ ARGS = [
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    import uvicorn
-
     from server.app import create_app
     from server.config import Settings
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     settings = Settings(
         database_url=pg_url,
@@ -70,17 +62,8 @@ def server(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
         jobs={"mode": "celery"},  # no scheduler: the page reads the figures on request
     )
     app = create_app(settings, migrate=True)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield base, app
-    srv.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app, port) as url:
+        yield url, app
 
 
 def _shot(page: Any, name: str) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -14,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import select
 
 from server.models import Lease, PromptRow, Run
 from tests.conftest import make_settings
+from tests.live_server import serve_in_thread
 from tests.server.leases.helpers import in_flight, make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -31,22 +28,8 @@ def live(db_url: str, tmp_path: Path) -> Iterator[tuple[str, Any, int]]:
     from server.app import create_app
 
     app = create_app(make_settings(db_url, tmp_path / "bucket"), migrate=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app, 50 if db_url.startswith("postgresql") else 8
-    server.should_exit = True
-    thread.join(10)
-    app.state.engine.dispose()
+    with serve_in_thread(app) as base:
+        yield base, app, 50 if db_url.startswith("postgresql") else 8
 
 
 def _acquire_all(base: str, tokens: list[str], calls: int, threads: int) -> list[httpx.Response]:
