@@ -206,3 +206,45 @@ def test_lease_expired_while_generating_is_not_completed(
     assert lease.state == "expired"
     assert stack.batch_rows() == []  # never completed (nor uploaded)
     assert stack.prompt_states() == {"queued": 2}
+
+
+@pytest.mark.timeout(300)
+def test_lease_with_another_tokenizer_fingerprint_is_released(
+    server: ServerProcess, tx_backend: Any, tmp_path: Path
+) -> None:
+    # The learner attached with a tokenizer this worker does not have.
+    stack = Stack(server, "f" * 64, run_config(2))
+    try:
+        worker = LoopThread(worker_settings(stack, tmp_path, max_leases=1), tx_backend).start()
+        worker.join(120)
+        (record,) = worker.loop.history
+        assert record.outcome == Outcome.released
+        assert record.reason == "tokenizer fingerprint mismatch"
+        (lease,) = stack.lease_rows()
+        assert lease.state == "released"
+        assert stack.prompt_states() == {"queued": 2} and stack.batch_rows() == []
+    finally:
+        stack.close()
+
+
+@pytest.mark.timeout(600)
+def test_heartbeat_abort_stops_generation_and_drops_the_work(
+    make_stack: Callable[..., Stack],
+    tx_backend: Any,
+    adapter_dirs: dict[int, Path],
+    tmp_path: Path,
+) -> None:
+    # max_staleness 0: once v1 is published, a lease on v0 can no longer be admissible.
+    stack = make_stack(2, max_staleness=0, sampling={"temperature": 1.0, "max_new_tokens": 400})
+    worker = LoopThread(worker_settings(stack, tmp_path, max_leases=1), tx_backend).start()
+    worker.wait_for(lambda: any(r.state == "active" for r in stack.lease_rows()), 120, "a lease")
+    stack.publish(1, adapter_dirs[1])
+    published = time.monotonic()
+    worker.join(120)
+    assert time.monotonic() - published < 30  # far less than 400 tokens of generation
+    (record,) = worker.loop.history
+    assert record.outcome == Outcome.lost and record.reason == "aborted (stale)"
+    (lease,) = stack.lease_rows()
+    assert lease.state == "aborted"
+    assert stack.batch_rows() == []
+    assert stack.prompt_states() == {"queued": 2}
