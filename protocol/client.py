@@ -274,7 +274,7 @@ class AsyncGrpoClient:
     # -- worker calls (lease engine) -------------------------------------------------------------
 
     def acquire_lease(
-        self, *, models: list[str] | None = None, wait_s: float = 0.0
+        self, *, models: list[str] | None = None, wait_s: float = 0.0, timeout_s: float = 30.0
     ) -> Lease | None:
         """A lease, or None when nothing is admissible (after the long-poll, if any)."""
         body = LeaseAcquireRequest(models=models, wait_s=wait_s)
@@ -283,12 +283,23 @@ class AsyncGrpoClient:
             "POST",
             "/api/v1/leases/acquire",
             json=self._body(body),
-            timeout_s=wait_s + 30.0,
+            timeout_s=wait_s + timeout_s,
         )
 
-    def _lease_call(self, model: type[T], lease: Lease, op: str, body: BaseModel) -> T:
+    def _lease_call(
+        self,
+        model: type[T],
+        lease: Lease,
+        op: str,
+        body: BaseModel,
+        timeout_s: float | None = None,
+    ) -> T:
         result = self._model(
-            model, "POST", f"/api/v1/leases/{lease.lease_id}/{op}", json=self._body(body)
+            model,
+            "POST",
+            f"/api/v1/leases/{lease.lease_id}/{op}",
+            json=self._body(body),
+            timeout_s=timeout_s,
         )
         assert result is not None
         return result
@@ -308,11 +319,10 @@ class AsyncGrpoClient:
         body = CompleteRequest(fencing=lease.fencing, manifest=manifest)
         return self._lease_call(CompleteResponse, lease, "complete", body)
 
-    def release_lease(self, lease: Lease) -> ReleaseResponse:
+    def release_lease(self, lease: Lease, *, timeout_s: float | None = None) -> ReleaseResponse:
         """Prompts back to the front of the queue now (e.g. a spot preemption notice)."""
-        return self._lease_call(
-            ReleaseResponse, lease, "release", ReleaseRequest(fencing=lease.fencing)
-        )
+        body = ReleaseRequest(fencing=lease.fencing)
+        return self._lease_call(ReleaseResponse, lease, "release", body, timeout_s)
 
     # -- learner calls ---------------------------------------------------------------------------
 

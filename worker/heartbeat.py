@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 
 import httpx
 
 from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
-from worker import api
+from protocol.schemas import Lease
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +27,15 @@ class Heartbeat:
     def __init__(
         self,
         client: AsyncGrpoClient,
-        lease_id: uuid.UUID,
-        fencing: int,
+        lease: Lease,
         *,
         interval_s: float,
         ttl_s: float,
         cancel: threading.Event,
     ) -> None:
         self.client = client
-        self.lease_id = lease_id
-        self.fencing = fencing
+        self.lease = lease
+        self.lease_id = lease.lease_id
         self.interval_s = max(0.05, interval_s)
         self.ttl_s = ttl_s
         self.cancel = cancel
@@ -46,7 +44,9 @@ class Heartbeat:
         self.beats = 0
         self._stop = threading.Event()
         self._deadline = time.monotonic() + ttl_s
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{lease.lease_id}", daemon=True
+        )
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -71,7 +71,7 @@ class Heartbeat:
     def beat(self) -> None:
         """One heartbeat; transient failures are logged and retried at the next beat."""
         try:
-            answer = api.heartbeat(self.client, self.lease_id, self.fencing)
+            answer = self.client.heartbeat_lease(self.lease)
         except (ConflictError, NotFoundError) as exc:
             self._lose(f"lost ({exc.status_code})")
             return

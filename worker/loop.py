@@ -29,7 +29,7 @@ from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundEr
 from protocol.schemas import BatchManifest, Lease
 from protocol.storage import ObjectExists, PresignedPut, StoreError
 from protocol.transfer import ChecksumMismatch, upload_presigned
-from worker import api, credentials
+from worker import credentials
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, Completion, GenerationCancelled, SamplingSpec
 from worker.config import WorkerSettings
@@ -209,7 +209,9 @@ class WorkerLoop:
                 return
             lease = self._retry(
                 "acquire",
-                lambda: api.acquire(client, [s.model], s.acquire_wait_s, s.http_timeout_s),
+                lambda: client.acquire_lease(
+                    models=[s.model], wait_s=s.acquire_wait_s, timeout_s=s.http_timeout_s
+                ),
             )
             if lease is None:
                 self._sleep(idle.next_delay())
@@ -238,8 +240,7 @@ class WorkerLoop:
         hb_client = self._new_client(self.client.token, max_retries=0)
         beat = Heartbeat(
             hb_client,
-            lease.lease_id,
-            lease.fencing,
+            lease,
             interval_s=lease.heartbeat_interval_s,
             ttl_s=lease.ttl_s,
             cancel=self._cancel,
@@ -283,7 +284,7 @@ class WorkerLoop:
                 return True
             client = self._new_client(self.client.token if self.client else None, max_retries=1)
             try:
-                api.release(client, lease.lease_id, lease.fencing, timeout_s=timeout_s or 3.0)
+                client.release_lease(lease, timeout_s=timeout_s or 3.0)
             except LOST:
                 return False  # already ended (expired, aborted, completed)
             except (ApiError, httpx.HTTPError) as exc:
@@ -361,7 +362,7 @@ class WorkerLoop:
         client = self.client
 
         def upload() -> str:
-            answer = api.upload_url(client, lease.lease_id, lease.fencing, info.bytes, info.sha256)
+            answer = client.upload_url(lease, size=info.bytes, sha256=info.sha256)
             try:
                 upload_presigned(PresignedPut(answer.url, answer.headers), path)
             except ObjectExists:
@@ -379,9 +380,7 @@ class WorkerLoop:
             n_tokens=info.n_tokens,
             generation_seconds=record.generation_seconds,
         )
-        answer = self._retry(
-            "complete", lambda: api.complete(client, lease.lease_id, lease.fencing, manifest)
-        )
+        answer = self._retry("complete", lambda: client.complete_lease(lease, manifest))
         record.outcome = Outcome(answer.state)
         record.reason = answer.reject_reason
         record.n_samples, record.n_tokens = info.n_samples, info.n_tokens
