@@ -2,15 +2,14 @@
 
 Pure (no torch). An adapter version is a PEFT folder: `adapter_model.safetensors` and
 `adapter_config.json` (loadable by `PeftModel.from_pretrained` and vLLM's `LoRARequest`). Its
-manifest lists each file's sha256 and byte count; the version's own sha256 is the digest of the
-manifest, so one hex string names the whole version (stored on AdapterVersion and carried by
-leases and batch metadata).
+manifest lists each file's sha256 and byte count. The version's own sha256 is the sha256 of its
+weights file (the content address of the adapter): one hex string stored on AdapterVersion and
+carried by leases and batch metadata. Readers check every file against its own sha256 too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +41,12 @@ class AdapterManifest:
 
     files: tuple[AdapterFile, ...]
 
-    def digest(self) -> str:
-        """The version's sha256: a digest of the sorted (name, sha256, bytes) list."""
-        rows = [[f.name, f.sha256, f.bytes] for f in sorted(self.files, key=lambda f: f.name)]
-        blob = json.dumps(rows, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+    def version_sha256(self) -> str:
+        """The version's sha256: that of its weights file."""
+        for f in self.files:
+            if f.name == ADAPTER_WEIGHTS:
+                return f.sha256
+        raise AdapterMismatch(ADAPTER_WEIGHTS, "missing from the manifest")
 
     def to_json(self) -> dict[str, dict[str, str | int]]:
         """{file name: {"sha256": ..., "bytes": ...}} (the shape stored on AdapterVersion)."""

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from protocol.adapters import ADAPTER_WEIGHTS, AdapterManifest, AdapterMismatch, manifest_of
 from protocol.adapters import AdapterFile as ManifestFile
+from protocol.adapters import AdapterManifest, AdapterMismatch, manifest_of
 from protocol.schemas import AdapterRef
 from protocol.transfer import download_url
 
@@ -44,11 +44,12 @@ class AdapterHandle:
 
 
 def names_version(manifest: AdapterManifest, sha256: str) -> bool:
-    """Whether a version sha256 names these files: the digest of their manifest
-    (protocol/adapters.py) or the sha256 of the weights file (the content address the server
-    records at publish). Each file is verified against its own sha256 either way."""
-    weights = next((f.sha256 for f in manifest.files if f.name == ADAPTER_WEIGHTS), None)
-    return sha256 in (manifest.digest(), weights)
+    """Whether a version sha256 names these files (protocol/adapters.py: the weights file's
+    sha256). Each file is verified against its own sha256 as well."""
+    try:
+        return manifest.version_sha256() == sha256
+    except AdapterMismatch:
+        return False
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -134,8 +135,7 @@ class AdapterCache:
             if not names_version(manifest, ref.sha256):
                 raise AdapterMismatch(
                     "manifest",
-                    f"version sha256 {ref.sha256} names neither these files' "
-                    f"manifest ({manifest.digest()}) nor their weights",
+                    f"version sha256 {ref.sha256} is not the sha256 of these weights",
                 )
             shutil.rmtree(dest, ignore_errors=True)
             tmp.rename(dest)

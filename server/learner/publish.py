@@ -5,13 +5,13 @@ transaction. A final publish (or reaching max_versions) completes the run."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
 from protocol import layout
+from protocol.adapters import AdapterManifest
 from protocol.schemas_learner import (
     PresignedUpload,
     PublishedFile,
@@ -29,7 +29,6 @@ from server.leases import queue
 from server.models import Token
 
 REQUIRED_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 def _key(run_id: uuid.UUID, version: int, kind: str, name: str) -> str:
@@ -107,14 +106,6 @@ def _file_table(
     return table
 
 
-def _version_sha256(files: dict[str, dict[str, object]]) -> str:
-    """The weights' sha256 (content address of the adapter)."""
-    if WEIGHTS_FILE in files:
-        return str(files[WEIGHTS_FILE]["sha256"])
-    lines = "".join(f"{n}:{m['sha256']}\n" for n, m in sorted(files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
 def publish(
     session: Session,
     store: ObjectStore,
@@ -146,7 +137,7 @@ def publish(
         version=body.version,
         files=files,
         checkpoint_files=checkpoint,
-        sha256=_version_sha256(files),
+        sha256=AdapterManifest.from_json(files).version_sha256(),  # type: ignore[arg-type]
         bytes=sum(int(str(m["bytes"])) for m in files.values()),
         learner_step=body.learner_step,
         metrics=body.metrics,

@@ -36,14 +36,16 @@ def test_manifest_lists_each_file_with_sha256_and_size(tmp_path: Path) -> None:
     verify_folder(folder, manifest)
 
 
-def test_json_round_trip_and_digest(tmp_path: Path) -> None:
-    manifest = manifest_of(_version(tmp_path / "v"))
+def test_json_round_trip_and_version_sha256(tmp_path: Path) -> None:
+    folder = _version(tmp_path / "v")
+    manifest = manifest_of(folder)
     again = AdapterManifest.from_json(manifest.to_json())
     assert again == manifest
-    assert again.digest() == manifest.digest()
-    assert len(manifest.digest()) == 64
-    other = AdapterManifest(tuple(AdapterFile(f.name, "0" * 64, f.bytes) for f in manifest.files))
-    assert other.digest() != manifest.digest()
+    weights_sha = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    assert again.version_sha256() == weights_sha
+    no_weights = AdapterManifest(tuple(f for f in manifest.files if f.name != ADAPTER_WEIGHTS))
+    with pytest.raises(AdapterMismatch):
+        no_weights.version_sha256()
 
 
 def test_missing_required_file(tmp_path: Path) -> None:

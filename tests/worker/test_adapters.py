@@ -29,7 +29,9 @@ def publish(store: Any, run: str, version: int, payload: bytes) -> AdapterRef:
         digest = hashlib.sha256(data).hexdigest()
         entries.append(ManifestFile(name, digest, len(data)))
         refs.append(AdapterFile(name=name, url=store.presign_get(key, 300), sha256=digest))
-    return AdapterRef(version=version, sha256=AdapterManifest(tuple(entries)).digest(), files=refs)
+    return AdapterRef(
+        version=version, sha256=AdapterManifest(tuple(entries)).version_sha256(), files=refs
+    )
 
 
 def test_download_verify_and_reuse(s3_store: Any, tmp_path: Path) -> None:

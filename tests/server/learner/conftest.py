@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import make_settings
 
-SHORT_TTL_S = 1.0
+# Long enough that a loaded CI machine does not expire a learner mid-step, short enough to wait out.
+SHORT_TTL_S = 3.0
 
 
 @pytest.fixture
