@@ -89,6 +89,7 @@ def main() -> None:
     def ours() -> None:
         trainer.train_step(groups)
 
+    print(f"warm-up: {len(micro)} micro-batches of {plan.n_completions} sequences", flush=True)
     plain()  # warm-up
     ours()
     load_before = os.getloadavg()[0]
@@ -98,6 +99,7 @@ def main() -> None:
             start = time.perf_counter()
             fn()
             runs[name].append(time.perf_counter() - start)
+            print(f"  {name}: {runs[name][-1]:.2f} s", flush=True)
     load = max(load_before, os.getloadavg()[0])
     t_plain, t_ours = statistics.median(runs["plain"]), statistics.median(runs["ours"])
     tokens = plan.n_completion_tokens
