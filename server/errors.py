@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from botocore.exceptions import BotoCoreError
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.storage import StoreError
 
 
 class AppError(Exception):
@@ -59,6 +62,16 @@ def install_error_handler(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(
             {"detail": exc.message, **exc.extra}, status_code=exc.status_code, headers=headers
+        )
+
+    @app.exception_handler(StoreError)
+    @app.exception_handler(BotoCoreError)
+    async def _store_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        # The bucket failing is an outage, not a bug: 503 tells clients to back off and retry.
+        return JSONResponse(
+            {"detail": f"object store unavailable: {exc}"},
+            status_code=503,
+            headers={"Retry-After": "5"},
         )
 
 

@@ -62,3 +62,52 @@ def test_app_errors_are_documented_on_token_operations(sqlite_client: TestClient
     )
     assert unknown.status_code == 404
     assert ErrorBody.model_validate(unknown.json()).detail
+
+
+def test_an_unreachable_bucket_is_503_not_500(pg_url: str, tmp_path: Path) -> None:
+    """The store failing is an outage: clients get 503 + Retry-After and back off."""
+    import json
+    import socket
+
+    from server.app import create_app
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    from server.config import S3Settings
+
+    s3 = S3Settings(
+        endpoint_url=f"http://127.0.0.1:{port}",
+        path_style=True,
+        access_key_id="x",
+        secret_access_key="y",
+    )
+    settings = make_settings(pg_url, tmp_path / "unused").model_copy(
+        update={"bucket_url": "s3://unreachable-bucket", "s3": s3}
+    )
+    app = create_app(settings, migrate=True)
+    admin = {"Authorization": f"Bearer {mint_token(app, 'admin')}"}
+    config = json.loads((Path(__file__).parents[2] / "examples/runs/arithmetic.json").read_text())
+    with TestClient(app) as client:
+        created = client.post("/api/v1/runs", json=config, headers=admin).json()
+        run_id, learner = (
+            created["run"]["id"],
+            {"Authorization": f"Bearer {created['learner_token']}"},
+        )
+        attach = client.post(
+            f"/api/v1/runs/{run_id}/learner/attach",
+            json={"tokenizer_fingerprint": "fp"},
+            headers=learner,
+        ).json()
+        files = [
+            {"name": "adapter_model.safetensors", "size": 4, "sha256": "0" * 64, "kind": "adapter"}
+        ]
+        resp = client.post(
+            f"/api/v1/runs/{run_id}/uploads",
+            json={"fencing": attach["fencing"], "version": 1, "files": files},
+            headers=learner,
+        )
+    app.state.engine.dispose()
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["Retry-After"] == "5"
+    assert "object store unavailable" in resp.json()["detail"]
