@@ -26,7 +26,6 @@ from protocol.transfer import upload_presigned
 from tests.conftest import TEST_SECRET, mint_token
 from tests.live_server import serve_in_thread
 from tests.s3_fixtures import free_port
-from worker import api as worker_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 
@@ -88,11 +87,11 @@ def _wait_text(page: Any, selector: str, pattern: str, timeout_s: float = 15.0) 
 def _worker_batch(client: AsyncGrpoClient, group_size: int) -> Any:
     """acquire → presigned upload → complete, as a worker does (bytes stand in for Parquet;
     the proxy checks the object's size and the sample count)."""
-    lease = worker_api.acquire(client, None, 0.0, 10.0)
+    lease = client.acquire_lease(timeout_s=10.0)
     assert lease is not None
     data = f"rollouts of {lease.lease_id}".encode() * 10
     digest = hashlib.sha256(data).hexdigest()
-    up = worker_api.upload_url(client, lease.lease_id, lease.fencing, len(data), digest)
+    up = client.upload_url(lease, size=len(data), sha256=digest)
     upload_presigned(PresignedPut(url=up.url, headers=up.headers), data)
     manifest = BatchManifest(
         key=layout.batch_key(lease.run_id, lease.lease_id, lease.fencing),
@@ -102,7 +101,7 @@ def _worker_batch(client: AsyncGrpoClient, group_size: int) -> Any:
         n_tokens=40,
         generation_seconds=1.5,
     )
-    done = worker_api.complete(client, lease.lease_id, lease.fencing, manifest)
+    done = client.complete_lease(lease, manifest)
     assert done.state == "accepted", done
     return done
 
