@@ -43,7 +43,10 @@ def stale_waste(session: Session, run_id: uuid.UUID, window_s: float) -> Waste:
     ).one()
     aborted = session.execute(
         select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
-            Lease.run_id == run_id, Lease.state == "aborted", Lease.ended_at >= since
+            Lease.run_id == run_id,
+            Lease.state == "aborted",
+            Lease.end_reason == "stale",  # not aborts because the run paused or ended
+            Lease.ended_at >= since,
         )
     ).scalar_one()
     return Waste(

@@ -408,7 +408,7 @@ def aborted_lease_samples(session: Session, run_id: uuid.UUID) -> int:
             select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
                 Lease.run_id == run_id,
                 Lease.state == "aborted",
-                or_(Lease.end_reason.is_(None), Lease.end_reason != "run_completed"),
+                Lease.end_reason == "stale",  # as server/jobs/stats.py counts stale waste
             )
         ).scalar_one()
     )

@@ -55,7 +55,7 @@ def test_stale_waste_alarm_fires_once_per_crossing_and_rearms(
 ) -> None:
     settings = make_settings(pg_url, tmp_path / "bucket")
     store = make_store(settings)
-    run = new_run(db_session, n_rows=8, alarms={"stale_waste": 0.5, "window_minutes": 10})
+    run = new_run(db_session, n_rows=10, alarms={"stale_waste": 0.5, "window_minutes": 10})
     worker = new_worker(db_session)
     l1 = acquire(db_session, store, settings, worker)
     l2 = acquire(db_session, store, settings, worker)
@@ -70,10 +70,20 @@ def test_stale_waste_alarm_fires_once_per_crossing_and_rearms(
     _batch(db_session, run, worker, l3, state="accepted")
     assert ("stale_waste", "cleared") in evaluate_alarms(db_session)
     assert _events(db_session, run.id, "alarm.stale_waste.cleared") == 1
-    # An aborted lease's samples count as waste: (4 + 4) / 16 = 0.5 crosses again.
+    # A lease aborted because the run paused is not stale waste: nothing crosses.
+    l5 = acquire(db_session, store, settings, worker)
+    db_session.execute(
+        update(Lease)
+        .where(Lease.id == l5)
+        .values(state="aborted", end_reason="run_paused", ended_at=db_now())
+    )
+    assert evaluate_alarms(db_session) == []
+    # A lease aborted as stale counts: (4 + 4) / 16 = 0.5 crosses again.
     l4 = acquire(db_session, store, settings, worker)
     db_session.execute(
-        update(Lease).where(Lease.id == l4).values(state="aborted", ended_at=db_now())
+        update(Lease)
+        .where(Lease.id == l4)
+        .values(state="aborted", end_reason="stale", ended_at=db_now())
     )
     assert ("stale_waste", "fired") in evaluate_alarms(db_session)
     assert _events(db_session, run.id, "alarm.stale_waste") == 2
