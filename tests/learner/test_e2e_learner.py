@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from sqlalchemy import select, update
 
 from protocol.batches import BatchMetadata, RolloutSample, write_batch
@@ -29,6 +27,7 @@ from server.db import transaction
 from server.leases import queue
 from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run
 from tests.conftest import make_settings
+from tests.live_server import serve_in_thread
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -47,19 +46,8 @@ def live(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
     settings = make_settings(pg_url, bucket, learner_lease_ttl_s=3.0)
     settings = settings.model_copy(update={"public_url": base, "lease_long_poll_s": 1.0})
     app = create_app(settings, migrate=True)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield base, app, bucket
-    server.should_exit = True
-    thread.join(10)
-    app.state.engine.dispose()
+    with serve_in_thread(app, port):
+        yield base, app, bucket
 
 
 def _samples(session: Any, rows: list[PromptRow], config: RunConfig, tok: Any) -> list[Any]:
