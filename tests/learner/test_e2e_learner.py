@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from protocol.batches import BatchMetadata, RolloutSample, write_batch
 from protocol.layout import batch_key
@@ -28,7 +28,7 @@ from server.leases import queue
 from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run
 from tests.conftest import make_settings
 from tests.live_server import serve_in_thread
-from tests.server.learner.support import make_run, make_worker
+from tests.server.learner.support import make_run, make_worker, record_accepted
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
@@ -132,19 +132,7 @@ def _real_batch(
             tokenizer_fingerprint=meta.tokenizer_fingerprint,
             state="accepted",
         )
-        session.add(batch)
-        session.flush()
-        session.execute(
-            update(PromptRow)
-            .where(PromptRow.id.in_([r.id for r in rows]))
-            .values(state="accepted", lease_id=lease.id, batch_id=batch.id)
-        )
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id)
-            .values(groups_in_flight=Run.groups_in_flight + len(rows))
-        )
-        return batch.id
+        return record_accepted(session, run_id, lease.id, batch, rows)
 
 
 def _learner(

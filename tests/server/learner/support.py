@@ -124,19 +124,7 @@ def accepted_batch(
             tokenizer_fingerprint=FP,
             state="accepted",
         )
-        session.add(batch)
-        session.flush()
-        session.execute(
-            update(PromptRow)
-            .where(PromptRow.id.in_([r.id for r in rows]))
-            .values(state="accepted", lease_id=lease.id, batch_id=batch.id)
-        )
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id)
-            .values(groups_in_flight=Run.groups_in_flight + len(rows))
-        )
-        return batch.id
+        return record_accepted(session, run_id, lease.id, batch, rows)
 
 
 def attach(client: TestClient, run: RunHandle, fp: str = FP) -> dict[str, Any]:
@@ -251,3 +239,22 @@ def row_states(app: Any, run_id: uuid.UUID) -> dict[int, tuple[str, int, str | N
             r.id: (r.state, r.attempts, r.drop_reason)
             for r in session.execute(select(PromptRow).where(PromptRow.run_id == run_id)).scalars()
         }
+
+
+def record_accepted(
+    session: Any, run_id: uuid.UUID, lease_id: uuid.UUID, batch: RolloutBatch, rows: list[Any]
+) -> uuid.UUID:
+    """Store an accepted batch as `complete` leaves it: its rows accepted and in flight."""
+    session.add(batch)
+    session.flush()
+    session.execute(
+        update(PromptRow)
+        .where(PromptRow.id.in_([r.id for r in rows]))
+        .values(state="accepted", lease_id=lease_id, batch_id=batch.id)
+    )
+    session.execute(
+        update(Run)
+        .where(Run.id == run_id)
+        .values(groups_in_flight=Run.groups_in_flight + len(rows))
+    )
+    return batch.id
