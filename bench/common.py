@@ -393,12 +393,18 @@ class Layout:
     control_cpus: str = "0"  # server, moto, learner
     worker_cpus: str = "1"  # both workers
     slow_duty: float = 1 / 3
+    learner_duty: float | None = None  # None: the learner runs unthrottled
 
     def describe(self) -> str:
+        learner = (
+            f"; the learner throttled to {self.learner_duty:.0%} the same way"
+            if self.learner_duty is not None
+            else ""
+        )
         return (
             f"taskset: server + moto + learner on CPU {self.control_cpus}, both workers on CPU "
             f"{self.worker_cpus}; worker 'slow' throttled to {self.slow_duty:.0%} of wall time "
-            "by a SIGSTOP/SIGCONT duty cycle (300 ms period, as cpulimit does)"
+            f"by a SIGSTOP/SIGCONT duty cycle (300 ms period, as cpulimit does){learner}"
         )
 
 
@@ -433,7 +439,15 @@ def sweep(
                         if throttle is not None and i == 0:
                             wait_workers_ready(cluster, ["fast", "slow"])
                             throttle.start()
-                        status = wait_run_finished(cluster, run_id, timeout_s)
+                        slow_learner = None
+                        if layout.learner_duty is not None:
+                            slow_learner = Throttle(learner, layout.learner_duty)
+                            slow_learner.start()
+                        try:
+                            status = wait_run_finished(cluster, run_id, timeout_s)
+                        finally:
+                            if slow_learner is not None:
+                                slow_learner.stop()
                         learner.stop(grace_s=10)
                         figures = run_figures(db, run_id, int(config["group_size"]))
                         out.append(figures)

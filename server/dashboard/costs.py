@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from server.dashboard import repository as repo
 from server.learner.telemetry import AFTER_ACCEPTANCE
+from server.runs.service import config_of
 
 WASTE_KINDS = ("rejected", "expired", "aborted")
 
@@ -89,7 +90,7 @@ def cost_page(session: Session, prices: dict[str, float]) -> CostPage:
             r.name,
             r.status,
             r.spent_usd,
-            (r.config or {}).get("budget_usd"),
+            config_of(session, r.id).budget_usd,
             accepted.get(r.id, 0),
         )
         for r in repo.runs_by_id(session).values()

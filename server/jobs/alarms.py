@@ -19,6 +19,7 @@ from server.db_types import db_now
 from server.jobs import stats
 from server.jobs.common import db_time, raise_event
 from server.models import AlarmState, Run, Worker
+from server.runs.service import config_of
 
 ALARM_STATUSES = ("running",)
 
@@ -100,11 +101,11 @@ def apply_reading(
 
 def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
     """The run alarms' figures against the run's thresholds (RunConfig.alarms)."""
-    alarms = run.config.get("alarms") or {}
+    alarms = config_of(session, run.id).alarms
     out: list[Reading] = []
-    window_s = float(alarms.get("window_minutes", 10.0)) * 60
+    window_s = alarms.window_minutes * 60
     waste = stats.stale_waste(session, run.id, window_s)
-    limit = float(alarms.get("stale_waste", 0.2))
+    limit = alarms.stale_waste
     out.append(
         Reading(
             "stale_waste",
@@ -117,7 +118,7 @@ def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
         )
     )
     clip = stats.latest_clip_fraction(session, run.id)
-    limit = float(alarms.get("clip_fraction", 0.2))
+    limit = alarms.clip_fraction
     out.append(
         Reading(
             "clip_fraction",
@@ -129,7 +130,7 @@ def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
     )
     since = run.last_version_at or run.learner_attached_at or run.created_at
     idle_min = (now - since).total_seconds() / 60 if since else 0.0
-    limit = float(alarms.get("no_version_minutes", 30.0))
+    limit = alarms.no_version_minutes
     out.append(
         Reading(
             "no_version",

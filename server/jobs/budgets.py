@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from server.db_types import db_now
 from server.jobs.common import raise_event
 from server.models import Run
+from server.runs.service import config_of
 
 ENFORCED_STATUSES = ("pending", "running", "paused")
 
@@ -19,11 +20,11 @@ def enforce_budgets(session: Session) -> list[uuid.UUID]:
     """Move every run at or over its budget to `budget_exhausted`; returns their ids. The
     status change is a compare-and-set, so a repeated pass raises no second event."""
     rows = session.execute(
-        select(Run.id, Run.config, Run.spent_usd).where(Run.status.in_(ENFORCED_STATUSES))
+        select(Run.id, Run.spent_usd).where(Run.status.in_(ENFORCED_STATUSES))
     ).all()
     exhausted: list[uuid.UUID] = []
-    for run_id, config, spent in rows:
-        budget = (config or {}).get("budget_usd")
+    for run_id, spent in rows:
+        budget = config_of(session, run_id).budget_usd
         if budget is None or float(spent) < float(budget):
             continue
         moved = session.execute(

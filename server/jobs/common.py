@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from server.db_types import db_now
 from server.jobs import webhooks
-from server.models import Event, Run
+from server.models import Event
+from server.runs.service import config_of
 
 
 def db_time(session: Session) -> datetime:
@@ -42,8 +43,7 @@ def raise_event(
     session.add(event)
     session.flush()
     if run_id is not None:
-        config = session.execute(select(Run.config).where(Run.id == run_id)).scalar_one_or_none()
-        url = ((config or {}).get("alarms") or {}).get("webhook_url")
+        url = config_of(session, run_id).alarms.webhook_url
         if url:
             webhooks.enqueue(session, event, url)
     return event

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from server.jobs.common import db_time
 from server.models import CostMark, CostRecord, Lease, Run, Worker
+from server.runs.service import config_of
 from server.workers.repository import price_table
 from server.workers.service import effective_price
 
@@ -197,7 +198,7 @@ def accrue_learners(session: Session) -> float:
             session, "learner", run.id, mark.marked_at if mark else None, end, silent=False
         ):
             continue
-        price = float(run.config.get("learner_price_per_hour") or 0.0)
+        price = config_of(session, run.id).learner_price_per_hour
         if end > start:
             total += _charge(
                 session,

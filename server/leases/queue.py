@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from server.db_types import db_now
 from server.models import PromptRow, Run
+from server.runs import service as runs
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
 # Reasons that do not count as an attempt (a worker's voluntary release).
@@ -64,8 +65,7 @@ def requeue(
     ).all()
     if not rows:
         return RequeueResult()
-    config = session.execute(select(Run.config).where(Run.id == run_id)).scalar_one()
-    limit = int(config.get("max_attempts", 3))
+    limit = runs.config_of(session, run_id).max_attempts
     bump = 1 if count_attempt else 0
     back = [r for r in rows if not (count_attempt and r.attempts + bump >= limit)]
     gone = [r for r in rows if r not in back]

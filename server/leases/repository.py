@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import Row, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
@@ -21,6 +21,7 @@ def candidate_runs(session: Session, models: list[str]) -> list[Run]:
     return list(
         session.execute(
             select(Run)
+            .options(defer(Run.config))
             .where(Run.status == "running", Run.base_model.in_(models))
             .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
         ).scalars()
@@ -63,7 +64,7 @@ def adapter_version(session: Session, run_id: uuid.UUID, version: int) -> Adapte
     ).scalar_one_or_none()
 
 
-def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID) -> Row[Any] | None:
+def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID) -> Any:
     """The lease with its run's fields, only if this worker holds it (else None: a 404)."""
     return session.execute(
         select(
@@ -74,7 +75,6 @@ def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID)
             Lease.group_size,
             Run.status,
             Run.current_version,
-            Run.config,
             Run.tokenizer_fingerprint,
         )
         .join(Run, Run.id == Lease.run_id)

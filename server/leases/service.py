@@ -36,28 +36,15 @@ from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
 from server.leases import expiry, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
-
-_DEFAULTS = {name: f.default for name, f in RunConfig.model_fields.items()}
-
-
-def cfg(config: dict[str, Any], name: str) -> Any:
-    """A RunConfig field from a stored config (stored configs are complete model dumps)."""
-    return config.get(name, _DEFAULTS[name])
-
+from server.runs import service as runs
 
 UNLIMITED_GROUPS = 2**31 - 1  # the admission bound of a run with admission_control off
 
 
-def admission_bound(config: dict[str, Any]) -> int:
-    """RunConfig.admission_bound_groups() without re-validating the whole stored config
-    (unlimited when the run turned admission control off, for benchmarks)."""
-    if not cfg(config, "admission_control"):
-        return UNLIMITED_GROUPS
-    return (
-        (int(cfg(config, "max_staleness")) + 1)
-        * int(cfg(config, "weight_sync_steps"))
-        * int(cfg(config, "prompts_per_step"))
-    )
+def admission_bound(config: RunConfig) -> int:
+    """The run's admission bound, unlimited when the run turned admission control off (for
+    benchmarks)."""
+    return config.admission_bound_groups() if config.admission_control else UNLIMITED_GROUPS
 
 
 def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
@@ -97,8 +84,8 @@ def acquire(
 def _grant(
     session: Session, store: ObjectStore, settings: Settings, run: Run, worker_id: uuid.UUID
 ) -> Lease | None:
-    config = run.config
-    rows = repo.lock_queued_rows(session, run.id, int(cfg(config, "prompts_per_lease")))
+    config = runs.config_of(session, run.id)
+    rows = repo.lock_queued_rows(session, run.id, config.prompts_per_lease)
     if not rows:
         return None
     admitted = queue.admit(session, run.id, len(rows), admission_bound(config))
@@ -106,9 +93,9 @@ def _grant(
         return None
     fencing, version, fingerprint = admitted
     lease_id = uuid.uuid4()
-    ttl_s = float(cfg(config, "lease_ttl_s"))
-    group_size = int(cfg(config, "group_size"))
-    seed = lease_seed(int(cfg(config, "seed")), run.id, fencing)
+    ttl_s = config.lease_ttl_s
+    group_size = config.group_size
+    seed = lease_seed(config.seed, run.id, fencing)
     repo.insert_lease(
         session,
         id=lease_id,
@@ -123,15 +110,15 @@ def _grant(
         group_size=group_size,
     )
     repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
-    sampling = dict(cfg(config, "sampling") or {})
+    sampling = config.sampling.model_dump(mode="json")
     return Lease(
         lease_id=lease_id,
         run_id=run.id,
         base_model=run.base_model,
         tokenizer_fingerprint=fingerprint,
         sampling=sampling,
-        max_new_tokens=int(sampling.get("max_new_tokens", 32)),
-        system_prompt=(cfg(config, "grpo") or {}).get("system_prompt"),
+        max_new_tokens=config.sampling.max_new_tokens,
+        system_prompt=config.grpo.system_prompt,
         group_size=group_size,
         prompts=[
             LeasePrompt(
@@ -147,7 +134,7 @@ def _grant(
         adapter=_adapter_ref(session, store, settings, run.id, version),
         fencing=fencing,
         ttl_s=ttl_s,
-        heartbeat_interval_s=float(cfg(config, "heartbeat_interval_s")),
+        heartbeat_interval_s=config.heartbeat_interval_s,
         batch_key=layout.batch_key(run.id, lease_id, fencing),
     )
 
@@ -199,13 +186,14 @@ def heartbeat(
     """Extend the lease by the run's TTL, or abort it (and re-queue its rows) when its batch can
     no longer be admissible or the run no longer runs."""
     lease = _lease(session, lease_id, worker)
-    config = lease.config
-    ttl_s = float(cfg(config, "lease_ttl_s"))
+    config = runs.config_of(session, lease.run_id)
+    ttl_s = config.lease_ttl_s
     reason = None
     if lease.status != "running":
         reason = f"run_{lease.status}"
-    elif cfg(config, "admission_control") and lease.current_version - lease.adapter_version > int(
-        cfg(config, "max_staleness")
+    elif (
+        config.admission_control
+        and lease.current_version - lease.adapter_version > config.max_staleness
     ):
         reason = "stale"
     if reason is None:

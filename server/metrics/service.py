@@ -15,6 +15,7 @@ from server.db import transaction
 from server.jobs import stats
 from server.jobs.common import db_time
 from server.models import Lease, PromptRow, Run, Worker
+from server.runs.service import config_of
 from server.workers.repository import price_table
 from server.workers.service import effective_price
 
@@ -64,16 +65,16 @@ def run_metrics(session: Session) -> Iterator[Metric]:
         version.add_metric([rid], run.current_version)
         leases.add_metric([rid], in_flight.get(run.id, 0))
         groups.add_metric([rid], run.groups_in_flight)
-        alarms = run.config.get("alarms") or {}
-        w = stats.stale_waste(session, run.id, float(alarms.get("window_minutes", 10.0)) * 60)
+        config = config_of(session, run.id)
+        w = stats.stale_waste(session, run.id, config.alarms.window_minutes * 60)
         waste.add_metric([rid], w.ratio)
         generated.add_metric([rid], w.generated)
         value = stats.latest_clip_fraction(session, run.id)
         if value is not None:
             clip.add_metric([rid], value)
         spent.add_metric([rid], run.spent_usd)
-        if run.config.get("budget_usd") is not None:
-            budget.add_metric([rid], float(run.config["budget_usd"]))
+        if config.budget_usd is not None:
+            budget.add_metric([rid], config.budget_usd)
     yield from (info, version, leases, groups, waste, generated, clip, spent, budget)
     yield from _run_breakdowns(session)
 

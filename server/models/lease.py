@@ -35,9 +35,7 @@ class Lease(UUIDPk, CreatedAt, Base):
 
 class RolloutBatch(UUIDPk, CreatedAt, Base):
     __tablename__ = "rollout_batches"
-    __table_args__ = (
-        Index("ix_rollout_batches_run_state", "run_id", "state", "adapter_version"),
-    )
+    __table_args__ = (Index("ix_rollout_batches_run_state", "run_id", "state", "adapter_version"),)
 
     run_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("runs.id", ondelete="CASCADE"))
     lease_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("leases.id"), unique=True)

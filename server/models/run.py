@@ -16,7 +16,9 @@ class Run(UUIDPk, CreatedAt, Base):
 
     name: Mapped[str] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(32), default="pending", index=True)
-    config: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # Deferred: an inline JSONL dataset makes it megabytes; hot paths read the parsed, cached
+    # copy (server.runs.service.config_of) instead of loading it with every Run.
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType, deferred=True)
     base_model: Mapped[str] = mapped_column(String(500), index=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     current_version: Mapped[int] = mapped_column(Integer, default=0)

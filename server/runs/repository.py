@@ -86,6 +86,13 @@ def get(session: Session, run_id: uuid.UUID) -> Run | None:
     return session.get(Run, run_id, populate_existing=True)
 
 
+def config_json(session: Session, run_id: uuid.UUID) -> dict[str, Any] | None:
+    return cast(
+        "dict[str, Any] | None",
+        session.execute(select(Run.config).where(Run.id == run_id)).scalar_one_or_none(),
+    )
+
+
 def list_runs(session: Session, status: str | None, limit: int, offset: int) -> list[Run]:
     query = select(Run).order_by(Run.created_at.desc(), Run.id).limit(limit).offset(offset)
     if status is not None:

@@ -79,6 +79,7 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
 _CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
 _CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
+_LOADING: dict[uuid.UUID, threading.Lock] = {}
 
 
 def _remember(run_id: uuid.UUID, config: RunConfig) -> None:
@@ -98,6 +99,30 @@ def get_config(run: Run) -> RunConfig:
         return cached
     config = RunConfig.model_validate(run.config)
     _remember(run.id, config)
+    return config
+
+
+def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
+    """get_config by run id, reading the config column only when it is not cached (the lease
+    engine's hot path never loads a large inline dataset). One thread parses a run's config;
+    the others wait for it instead of each validating 100,000 rows."""
+    with _CACHE_LOCK:
+        cached = _CACHE.get(run_id)
+        if cached is not None:
+            return cached
+        loading = _LOADING.setdefault(run_id, threading.Lock())
+    with loading:
+        with _CACHE_LOCK:
+            cached = _CACHE.get(run_id)
+        if cached is not None:
+            return cached
+        raw = repository.config_json(session, run_id)
+        if raw is None:
+            raise NotFound(f"run {run_id} not found")
+        config = RunConfig.model_validate(raw)
+        _remember(run_id, config)
+    with _CACHE_LOCK:
+        _LOADING.pop(run_id, None)
     return config
 
 

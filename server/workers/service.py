@@ -37,8 +37,10 @@ def effective_price(worker: Worker, table: dict[str, float]) -> float:
 
 def to_out(worker: Worker, table: dict[str, float]) -> WorkerOut:
     return WorkerOut.model_validate(
-        {**{c: getattr(worker, c) for c in WorkerOut.model_fields if hasattr(worker, c)},
-         "effective_price_per_hour": effective_price(worker, table)}
+        {
+            **{c: getattr(worker, c) for c in WorkerOut.model_fields if hasattr(worker, c)},
+            "effective_price_per_hour": effective_price(worker, table),
+        }
     )
 
 
