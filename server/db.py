@@ -21,7 +21,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_size", 20)
     kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
+    # No ping per checkout (a round trip on every request): after a database restart the first
+    # request on a dead connection fails with a disconnect error, SQLAlchemy invalidates the
+    # whole pool, and the app answers 503 + Retry-After (server/errors.py) for clients to retry.
+    kwargs.setdefault("pool_pre_ping", False)
     return create_engine(url, **kwargs)
 
 

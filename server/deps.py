@@ -15,7 +15,7 @@ from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import transaction
 from server.errors import Unauthorized, Unprocessable
-from server.models import Token
+from server.models import Token, Worker
 from server.tokens import service as tokens
 
 _bearer = HTTPBearer(auto_error=False)
@@ -52,10 +52,6 @@ def require_admin(session: SessionDep, credentials: Credentials) -> Token:
     return _principal(session, credentials, "admin")
 
 
-def require_worker(session: SessionDep, credentials: Credentials) -> Token:
-    return _principal(session, credentials, "worker")
-
-
 def require_learner(session: SessionDep, credentials: Credentials) -> Token:
     return _principal(session, credentials, "learner")
 
@@ -64,8 +60,16 @@ def require_registration(session: SessionDep, credentials: Credentials) -> Token
     return _principal(session, credentials, "registration")
 
 
+def current_worker(session: SessionDep, credentials: Credentials) -> Worker:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("missing bearer token")
+    from server.workers.service import worker_for_token
+
+    return worker_for_token(session, credentials.credentials)
+
+
 AdminDep = Annotated[Token, Depends(require_admin)]
-WorkerDep = Annotated[Token, Depends(require_worker)]
+CurrentWorker = Annotated[Worker, Depends(current_worker)]
 LearnerDep = Annotated[Token, Depends(require_learner)]
 RegistrationDep = Annotated[Token, Depends(require_registration)]
 

@@ -9,6 +9,7 @@ from botocore.exceptions import BotoCoreError
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import OperationalError
 
 from protocol.storage import StoreError
 
@@ -72,6 +73,16 @@ def install_error_handler(app: FastAPI) -> None:
             {"detail": f"object store unavailable: {exc}"},
             status_code=503,
             headers={"Retry-After": "5"},
+        )
+
+    @app.exception_handler(OperationalError)
+    async def _database_unavailable(_request: Request, _exc: Exception) -> JSONResponse:
+        # A lost connection (the database restarted, the pool is invalidated) or SQLite's busy
+        # timeout is transient: 503 tells clients to retry. Other database errors stay 500s.
+        return JSONResponse(
+            {"detail": "database unavailable, retry shortly"},
+            status_code=503,
+            headers={"Retry-After": "1"},
         )
 
 

@@ -19,10 +19,10 @@ from protocol.schemas import (
     UploadRequest,
     UploadResponse,
 )
-from server.deps import SessionDep, SettingsDep, StoreDep, WorkerDep
+from server.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
 from server.leases import service
 from server.routing import TransactionalRoute
-from server.workers.service import worker_of
+from server.workers.service import reload
 
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=TransactionalRoute)
 
@@ -39,11 +39,10 @@ def acquire(
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-    token: WorkerDep,
+    worker: CurrentWorker,
 ) -> Lease | Response:
     deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
     while True:
-        worker = worker_of(session, token)
         lease = service.acquire(session, store, settings, worker, body)
         # Each try is its own transaction: never hold locks (or SQLite's write lock) while
         # sleeping. The route class commits the last one (server/routing.py).
@@ -51,6 +50,7 @@ def acquire(
         if lease is not None or worker.status != "active" or time.monotonic() >= deadline:
             break
         time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+        worker = reload(session, worker)  # revoked or quarantined while waiting
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return lease
@@ -58,9 +58,9 @@ def acquire(
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse)
 def heartbeat(
-    lease_id: uuid.UUID, body: HeartbeatRequest, session: SessionDep, token: WorkerDep
+    lease_id: uuid.UUID, body: HeartbeatRequest, session: SessionDep, worker: CurrentWorker
 ) -> HeartbeatResponse:
-    return service.heartbeat(session, worker_of(session, token), lease_id, body)
+    return service.heartbeat(session, worker, lease_id, body)
 
 
 @router.post("/{lease_id}/upload", response_model=UploadResponse)
@@ -70,9 +70,9 @@ def upload(
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
-    token: WorkerDep,
+    worker: CurrentWorker,
 ) -> UploadResponse:
-    return service.upload(session, store, settings, worker_of(session, token), lease_id, body)
+    return service.upload(session, store, settings, worker, lease_id, body)
 
 
 @router.post("/{lease_id}/complete", response_model=CompleteResponse)
@@ -81,13 +81,13 @@ def complete(
     body: CompleteRequest,
     session: SessionDep,
     store: StoreDep,
-    token: WorkerDep,
+    worker: CurrentWorker,
 ) -> CompleteResponse:
-    return service.complete(session, store, worker_of(session, token), lease_id, body)
+    return service.complete(session, store, worker, lease_id, body)
 
 
 @router.post("/{lease_id}/release", response_model=ReleaseResponse)
 def release(
-    lease_id: uuid.UUID, body: ReleaseRequest, session: SessionDep, token: WorkerDep
+    lease_id: uuid.UUID, body: ReleaseRequest, session: SessionDep, worker: CurrentWorker
 ) -> ReleaseResponse:
-    return service.release(session, worker_of(session, token), lease_id, body)
+    return service.release(session, worker, lease_id, body)

@@ -8,7 +8,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
-from server.models import Token
+from server.models import Token, Worker
 
 
 def db_time(session: Session) -> datetime:
@@ -24,6 +24,16 @@ def insert(session: Session, **fields: Any) -> Token:
 
 def by_digest(session: Session, digest: str) -> Token | None:
     return session.execute(select(Token).where(Token.digest == digest)).scalar_one_or_none()
+
+
+def by_digest_with_worker(session: Session, digest: str) -> tuple[Token, Worker | None] | None:
+    """The token and the worker it belongs to, in one round trip (every worker call's auth)."""
+    row = session.execute(
+        select(Token, Worker)
+        .outerjoin(Worker, Worker.id == Token.scope_id)
+        .where(Token.digest == digest)
+    ).first()
+    return None if row is None else (row[0], row[1])
 
 
 def increment_uses(session: Session, token_id: uuid.UUID) -> bool:

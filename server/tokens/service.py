@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from server.errors import Forbidden, Unauthorized
-from server.models import Token
+from server.models import Token, Worker
 from server.tokens import repository
 
 PREFIXES = {
@@ -67,7 +67,21 @@ def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> 
     if kind is None:
         raise Unauthorized("invalid token")
     wanted = digest(plaintext)
-    token = repository.by_digest(session, wanted)
+    return _check(session, repository.by_digest(session, wanted), wanted, allowed)
+
+
+def authenticate_worker(session: Session, plaintext: str) -> tuple[Token, Worker | None]:
+    """authenticate() for worker tokens, loading the token's worker in the same query."""
+    if not any(plaintext.startswith(p) for p in KIND_BY_PREFIX):
+        raise Unauthorized("invalid token")
+    wanted = digest(plaintext)
+    found = repository.by_digest_with_worker(session, wanted)
+    token = _check(session, found[0] if found else None, wanted, ("worker",))
+    assert found is not None
+    return token, found[1]
+
+
+def _check(session: Session, token: Token | None, wanted: str, allowed: tuple[str, ...]) -> Token:
     if token is None or not hmac.compare_digest(token.digest, wanted):
         raise Unauthorized("invalid token")
     if token.revoked_at is not None:

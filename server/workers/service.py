@@ -59,10 +59,20 @@ def revoke(session: Session, worker_id: uuid.UUID) -> WorkerOut:
     return to_out(worker, repository.price_table(session))
 
 
-def worker_of(session: Session, token: Token) -> Worker:
-    """The worker behind a worker token; revoked workers are refused like revoked tokens."""
-    assert token.scope_id is not None
-    worker = repository.get(session, token.scope_id)
+def worker_for_token(session: Session, plaintext: str) -> Worker:
+    """The worker calling with this bearer token (401 for a bad, revoked or expired token or a
+    revoked worker, 403 for another kind of token): one query for token and worker."""
+    _token, worker = tokens.authenticate_worker(session, plaintext)
+    return _active(worker)
+
+
+def reload(session: Session, worker: Worker) -> Worker:
+    """The worker's row as it is now (a long-poll re-checks revocation and quarantine)."""
+    session.refresh(worker)
+    return _active(worker)
+
+
+def _active(worker: Worker | None) -> Worker:
     if worker is None or worker.status == "revoked":
         raise Unauthorized("worker revoked")
     return worker

@@ -33,7 +33,7 @@ AUTHENTICATED_IN_HANDLER = {("POST", "/api/v1/runs/{run_id}/batches/claim"): "le
 _GUARDS: dict[Callable[..., Any], str] = {
     deps.require_admin: "admin",
     deps.require_registration: "registration",
-    deps.require_worker: "worker",
+    deps.current_worker: "worker",
     deps.require_learner: "learner",
 }
 

@@ -111,3 +111,33 @@ def test_an_unreachable_bucket_is_503_not_500(pg_url: str, tmp_path: Path) -> No
     assert resp.status_code == 503, resp.text
     assert resp.headers["Retry-After"] == "5"
     assert "object store unavailable" in resp.json()["detail"]
+
+
+def test_a_restarted_database_is_a_503_then_recovers(pg_url: str, tmp_path: Path) -> None:
+    """Pooled connections are not pinged per request: when the database drops them, the one
+    request that meets a dead connection answers 503 + Retry-After (not a 500), and the next
+    request runs on a fresh pool."""
+    from sqlalchemy import create_engine, text
+
+    from server.app import create_app
+
+    app = create_app(make_settings(pg_url, tmp_path / "bucket"), migrate=True)
+    headers = {"Authorization": f"Bearer {mint_token(app, 'admin')}"}
+    with TestClient(app) as client:
+        assert client.get("/api/v1/runs", headers=headers).status_code == 200
+        killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+        with killer.connect() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        killer.dispose()
+        assert killed >= 1
+        failed = client.get("/api/v1/runs", headers=headers)
+        assert failed.status_code == 503
+        assert failed.headers["Retry-After"] == "1"
+        assert "database unavailable" in failed.json()["detail"]
+        assert client.get("/api/v1/runs", headers=headers).status_code == 200
+    app.state.engine.dispose()
