@@ -12,11 +12,11 @@ generated (uploaded + aborted), over the whole run; wasted worker-seconds = gene
 the stale-rejected batches + the lifetime of the aborted leases; worker-s = all generation time
 (+ aborted leases). CPU-contended figures (2 shared cores).
 
-The learner is throttled (--learner-duty, default 25% of wall time) so that the two workers
+The learner is throttled (--learner-duty, default 10% of wall time) so that the two workers
 outpace it: with an unthrottled learner on this machine the workers are the bottleneck, nothing
 ever waits long enough to go stale, and both settings show zero waste.
 
-    .venv/bin/python bench/admission.py [--versions 10] [--staleness 1 2 4] [--learner-duty 0.25]
+    .venv/bin/python bench/admission.py [--versions 20] [--staleness 1 2 4] [--learner-duty 0.1]
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from bench import common  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", type=int, default=10)
+    parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--slow-duty", type=float, default=1 / 3)
     parser.add_argument(
         "--learner-duty",
         type=float,
-        default=0.25,
+        default=0.1,
         help="Throttle the learner to this share of wall time, so that the workers outpace it "
         "(the case admission control is for); 1 leaves it unthrottled.",
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -34,6 +36,7 @@ PG = os.environ.get("ASYNCGRPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0
 SECRET = "bench-secret-" + "x" * 32
 DATA = b"x" * 2048
 SHA = hashlib.sha256(DATA).hexdigest()
+SQL_CONNECTIONS = 64  # the raw-SQL side's pool (Postgres here allows 100 connections in all)
 ADMIT_SQL = (
     "UPDATE runs SET groups_in_flight=groups_in_flight+1, fencing_seq=fencing_seq+1, "
     "last_lease_at=clock_timestamp() WHERE id=%s AND status='running' RETURNING fencing_seq"
@@ -118,74 +121,94 @@ async def http_worker(base: str, token: str, store: object, stop: float, stats: 
                 stats.errors += 1
 
 
-async def sql_worker(dsn: str, run_id: str, worker_id: str, stop: float, stats: Stats) -> None:
-    """The same cycle's statements, straight through psycopg (the floor the API is compared to)."""
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        while time.monotonic() < stop:
-            t = time.perf_counter()
+class ConnectionPool:
+    """At most `size` psycopg connections shared by the simulated workers, one transaction at a
+    time each (the API's server holds a pool too; Postgres allows 100 connections here)."""
+
+    def __init__(self, conns: list[psycopg.AsyncConnection]) -> None:
+        self.free: asyncio.Queue[psycopg.AsyncConnection] = asyncio.Queue()
+        for conn in conns:
+            self.free.put_nowait(conn)
+
+    @classmethod
+    async def open(cls, dsn: str, size: int) -> ConnectionPool:
+        return cls([await psycopg.AsyncConnection.connect(dsn) for _ in range(size)])
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        conn = await self.free.get()
+        try:
             async with conn.transaction():
-                row = await (
-                    await conn.execute(
-                        "SELECT id FROM prompt_rows WHERE run_id=%s AND state='queued' "
-                        "ORDER BY queue_pos LIMIT 1 FOR UPDATE SKIP LOCKED",
-                        (run_id,),
-                    )
-                ).fetchone()
-                if row is None:
-                    stats.errors += 1
-                    continue
-                fencing = (
-                    await (
-                        await conn.execute(
-                            ADMIT_SQL,
-                            (run_id,),
-                        )
-                    ).fetchone()
-                )[0]  # type: ignore[index]
-                lid = uuid.uuid4()
+                yield conn
+        finally:
+            self.free.put_nowait(conn)
+
+    async def close(self) -> None:
+        while not self.free.empty():
+            await self.free.get_nowait().close()
+
+
+async def sql_worker(pool: ConnectionPool, run_id: str, worker_id: str, stop: float,
+                     stats: Stats) -> None:  # fmt: skip
+    """The same cycle's statements, straight through psycopg (the floor the API is compared to)."""
+    while time.monotonic() < stop:
+        t = time.perf_counter()
+        async with pool.transaction() as conn:
+            row = await (
                 await conn.execute(
-                    "INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, "
-                    "expires_at, seed, n_prompts, group_size, created_at) VALUES (%s,%s,%s,0,%s,"
-                    "'active', clock_timestamp() + interval '60 s', 1, 1, 2, clock_timestamp())",
-                    (lid, run_id, worker_id, fencing),
+                    "SELECT id FROM prompt_rows WHERE run_id=%s AND state='queued' "
+                    "ORDER BY queue_pos LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    (run_id,),
                 )
-                await conn.execute("UPDATE prompt_rows SET state='leased', lease_id=%s WHERE id=%s",
-                                   (lid, row[0]))  # fmt: skip
-            stats.add("acquire", time.perf_counter() - t)
-            for name in ("heartbeat", "upload"):
-                t = time.perf_counter()
+            ).fetchone()
+            if row is None:
+                stats.errors += 1
+                continue
+            fencing = (await (await conn.execute(ADMIT_SQL, (run_id,))).fetchone())[0]  # type: ignore[index]
+            lid = uuid.uuid4()
+            await conn.execute(
+                "INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, "
+                "expires_at, seed, n_prompts, group_size, created_at) VALUES (%s,%s,%s,0,%s,"
+                "'active', clock_timestamp() + interval '60 s', 1, 1, 2, clock_timestamp())",
+                (lid, run_id, worker_id, fencing),
+            )
+            await conn.execute("UPDATE prompt_rows SET state='leased', lease_id=%s WHERE id=%s",
+                               (lid, row[0]))  # fmt: skip
+        stats.add("acquire", time.perf_counter() - t)
+        for name in ("heartbeat", "upload"):
+            t = time.perf_counter()
+            async with pool.transaction() as conn:
                 await conn.execute(
                     "UPDATE leases SET last_heartbeat_at=clock_timestamp(), expires_at="
                     "clock_timestamp() + interval '60 s' WHERE id=%s AND fencing=%s AND "
                     "state='active' AND expires_at > clock_timestamp() RETURNING id",
                     (lid, fencing),
                 )
-                await conn.commit()
-                stats.add(name, time.perf_counter() - t)
-            t = time.perf_counter()
-            async with conn.transaction():
-                await conn.execute(
-                    "UPDATE leases SET state='completed', ended_at=clock_timestamp() WHERE id=%s "
-                    "AND fencing=%s AND state='active' AND expires_at > clock_timestamp() "
-                    "RETURNING id",
-                    (lid, fencing),
-                )
-                bid = uuid.uuid4()
-                await conn.execute(
-                    "INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version,"
-                    " bucket_key, sha256, bytes, n_samples, n_tokens, n_groups, state, created_at)"
-                    " VALUES (%s,%s,%s,%s,0,'k',%s,1,2,10,1,'accepted', clock_timestamp())",
-                    (bid, run_id, lid, worker_id, SHA),
-                )
-                await conn.execute("UPDATE prompt_rows SET state='accepted', batch_id=%s WHERE "
-                                   "lease_id=%s AND state='leased'", (bid, lid))  # fmt: skip
-                await conn.execute(
-                    "UPDATE workers SET last_seen_at=clock_timestamp(), "
-                    "accepted_batches=accepted_batches+1 WHERE id=%s",
-                    (worker_id,),
-                )
-            stats.add("complete", time.perf_counter() - t)
-            stats.cycles += 1
+            stats.add(name, time.perf_counter() - t)
+        t = time.perf_counter()
+        async with pool.transaction() as conn:
+            await conn.execute(
+                "UPDATE leases SET state='completed', ended_at=clock_timestamp() WHERE id=%s "
+                "AND fencing=%s AND state='active' AND expires_at > clock_timestamp() "
+                "RETURNING id",
+                (lid, fencing),
+            )
+            bid = uuid.uuid4()
+            await conn.execute(
+                "INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version,"
+                " bucket_key, sha256, bytes, n_samples, n_tokens, n_groups, state, created_at)"
+                " VALUES (%s,%s,%s,%s,0,'k',%s,1,2,10,1,'accepted', clock_timestamp())",
+                (bid, run_id, lid, worker_id, SHA),
+            )
+            await conn.execute("UPDATE prompt_rows SET state='accepted', batch_id=%s WHERE "
+                               "lease_id=%s AND state='leased'", (bid, lid))  # fmt: skip
+            await conn.execute(
+                "UPDATE workers SET last_seen_at=clock_timestamp(), "
+                "accepted_batches=accepted_batches+1 WHERE id=%s",
+                (worker_id,),
+            )
+        stats.add("complete", time.perf_counter() - t)
+        stats.cycles += 1
 
 
 async def run_http(base: str, tokens: list[str], store: object, n: int, seconds: float) -> float:
@@ -198,9 +221,13 @@ async def run_http(base: str, tokens: list[str], store: object, n: int, seconds:
 
 async def run_sql(dsn: str, run_id: str, worker_id: str, n: int, seconds: float) -> float:
     stats = Stats()
+    pool = await ConnectionPool.open(dsn, min(n, SQL_CONNECTIONS))
     stop = time.monotonic() + seconds
     start = time.monotonic()
-    await asyncio.gather(*(sql_worker(dsn, run_id, worker_id, stop, stats) for _ in range(n)))
+    try:
+        await asyncio.gather(*(sql_worker(pool, run_id, worker_id, stop, stats) for _ in range(n)))
+    finally:
+        await pool.close()
     return stats.report(f"SQL  N={n}", time.monotonic() - start)
 
 
@@ -225,7 +252,10 @@ def main() -> None:
             port = s.getsockname()[1]
         env = {**os.environ, "ASYNCGRPO_DATABASE_URL": db_url, "ASYNCGRPO_BUCKET_URL": str(bucket),
                "ASYNCGRPO_SECURITY__SECRET_KEY": SECRET, "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
-               "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+               "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}",
+               # the raw-SQL phase needs its own N connections under max_connections (100)
+               "ASYNCGRPO_DATABASE_POOL_SIZE": str(24 // args.uvicorn_workers),
+               "ASYNCGRPO_DATABASE_MAX_OVERFLOW": "0"}  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
              "--port", str(port), "--workers", str(args.uvicorn_workers), "--log-level",

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from anyio import to_thread
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -23,7 +24,17 @@ log = logging.getLogger("asyncgrpo.server")
 
 def create_app(settings: Settings | None = None, *, migrate: bool | None = None) -> FastAPI:
     settings = settings or get_settings()
-    engine = make_engine(settings.database_url)
+    engine = make_engine(
+        settings.database_url,
+        **(
+            {}
+            if settings.embedded
+            else {
+                "pool_size": settings.database_pool_size,
+                "max_overflow": settings.database_max_overflow,
+            }
+        ),
+    )
     if migrate if migrate is not None else settings.embedded:
         from server.migrate import upgrade
 
@@ -31,6 +42,9 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Sync endpoints run in this many threads: more threads only contend for the GIL (the
+        # long-polls wait on the event loop, not in a thread).
+        to_thread.current_default_thread_limiter().total_tokens = settings.server_threads
         if settings.print_admin_token:
             bootstrap_admin_token(app)
         from server.jobs.inprocess import start_if_inprocess

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,19 +19,24 @@ from server.models import Token, Worker
 from server.tokens import service as tokens
 
 _bearer = HTTPBearer(auto_error=False)
+T = TypeVar("T")
 
 
-def get_session(request: Request) -> Iterator[Session]:
+# These three are `async` only so that FastAPI calls them on the event loop instead of taking
+# a thread-pool hop each (a sync generator dependency takes two): they do no I/O there. The
+# session's transaction is ended inside the endpoint's own thread (server/routing.py), so the
+# commit on leaving `transaction` has nothing left to send.
+async def get_session(request: Request) -> AsyncIterator[Session]:
     with transaction(request.app.state.sessionmaker) as session:
         yield session
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_store(request: Request) -> ObjectStore:
+async def get_store(request: Request) -> ObjectStore:
     store: ObjectStore = request.app.state.store
     return store
 
@@ -45,7 +50,16 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token")
-    return tokens.authenticate(session, credentials.credentials, kinds)
+    return released(session, tokens.authenticate(session, credentials.credentials, kinds))
+
+
+def released(session: Session, principal: T) -> T:
+    """End the (read-only) authentication transaction before the dependency returns, so its
+    connection goes back to the pool. Sync dependencies and the endpoint run in separate
+    thread-pool hops: a request holding a connection while it waits for a thread, with every
+    thread waiting for a connection, would deadlock until the pool timeout."""
+    session.commit()
+    return principal
 
 
 def require_admin(session: SessionDep, credentials: Credentials) -> Token:
@@ -65,7 +79,7 @@ def current_worker(session: SessionDep, credentials: Credentials) -> Worker:
         raise Unauthorized("missing bearer token")
     from server.workers.service import worker_for_token
 
-    return worker_for_token(session, credentials.credentials)
+    return released(session, worker_for_token(session, credentials.credentials))
 
 
 AdminDep = Annotated[Token, Depends(require_admin)]

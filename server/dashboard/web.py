@@ -20,7 +20,7 @@ from server.dashboard.auth import (
     same,
     submitted_csrf,
 )
-from server.deps import SessionDep, SettingsDep
+from server.deps import SessionDep, SettingsDep, released
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -73,7 +73,7 @@ def require_login(request: Request, session: SessionDep, settings: SettingsDep) 
     if user is None or not repo.admin_token_live(session, user.token_id):
         raise LoginRequired()
     request.state.csrf = user.csrf
-    return user
+    return released(session, user)
 
 
 LoginDep = Annotated[DashboardSession, Depends(require_login)]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 
 from protocol.schemas import (
     CompleteRequest,
@@ -19,10 +21,18 @@ from protocol.schemas import (
     UploadRequest,
     UploadResponse,
 )
-from server.deps import CurrentWorker, SessionDep, SettingsDep, StoreDep
+from server.config import Settings
+from server.db import transaction
+from server.deps import (
+    Credentials,
+    CurrentWorker,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    current_worker,
+)
 from server.leases import service
 from server.routing import TransactionalRoute
-from server.workers.service import reload
 
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=TransactionalRoute)
 
@@ -34,23 +44,28 @@ POLL_INTERVAL_S = 0.25
     response_model=Lease,
     responses={204: {"description": "No admissible work (after the long-poll, if any)."}},
 )
-def acquire(
-    body: LeaseAcquireRequest,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-    worker: CurrentWorker,
+async def acquire(
+    body: LeaseAcquireRequest, request: Request, credentials: Credentials
 ) -> Lease | Response:
+    """Long-poll: each try authenticates and grants in its own short transaction in a worker
+    thread; the wait between tries is on the event loop, so idle workers hold no thread, no
+    connection and no lock (nor SQLite's write lock)."""
+    state = request.app.state
+    settings: Settings = state.settings
     deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
+
+    def attempt() -> tuple[Lease | None, bool]:
+        with transaction(state.sessionmaker) as session:
+            worker = current_worker(session, credentials)
+            lease = service.acquire(session, state.store, settings, worker, body)
+            return lease, worker.status == "active"
+
     while True:
-        lease = service.acquire(session, store, settings, worker, body)
-        # Each try is its own transaction: never hold locks (or SQLite's write lock) while
-        # sleeping. The route class commits the last one (server/routing.py).
-        session.commit()
-        if lease is not None or worker.status != "active" or time.monotonic() >= deadline:
+        lease, active = await run_in_threadpool(attempt)
+        remaining = deadline - time.monotonic()
+        if lease is not None or not active or remaining <= 0:
             break
-        time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
-        worker = reload(session, worker)  # revoked or quarantined while waiting
+        await asyncio.sleep(min(POLL_INTERVAL_S, remaining))
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return lease

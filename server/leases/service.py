@@ -31,9 +31,10 @@ from protocol.schemas import (
 )
 from protocol.storage import ObjectStore
 from server.config import Settings
+from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
-from server.leases import expiry, queue
+from server.leases import expiry, grant, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
 from server.runs import service as runs
@@ -85,41 +86,33 @@ def _grant(
     session: Session, store: ObjectStore, settings: Settings, run: Run, worker_id: uuid.UUID
 ) -> Lease | None:
     config = runs.config_of(session, run.id)
-    rows = repo.lock_queued_rows(session, run.id, config.prompts_per_lease)
-    if not rows:
-        return None
-    admitted = queue.admit(session, run.id, len(rows), admission_bound(config))
-    if admitted is None:
-        return None
-    fencing, version, fingerprint = admitted
     lease_id = uuid.uuid4()
-    ttl_s = config.lease_ttl_s
-    group_size = config.group_size
-    seed = lease_seed(config.seed, run.id, fencing)
-    repo.insert_lease(
-        session,
-        id=lease_id,
-        run_id=run.id,
-        worker_id=worker_id,
-        adapter_version=version,
-        fencing=fencing,
-        state="active",
-        expires_at=db_now_plus(ttl_s),
-        seed=seed,
-        n_prompts=len(rows),
-        group_size=group_size,
+    granted = (
+        grant.in_one_statement(
+            session,
+            run_id=run.id,
+            worker_id=worker_id,
+            lease_id=lease_id,
+            n=config.prompts_per_lease,
+            bound=admission_bound(config),
+            ttl_s=config.lease_ttl_s,
+            group_size=config.group_size,
+            run_seed=config.seed,
+        )
+        if is_postgres(session)
+        else _grant_portable(session, run.id, worker_id, lease_id, config)
     )
-    repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
-    sampling = config.sampling.model_dump(mode="json")
+    if granted is None:
+        return None
     return Lease(
         lease_id=lease_id,
         run_id=run.id,
         base_model=run.base_model,
-        tokenizer_fingerprint=fingerprint,
-        sampling=sampling,
+        tokenizer_fingerprint=granted.fingerprint,
+        sampling=config.sampling.model_dump(mode="json"),
         max_new_tokens=config.sampling.max_new_tokens,
         system_prompt=config.grpo.system_prompt,
-        group_size=group_size,
+        group_size=config.group_size,
         prompts=[
             LeasePrompt(
                 prompt_row_id=r.id,
@@ -127,15 +120,50 @@ def _grant(
                 prompt=r.prompt,
                 epoch=r.epoch,
             )
-            for r in rows
+            for r in granted.rows
         ],
-        seed=seed,
-        adapter_version=version,
-        adapter=_adapter_ref(session, store, settings, run.id, version),
-        fencing=fencing,
-        ttl_s=ttl_s,
+        seed=granted.seed,
+        adapter_version=granted.version,
+        adapter=_adapter_ref(session, store, settings, run.id, granted.version),
+        fencing=granted.fencing,
+        ttl_s=config.lease_ttl_s,
         heartbeat_interval_s=config.heartbeat_interval_s,
-        batch_key=layout.batch_key(run.id, lease_id, fencing),
+        batch_key=layout.batch_key(run.id, lease_id, granted.fencing),
+    )
+
+
+def _grant_portable(
+    session: Session,
+    run_id: uuid.UUID,
+    worker_id: uuid.UUID,
+    lease_id: uuid.UUID,
+    config: RunConfig,
+) -> grant.Granted | None:
+    """The grant statement by statement (SQLite, whose single writer already serialises)."""
+    rows = repo.lock_queued_rows(session, run_id, config.prompts_per_lease)
+    if not rows:
+        return None
+    admitted = queue.admit(session, run_id, len(rows), admission_bound(config))
+    if admitted is None:
+        return None
+    fencing, version, fingerprint = admitted
+    seed = lease_seed(config.seed, run_id, fencing)
+    repo.insert_lease(
+        session,
+        id=lease_id,
+        run_id=run_id,
+        worker_id=worker_id,
+        adapter_version=version,
+        fencing=fencing,
+        state="active",
+        expires_at=db_now_plus(config.lease_ttl_s),
+        seed=seed,
+        n_prompts=len(rows),
+        group_size=config.group_size,
+    )
+    repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
+    return grant.Granted(
+        fencing=fencing, seed=seed, version=version, fingerprint=fingerprint, rows=list(rows)
     )
 
 

@@ -66,12 +66,6 @@ def worker_for_token(session: Session, plaintext: str) -> Worker:
     return _active(worker)
 
 
-def reload(session: Session, worker: Worker) -> Worker:
-    """The worker's row as it is now (a long-poll re-checks revocation and quarantine)."""
-    session.refresh(worker)
-    return _active(worker)
-
-
 def _active(worker: Worker | None) -> Worker:
     if worker is None or worker.status == "revoked":
         raise Unauthorized("worker revoked")

@@ -25,10 +25,13 @@ OPEN_OPERATIONS = {
     ("PUT", "/blobs/{key}"),
 }
 
-# The claim long-poll reads the bearer credentials as a dependency but authenticates inside each
-# attempt's own transaction (require_learner is called in the handler), so the kind cannot be
-# read from its dependencies.
-AUTHENTICATED_IN_HANDLER = {("POST", "/api/v1/runs/{run_id}/batches/claim"): "learner"}
+# The long-polls (claim, acquire) read the bearer credentials as a dependency but authenticate
+# inside each attempt's own transaction (in the handler), so the kind cannot be read from their
+# dependencies.
+AUTHENTICATED_IN_HANDLER = {
+    ("POST", "/api/v1/runs/{run_id}/batches/claim"): "learner",
+    ("POST", "/api/v1/leases/acquire"): "worker",
+}
 
 _GUARDS: dict[Callable[..., Any], str] = {
     deps.require_admin: "admin",

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from protocol import layout
 from server.db_types import db_now
+from server.leases.service import lease_seed
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.tokens import service as tokens
 from tests.server.leases.helpers import in_flight, make_run, make_worker
@@ -52,6 +53,8 @@ def test_lease_carries_front_rows_and_never_reference_columns(
     row = db.get(Lease, uuid.UUID(lease["lease_id"]))
     assert row is not None and row.state == "active" and row.worker_id == worker.id
     assert row.fencing == lease["fencing"] and row.seed == lease["seed"]
+    # Postgres computes the seed inside the one-statement grant; it is the same function.
+    assert lease["seed"] == lease_seed(7, run.id, lease["fencing"])
     # expires_at comes from the database clock: now + ttl.
     remaining = (row.expires_at - db.execute(select(db_now())).scalar_one()).total_seconds()
     assert 55 < remaining <= 60
