@@ -91,13 +91,13 @@ def make_settings(database_url: str, bucket_dir: Path, **overrides: object):  # 
 
     # No background scheduler unless a test asks for one: jobs would race the assertions.
     overrides.setdefault("jobs", {"mode": "celery"})
+    overrides.setdefault("lease_long_poll_s", 0.0)
     return Settings(
         database_url=database_url,
         bucket_url=str(bucket_dir),
         public_url="http://testserver",
         security={"secret_key": TEST_SECRET},
         print_admin_token=False,
-        lease_long_poll_s=0.0,
         **overrides,
     )
 

@@ -1,0 +1,80 @@
+"""What the worker calls hold while they wait, over real HTTP (uvicorn) on Postgres: an idle
+acquire long-poll holds no request thread, and more concurrent requests than database
+connections queue instead of deadlocking the thread pool against the connection pool."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import make_settings
+from tests.live_server import serve_in_thread
+from tests.server.leases.helpers import make_run, make_worker
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_idle_long_polls_leave_the_only_thread_free(pg_url: str, tmp_path: Path) -> None:
+    from server.app import create_app
+
+    settings = make_settings(pg_url, tmp_path / "bucket", server_threads=1, lease_long_poll_s=4.0)
+    app = create_app(settings, migrate=True)
+    with app.state.sessionmaker() as db:
+        _, token = make_worker(db)  # no run: every acquire waits out its long-poll
+        db.commit()
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        with ThreadPoolExecutor(3) as pool:
+            polls = [
+                pool.submit(
+                    client.post, "/api/v1/leases/acquire", json={"wait_s": 4}, headers=_h(token)
+                )
+                for _ in range(3)
+            ]
+            health = client.get("/healthz")
+            # With a long-poll sleeping in the one thread, /healthz would queue behind it.
+            assert health.status_code == 200
+            assert not any(p.done() for p in polls)
+            assert [p.result().status_code for p in polls] == [204, 204, 204]
+
+
+def test_more_requests_than_connections_queue_without_deadlock(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """2 connections, 8 threads, 48 concurrent heartbeats: each one authenticates in one
+    thread-pool hop and runs in another. An auth transaction kept open across the hops would
+    leave the requests that hold both connections waiting for a thread while every thread waits
+    for a connection (until the 30 s pool timeout: 500s)."""
+    from server.app import create_app
+
+    settings = make_settings(
+        pg_url,
+        tmp_path / "bucket",
+        server_threads=8,
+        database_pool_size=2,
+        database_max_overflow=0,
+    )
+    app = create_app(settings, migrate=True)
+    with app.state.sessionmaker() as db:
+        make_run(db, n_rows=4)
+        _, token = make_worker(db)
+        db.commit()
+    with serve_in_thread(app) as base:
+        limits = httpx.Limits(max_connections=48)
+        with httpx.Client(base_url=base, timeout=60, limits=limits) as client:
+            lease = client.post("/api/v1/leases/acquire", json={}, headers=_h(token)).json()
+            path = f"/api/v1/leases/{lease['lease_id']}/heartbeat"
+
+            def beat(_: int) -> int:
+                body = {"fencing": lease["fencing"]}
+                return client.post(path, json=body, headers=_h(token), timeout=25).status_code
+
+            with ThreadPoolExecutor(48) as pool:
+                codes = list(pool.map(beat, range(48)))
+    assert codes == [200] * 48
