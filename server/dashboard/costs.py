@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 
 from server.dashboard import repository as repo
 from server.learner.telemetry import AFTER_ACCEPTANCE
-from server.runs.service import config_of
 
 WASTE_KINDS = ("rejected", "expired", "aborted")
 
@@ -90,10 +89,10 @@ def cost_page(session: Session, prices: dict[str, float]) -> CostPage:
             r.name,
             r.status,
             r.spent_usd,
-            config_of(session, r.id).budget_usd,
+            r.budget_usd,
             accepted.get(r.id, 0),
         )
-        for r in repo.runs_by_id(session).values()
+        for r in repo.run_spend(session)
     }
     wasted: dict[str, float] = dict.fromkeys(WASTE_KINDS, 0.0)
     for run_id, kind, usd in repo.wasted_spend(session):

@@ -23,6 +23,7 @@ from server.models import (
     Token,
     Worker,
 )
+from server.runs.repository import config_number
 
 WASTED_LEASE_STATES = ("expired", "aborted")
 
@@ -258,5 +259,16 @@ def batch_samples_by_run(session: Session) -> list[Any]:
     )
 
 
-def runs_by_id(session: Session) -> dict[uuid.UUID, Run]:
-    return {r.id: r for r in session.execute(select(Run)).scalars()}
+def run_spend(session: Session) -> list[Any]:
+    """Every run's id, name, status, spend and budget (read inside the stored config)."""
+    return list(
+        session.execute(
+            select(
+                Run.id,
+                Run.name,
+                Run.status,
+                Run.spent_usd,
+                config_number("budget_usd").label("budget_usd"),
+            )
+        ).all()
+    )

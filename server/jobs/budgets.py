@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from server.db_types import db_now
 from server.jobs.common import raise_event
 from server.models import Run
-from server.runs.service import config_of
+from server.runs.repository import config_number
 
 ENFORCED_STATUSES = ("pending", "running", "paused")
 
@@ -20,11 +20,12 @@ def enforce_budgets(session: Session) -> list[uuid.UUID]:
     """Move every run at or over its budget to `budget_exhausted`; returns their ids. The
     status change is a compare-and-set, so a repeated pass raises no second event."""
     rows = session.execute(
-        select(Run.id, Run.spent_usd).where(Run.status.in_(ENFORCED_STATUSES))
+        select(Run.id, Run.spent_usd, config_number("budget_usd")).where(
+            Run.status.in_(ENFORCED_STATUSES)
+        )
     ).all()
     exhausted: list[uuid.UUID] = []
-    for run_id, spent in rows:
-        budget = config_of(session, run_id).budget_usd
+    for run_id, spent, budget in rows:
         if budget is None or float(spent) < float(budget):
             continue
         moved = session.execute(

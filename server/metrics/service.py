@@ -11,15 +11,17 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from protocol.run_config import AlarmConfig
 from server.db import transaction
 from server.jobs import stats
 from server.jobs.common import db_time
 from server.models import Lease, PromptRow, Run, Worker
-from server.runs.service import config_of
+from server.runs.repository import config_number
 from server.workers.repository import price_table
 from server.workers.service import effective_price
 
 P = "asyncgrpo_"
+DEFAULT_WINDOW_MINUTES = AlarmConfig.model_fields["window_minutes"].default
 
 
 def _active_leases(session: Session, column: object) -> dict[uuid.UUID, int]:
@@ -30,7 +32,18 @@ def _active_leases(session: Session, column: object) -> dict[uuid.UUID, int]:
 
 
 def run_metrics(session: Session) -> Iterator[Metric]:
-    runs = list(session.execute(select(Run).order_by(Run.created_at)).scalars())
+    runs = session.execute(
+        select(
+            Run.id,
+            Run.name,
+            Run.status,
+            Run.current_version,
+            Run.groups_in_flight,
+            Run.spent_usd,
+            config_number("alarms", "window_minutes").label("window_minutes"),
+            config_number("budget_usd").label("budget_usd"),
+        ).order_by(Run.created_at)
+    ).all()
     labels = ["run_id"]
     info = GaugeMetricFamily(
         P + "run_info",
@@ -65,16 +78,18 @@ def run_metrics(session: Session) -> Iterator[Metric]:
         version.add_metric([rid], run.current_version)
         leases.add_metric([rid], in_flight.get(run.id, 0))
         groups.add_metric([rid], run.groups_in_flight)
-        config = config_of(session, run.id)
-        w = stats.stale_waste(session, run.id, config.alarms.window_minutes * 60)
+        window_minutes = (
+            run.window_minutes if run.window_minutes is not None else DEFAULT_WINDOW_MINUTES
+        )
+        w = stats.stale_waste(session, run.id, window_minutes * 60)
         waste.add_metric([rid], w.ratio)
         generated.add_metric([rid], w.generated)
         value = stats.latest_clip_fraction(session, run.id)
         if value is not None:
             clip.add_metric([rid], value)
         spent.add_metric([rid], run.spent_usd)
-        if config.budget_usd is not None:
-            budget.add_metric([rid], config.budget_usd)
+        if run.budget_usd is not None:
+            budget.add_metric([rid], run.budget_usd)
     yield from (info, version, leases, groups, waste, generated, clip, spent, budget)
     yield from _run_breakdowns(session)
 

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, cast
 
-from sqlalchemy import Table, case, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Table, case, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from server.db import is_postgres
@@ -84,6 +84,13 @@ def insert_prompt_rows(session: Session, run_id: uuid.UUID, n_rows: int, epochs:
 
 def get(session: Session, run_id: uuid.UUID) -> Run | None:
     return session.get(Run, run_id, populate_existing=True)
+
+
+def config_number(*path: str) -> ColumnElement[float]:
+    """A number inside a run's stored config, read by the database: loops over every run (the
+    metrics scrape, the cost page, budgets) never load configs that hold a 100,000-row dataset,
+    nor fill the parsed-config cache with them."""
+    return Run.config[path if len(path) > 1 else path[0]].as_float()
 
 
 def config_json(session: Session, run_id: uuid.UUID) -> dict[str, Any] | None:
