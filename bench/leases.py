@@ -2,7 +2,11 @@
 complete against a real server (uvicorn) on Postgres with the local store, and the same cycle
 as raw SQL through psycopg in the same run.
 
-    .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10
+    .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10 --repeats 3 \
+        [--uvicorn-workers 2]
+
+The load generator is aiohttp in one process (an httpx one capped near 100–180 cycles/s by
+itself); the raw-SQL side shares 64 psycopg connections between the N simulated workers.
 
 Needs Postgres at ASYNCGRPO_BENCH_PG (default postgresql+psycopg://postgres@127.0.0.1:5432);
 creates and drops a scratch database.
@@ -236,7 +240,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--uvicorn-workers", type=int, default=1)
-    parser.add_argument("--rows", type=int, default=60000)
+    parser.add_argument("--rows", type=int, default=100000)
+    parser.add_argument("--repeats", type=int, default=1, help="Runs per point (medians).")
     args = parser.parse_args()
     name = f"agr_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
@@ -278,10 +283,18 @@ def main() -> None:
             worker_id = str(c.execute("SELECT id FROM workers LIMIT 1").fetchone()[0])  # type: ignore[index]
         print(f"bench/leases.py: {args.seconds:.0f} s per point, uvicorn workers "
               f"{args.uvicorn_workers}, Postgres, local store")  # fmt: skip
+        summary = []
         for n in args.workers:
-            api = asyncio.run(run_http(base, tokens, store, n, args.seconds))
-            raw = asyncio.run(run_sql(dsn, run_id, worker_id, n, args.seconds))
-            print(f"  N={n}: API/raw SQL = {api / raw:.2f}")
+            apis, raws = [], []
+            for _ in range(args.repeats):
+                apis.append(asyncio.run(run_http(base, tokens, store, n, args.seconds)))
+                raws.append(asyncio.run(run_sql(dsn, run_id, worker_id, n, args.seconds)))
+            api, raw = statistics.median(apis), statistics.median(raws)
+            summary.append((n, api, raw))
+            print(f"  N={n}: API/raw SQL = {api / raw:.2f} (medians of {args.repeats})")
+        print("\n  workers  API cycles/s  raw SQL cycles/s  API/raw SQL")
+        for n, api, raw in summary:
+            print(f"  {n:>7}  {api:>12.0f}  {raw:>16.0f}  {api / raw:>11.2f}")
     finally:
         if proc is not None:
             proc.terminate()
