@@ -44,9 +44,7 @@ def test_idle_long_polls_leave_the_only_thread_free(pg_url: str, tmp_path: Path)
             assert [p.result().status_code for p in polls] == [204, 204, 204]
 
 
-def test_more_requests_than_connections_queue_without_deadlock(
-    pg_url: str, tmp_path: Path
-) -> None:
+def test_more_requests_than_connections_queue_without_deadlock(pg_url: str, tmp_path: Path) -> None:
     """2 connections, 8 threads, 48 concurrent heartbeats: each one authenticates in one
     thread-pool hop and runs in another. An auth transaction kept open across the hops would
     leave the requests that hold both connections waiting for a thread while every thread waits
