@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -74,16 +75,29 @@ def require_registration(session: SessionDep, credentials: Credentials) -> Token
     return _principal(session, credentials, "registration")
 
 
-def current_worker(session: SessionDep, credentials: Credentials) -> Worker:
+def authenticated_worker(session: Session, credentials: Credentials) -> Worker:
+    """The calling worker (401/403 as for every token); the worker calls' auth."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token")
     from server.workers.service import worker_for_token
 
-    return released(session, worker_for_token(session, credentials.credentials))
+    return worker_for_token(session, credentials.credentials)
+
+
+async def as_worker(
+    request: Request, credentials: Credentials, work: Callable[[Session, Worker], T]
+) -> T:
+    """Authenticate the worker and run `work` in one transaction, in one thread-pool hop."""
+    factory = request.app.state.sessionmaker
+
+    def run() -> T:
+        with transaction(factory) as session:
+            return work(session, authenticated_worker(session, credentials))
+
+    return await run_in_threadpool(run)
 
 
 AdminDep = Annotated[Token, Depends(require_admin)]
-CurrentWorker = Annotated[Worker, Depends(current_worker)]
 LearnerDep = Annotated[Token, Depends(require_learner)]
 RegistrationDep = Annotated[Token, Depends(require_registration)]
 

@@ -1,4 +1,8 @@
-"""Worker calls of the rollout proxy: acquire (long-poll), heartbeat, upload, complete, release."""
+"""Worker calls of the rollout proxy: acquire (long-poll), heartbeat, upload, complete, release.
+
+Each call authenticates and does its work in one transaction in one worker thread
+(deps.as_worker): no thread-pool hop or commit for a separate auth dependency, and no
+connection held while a request waits for a thread."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from protocol.schemas import (
     CompleteRequest,
@@ -22,16 +26,9 @@ from protocol.schemas import (
     UploadResponse,
 )
 from server.config import Settings
-from server.db import transaction
-from server.deps import (
-    Credentials,
-    CurrentWorker,
-    SessionDep,
-    SettingsDep,
-    StoreDep,
-    current_worker,
-)
+from server.deps import Credentials, as_worker
 from server.leases import service
+from server.models import Worker
 from server.routing import TransactionalRoute
 
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=TransactionalRoute)
@@ -54,14 +51,12 @@ async def acquire(
     settings: Settings = state.settings
     deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
 
-    def attempt() -> tuple[Lease | None, bool]:
-        with transaction(state.sessionmaker) as session:
-            worker = current_worker(session, credentials)
-            lease = service.acquire(session, state.store, settings, worker, body)
-            return lease, worker.status == "active"
+    def attempt(session: Session, worker: Worker) -> tuple[Lease | None, bool]:
+        lease = service.acquire(session, state.store, settings, worker, body)
+        return lease, worker.status == "active"
 
     while True:
-        lease, active = await run_in_threadpool(attempt)
+        lease, active = await as_worker(request, credentials, attempt)
         remaining = deadline - time.monotonic()
         if lease is not None or not active or remaining <= 0:
             break
@@ -72,37 +67,48 @@ async def acquire(
 
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse)
-def heartbeat(
-    lease_id: uuid.UUID, body: HeartbeatRequest, session: SessionDep, worker: CurrentWorker
+async def heartbeat(
+    lease_id: uuid.UUID, body: HeartbeatRequest, request: Request, credentials: Credentials
 ) -> HeartbeatResponse:
-    return service.heartbeat(session, worker, lease_id, body)
+    return await as_worker(
+        request,
+        credentials,
+        lambda session, worker: service.heartbeat(session, worker, lease_id, body),
+    )
 
 
 @router.post("/{lease_id}/upload", response_model=UploadResponse)
-def upload(
-    lease_id: uuid.UUID,
-    body: UploadRequest,
-    session: SessionDep,
-    settings: SettingsDep,
-    store: StoreDep,
-    worker: CurrentWorker,
+async def upload(
+    lease_id: uuid.UUID, body: UploadRequest, request: Request, credentials: Credentials
 ) -> UploadResponse:
-    return service.upload(session, store, settings, worker, lease_id, body)
+    state = request.app.state
+    return await as_worker(
+        request,
+        credentials,
+        lambda session, worker: service.upload(
+            session, state.store, state.settings, worker, lease_id, body
+        ),
+    )
 
 
 @router.post("/{lease_id}/complete", response_model=CompleteResponse)
-def complete(
-    lease_id: uuid.UUID,
-    body: CompleteRequest,
-    session: SessionDep,
-    store: StoreDep,
-    worker: CurrentWorker,
+async def complete(
+    lease_id: uuid.UUID, body: CompleteRequest, request: Request, credentials: Credentials
 ) -> CompleteResponse:
-    return service.complete(session, store, worker, lease_id, body)
+    store = request.app.state.store
+    return await as_worker(
+        request,
+        credentials,
+        lambda session, worker: service.complete(session, store, worker, lease_id, body),
+    )
 
 
 @router.post("/{lease_id}/release", response_model=ReleaseResponse)
-def release(
-    lease_id: uuid.UUID, body: ReleaseRequest, session: SessionDep, worker: CurrentWorker
+async def release(
+    lease_id: uuid.UUID, body: ReleaseRequest, request: Request, credentials: Credentials
 ) -> ReleaseResponse:
-    return service.release(session, worker, lease_id, body)
+    return await as_worker(
+        request,
+        credentials,
+        lambda session, worker: service.release(session, worker, lease_id, body),
+    )

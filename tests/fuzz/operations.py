@@ -25,18 +25,26 @@ OPEN_OPERATIONS = {
     ("PUT", "/blobs/{key}"),
 }
 
-# The long-polls (claim, acquire) read the bearer credentials as a dependency but authenticate
-# inside each attempt's own transaction (in the handler), so the kind cannot be read from their
-# dependencies.
+# The claim long-poll and every worker call read the bearer credentials as a dependency but
+# authenticate inside their own transaction (in the handler: deps.as_worker for worker calls),
+# so the kind cannot be read from their dependencies.
 AUTHENTICATED_IN_HANDLER = {
     ("POST", "/api/v1/runs/{run_id}/batches/claim"): "learner",
-    ("POST", "/api/v1/leases/acquire"): "worker",
+    **{
+        ("POST", f"/api/v1/leases{path}"): "worker"
+        for path in (
+            "/acquire",
+            "/{lease_id}/heartbeat",
+            "/{lease_id}/upload",
+            "/{lease_id}/complete",
+            "/{lease_id}/release",
+        )
+    },
 }
 
 _GUARDS: dict[Callable[..., Any], str] = {
     deps.require_admin: "admin",
     deps.require_registration: "registration",
-    deps.current_worker: "worker",
     deps.require_learner: "learner",
 }
 
