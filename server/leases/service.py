@@ -34,7 +34,7 @@ from server.config import Settings
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
-from server.leases import expiry, grant, queue
+from server.leases import expiry, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
 from server.runs import service as runs
@@ -88,7 +88,7 @@ def _grant(
     config = runs.config_of(session, run.id)
     lease_id = uuid.uuid4()
     granted = (
-        grant.in_one_statement(
+        repo.grant_in_one_statement(
             session,
             run_id=run.id,
             worker_id=worker_id,
@@ -138,7 +138,7 @@ def _grant_portable(
     worker_id: uuid.UUID,
     lease_id: uuid.UUID,
     config: RunConfig,
-) -> grant.Granted | None:
+) -> repo.Granted | None:
     """The grant statement by statement (SQLite, whose single writer already serialises)."""
     rows = repo.lock_queued_rows(session, run_id, config.prompts_per_lease)
     if not rows:
@@ -162,7 +162,7 @@ def _grant_portable(
         group_size=config.group_size,
     )
     repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
-    return grant.Granted(
+    return repo.Granted(
         fencing=fencing, seed=seed, version=version, fingerprint=fingerprint, rows=list(rows)
     )
 
