@@ -123,8 +123,9 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         description="Threads per server process that run the (synchronous) database work of "
-        "requests. Python runs one at a time; measured on 2 cores, 8 threads served ~40% more "
-        "lease cycles/s than 40 (bench/leases.py). Keep it at or below the database pool size.",
+        "requests. Python runs one at a time; measured on 2 cores, 8 threads served up to ~40% "
+        "more lease cycles/s than 40 (bench/leases.py). Keep it at or below the database pool "
+        "size.",
     )
     bucket_url: str = Field(
         EMBEDDED_BUCKET_URL, description="A local folder, or s3://bucket[/prefix]."
