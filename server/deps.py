@@ -48,10 +48,14 @@ StoreDep = Annotated[ObjectStore, Depends(get_store)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token:
+def _bearer_token(credentials: Credentials) -> str:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token")
-    return released(session, tokens.authenticate(session, credentials.credentials, kinds))
+    return credentials.credentials
+
+
+def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token:
+    return released(session, tokens.authenticate(session, _bearer_token(credentials), kinds))
 
 
 def released(session: Session, principal: T) -> T:
@@ -77,11 +81,9 @@ def require_registration(session: SessionDep, credentials: Credentials) -> Token
 
 def authenticated_worker(session: Session, credentials: Credentials) -> Worker:
     """The calling worker (401/403 as for every token); the worker calls' auth."""
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("missing bearer token")
     from server.workers.service import worker_for_token
 
-    return worker_for_token(session, credentials.credentials)
+    return worker_for_token(session, _bearer_token(credentials))
 
 
 async def as_worker(

@@ -7,10 +7,6 @@ from typing import Any
 
 Scope = dict[str, Any]
 
-# The largest value a Postgres BIGINT (and so an OFFSET, a fencing token, a sequence) holds;
-# integer inputs that reach the database are bounded by it so that overflow is a 422, not a 500.
-PG_BIGINT_MAX = 2**63 - 1
-
 
 class BodySizeLimit:
     def __init__(self, app: Any, max_bytes: int, exempt_prefixes: tuple[str, ...] = ()) -> None:

@@ -29,6 +29,21 @@ class Waste:
         return wasted / self.generated if self.generated else 0.0
 
 
+def stale_aborted_samples(session: Session, run_id: uuid.UUID, *where: Any) -> int:
+    """Samples that leases aborted as stale (out of the staleness window) had to make; aborts
+    because the run paused, was cancelled or completed are not waste."""
+    return int(
+        session.execute(
+            select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
+                Lease.run_id == run_id,
+                Lease.state == "aborted",
+                Lease.end_reason == "stale",
+                *where,
+            )
+        ).scalar_one()
+    )
+
+
 def stale_waste(session: Session, run_id: uuid.UUID, window_s: float) -> Waste:
     """Stale waste = (samples rejected stale + samples in aborted leases) ÷ samples generated,
     over the last `window_s` seconds."""
@@ -41,14 +56,7 @@ def stale_waste(session: Session, run_id: uuid.UUID, window_s: float) -> Waste:
             ),
         ).where(RolloutBatch.run_id == run_id, RolloutBatch.created_at >= since)
     ).one()
-    aborted = session.execute(
-        select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
-            Lease.run_id == run_id,
-            Lease.state == "aborted",
-            Lease.end_reason == "stale",  # not aborts because the run paused or ended
-            Lease.ended_at >= since,
-        )
-    ).scalar_one()
+    aborted = stale_aborted_samples(session, run_id, Lease.ended_at >= since)
     return Waste(
         generated=int(batches[0]) + int(aborted),
         stale_rejected=int(batches[1]),

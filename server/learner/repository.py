@@ -401,19 +401,6 @@ def batch_stats(session: Session, run_id: uuid.UUID) -> list[Any]:
     )
 
 
-def aborted_lease_samples(session: Session, run_id: uuid.UUID) -> int:
-    """Samples that leases aborted by the proxy (out of the staleness window) had to make."""
-    return int(
-        session.execute(
-            select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
-                Lease.run_id == run_id,
-                Lease.state == "aborted",
-                Lease.end_reason == "stale",  # as server/jobs/stats.py counts stale waste
-            )
-        ).scalar_one()
-    )
-
-
 def record_spot_check(session: Session, worker_id: uuid.UUID, value: float) -> Any:
     """Running mean of the worker's mismatch: m_n = m_{n-1} + (x - m_{n-1}) / n."""
     old = func.coalesce(Worker.spot_check_mismatch, 0.0)

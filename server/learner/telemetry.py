@@ -17,6 +17,7 @@ from protocol.schemas_learner import (
 )
 from server.config import Settings
 from server.errors import NotFound, Unprocessable
+from server.jobs.stats import stale_aborted_samples
 from server.learner import repository as repo
 from server.learner.schemas import LearnerPoint, ProxyStats, RunMetrics
 from server.learner.service import fence, run_config
@@ -109,7 +110,7 @@ def proxy_stats(session: Session, run_id: uuid.UUID) -> ProxyStats:
                 stale_samples += n_samples
         if state == "consumed" and staleness is not None:
             histogram[staleness] += n
-    aborted = repo.aborted_lease_samples(session, run_id)
+    aborted = stale_aborted_samples(session, run_id)
     generated = samples + aborted
     # Every batch that passed `complete` was accepted, whatever happened to it afterwards.
     accepted = sum(n for s, n in by_state.items() if s != "rejected") + sum(

@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session
 from protocol import layout
 from protocol.run_config import RunConfig
 from protocol.schemas import (
+    BIGINT_MAX,
+    INT_MAX,
     AdapterFile,
     AdapterRef,
     CompleteRequest,
@@ -39,7 +41,7 @@ from server.leases import repository as repo
 from server.models import Run, Worker
 from server.runs import service as runs
 
-UNLIMITED_GROUPS = 2**31 - 1  # the admission bound of a run with admission_control off
+UNLIMITED_GROUPS = INT_MAX  # the admission bound of a run with admission_control off
 
 
 def admission_bound(config: RunConfig) -> int:
@@ -51,7 +53,7 @@ def admission_bound(config: RunConfig) -> int:
 def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
     """Deterministic per grant: the run's seed and the grant's fencing token."""
     digest = hashlib.sha256(f"{run_seed}:{run_id}:{fencing}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+    return int.from_bytes(digest[:8], "big") & BIGINT_MAX
 
 
 # -- acquire -----------------------------------------------------------------------------------

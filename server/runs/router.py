@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from protocol.run_config import RunConfig
+from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep
-from server.limits import PG_BIGINT_MAX
 from server.routing import TransactionalRoute
 from server.runs import service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
@@ -31,7 +31,7 @@ def list_runs(
     status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
     offset: Annotated[
-        int, Query(ge=0, le=PG_BIGINT_MAX, description="Runs to skip (newest first).")
+        int, Query(ge=0, le=BIGINT_MAX, description="Runs to skip (newest first).")
     ] = 0,
 ) -> list[RunOut]:
     return service.list_runs(session, status, limit, offset)

@@ -63,22 +63,24 @@ def mint(
 def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> Token:
     """Resolve a bearer token. 401 when unknown, revoked or expired; 403 when valid but of a
     kind this endpoint does not take."""
-    kind = next((k for p, k in KIND_BY_PREFIX.items() if plaintext.startswith(p)), None)
-    if kind is None:
-        raise Unauthorized("invalid token")
-    wanted = digest(plaintext)
+    wanted = _digest_of_prefixed(plaintext)
     return _check(session, repository.by_digest(session, wanted), wanted, allowed)
 
 
 def authenticate_worker(session: Session, plaintext: str) -> tuple[Token, Worker | None]:
     """authenticate() for worker tokens, loading the token's worker in the same query."""
-    if not any(plaintext.startswith(p) for p in KIND_BY_PREFIX):
-        raise Unauthorized("invalid token")
-    wanted = digest(plaintext)
+    wanted = _digest_of_prefixed(plaintext)
     found = repository.by_digest_with_worker(session, wanted)
     token = _check(session, found[0] if found else None, wanted, ("worker",))
     assert found is not None
     return token, found[1]
+
+
+def _digest_of_prefixed(plaintext: str) -> str:
+    """The digest to look up; a string without one of our prefixes is refused unread."""
+    if not plaintext.startswith(tuple(KIND_BY_PREFIX)):
+        raise Unauthorized("invalid token")
+    return digest(plaintext)
 
 
 def _check(session: Session, token: Token | None, wanted: str, allowed: tuple[str, ...]) -> Token:
