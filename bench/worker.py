@@ -97,13 +97,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
 
+    adapter = args.adapter or make_adapter(Path(tempfile.mkdtemp()) / "adapter")
     if args.backend != "both":
-        adapter = args.adapter or make_adapter(Path(tempfile.mkdtemp()) / "adapter")
         result = measure(args.backend, adapter, args)
         print(json.dumps(result) if args.json else result)
         return
-
-    adapter = args.adapter or make_adapter(Path(tempfile.mkdtemp()) / "adapter")
     results = [measure("transformers", adapter, args)]
     vllm_python = REPO / ".venv-vllm" / "bin" / "python"
     if vllm_python.exists():

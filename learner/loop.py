@@ -307,9 +307,7 @@ class Session:
         )
         log.info("published version %d (%s)", version, result.run_status)
         self.version = version
-        self.intake.adapter_sha256[version] = next(
-            f.sha256 for f in manifest.files if f.name == ADAPTER_WEIGHTS
-        )
+        self.intake.adapter_sha256[version] = manifest.version_sha256()
         self.consumed = []
         self.steps_since_publish = 0
         shutil.rmtree(out, ignore_errors=True)

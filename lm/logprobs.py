@@ -106,8 +106,8 @@ def packed_logprobs(
     token = token.masked_fill(~batch.completion_mask, 0.0)
     if not with_entropy:
         return token
-    with torch.no_grad():
-        entropy = -(logprobs.exp() * logprobs).sum(-1)  # (B, T)
+    with torch.no_grad():  # one (B, T, V) temporary, not two
+        entropy = -logprobs.exp().mul_(logprobs).sum(-1)  # (B, T)
     return token, entropy.masked_fill(~batch.completion_mask, 0.0)
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from protocol import datasets, rewards
+from protocol.schemas import INT_MAX
 
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
@@ -41,7 +42,7 @@ Rule = tuple[Callable[[Any], bool], str]
 # integer columns (an unbounded G was accepted, then every lease acquire failed with a 500).
 MAX_GROUP_SIZE = 1024
 # Run.groups_in_flight is an INTEGER column compared with the admission bound.
-MAX_ADMISSION_BOUND = 2**31 - 1
+MAX_ADMISSION_BOUND = INT_MAX
 
 
 class _Strict(BaseModel):

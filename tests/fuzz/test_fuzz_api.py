@@ -18,9 +18,8 @@ derandomized Hypothesis, no example database.
 from __future__ import annotations
 
 import uuid
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.conftest import make_settings
 from tests.fuzz.driver import run_operations
-from tests.fuzz.known import known_finding
 from tests.fuzz.operations import (
     DASHBOARD_OPEN,
     KINDS,
@@ -62,8 +60,6 @@ class FuzzEnv:
     app: FastAPI
     seeded: Seeded
     kinds: dict[tuple[str, str], str | None]
-    known_hits: dict[str, int] = field(default_factory=dict)
-    known_fixed: set[str] = field(default_factory=set)
 
     def kind(self, case: Any) -> str | None:
         return self.kinds[(case.operation.method.upper(), case.operation.path)]
@@ -124,23 +120,9 @@ def test_open_operations_are_exactly_the_expected_ones(fuzz_env: FuzzEnv) -> Non
     assert {key for key, protected in pages.items() if not protected} == DASHBOARD_OPEN
 
 
-def _send_and_check(env: FuzzEnv, case: Any, headers: dict[str, str]) -> None:
-    """Send and validate; a request matching a known finding may fail with a 5xx (in-process,
-    the app's unhandled exception reaches the caller) and is counted instead."""
-    known = known_finding(case)
-    try:
-        response = case.call(headers=headers)
-    except Exception:
-        if known is None:
-            raise
-        env.known_hits[known.name] = env.known_hits.get(known.name, 0) + 1
-        return
-    if known is not None:
-        if response.status_code >= 500:
-            env.known_hits[known.name] = env.known_hits.get(known.name, 0) + 1
-            return
-        env.known_fixed.add(known.name)
-    case.validate_response(response, checks=CHECKS, headers=headers)
+def _send_and_check(case: Any, headers: dict[str, str]) -> None:
+    """Send and validate (in-process, an unhandled exception reaches the caller and fails)."""
+    case.validate_response(case.call(headers=headers), checks=CHECKS, headers=headers)
 
 
 @pytest.mark.timeout(600)  # ~70 s of CPU; wall time grows with contention on 2 cores
@@ -150,18 +132,14 @@ def test_no_server_errors(fuzz_env: FuzzEnv, subtests: Any) -> None:
 
     def check(case: Any) -> None:
         headers = fuzz_env.headers(fuzz_env.kind(case))
-        _send_and_check(fuzz_env, case, headers)
+        _send_and_check(case, headers)
         real = fuzz_env.real_ids(case)
         if real:
             case.path_parameters = {**case.path_parameters, **real}
-            _send_and_check(fuzz_env, case, headers)
+            _send_and_check(case, headers)
 
     schema = load_schema(fuzz_env, mode="all", max_examples=MAX_EXAMPLES, coverage=True)
     run_operations(schema, check, subtests)
-    if fuzz_env.known_hits:
-        warnings.warn(f"known 5xx still reproduce: {fuzz_env.known_hits}", stacklevel=1)
-    for name in fuzz_env.known_fixed - set(fuzz_env.known_hits):
-        warnings.warn(f"known finding {name} no longer gives a 5xx: remove it", stacklevel=1)
 
 
 def _status(case: Any, headers: dict[str, str]) -> int:

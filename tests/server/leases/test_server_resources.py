@@ -4,8 +4,10 @@ connections queue instead of deadlocking the thread pool against the connection 
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,25 +23,41 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_idle_long_polls_leave_the_only_thread_free(pg_url: str, tmp_path: Path) -> None:
+def test_idle_long_polls_leave_the_only_thread_free(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from server.app import create_app
+    from server.leases import service
 
-    settings = make_settings(pg_url, tmp_path / "bucket", server_threads=1, lease_long_poll_s=4.0)
+    settings = make_settings(pg_url, tmp_path / "bucket", server_threads=1, lease_long_poll_s=10)
     app = create_app(settings, migrate=True)
     with app.state.sessionmaker() as db:
         _, token = make_worker(db)  # no run: every acquire waits out its long-poll
         db.commit()
-    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+    tries: list[int] = []
+    all_waiting = threading.Event()
+    real_acquire = service.acquire
+
+    def counting_acquire(*args: Any, **kwargs: Any) -> Any:
+        lease = real_acquire(*args, **kwargs)
+        tries.append(1)
+        if len(tries) >= 3:  # every poll has tried once and is now waiting
+            all_waiting.set()
+        return lease
+
+    monkeypatch.setattr(service, "acquire", counting_acquire)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as client:
         with ThreadPoolExecutor(3) as pool:
             polls = [
                 pool.submit(
-                    client.post, "/api/v1/leases/acquire", json={"wait_s": 4}, headers=_h(token)
+                    client.post, "/api/v1/leases/acquire", json={"wait_s": 10}, headers=_h(token)
                 )
                 for _ in range(3)
             ]
-            health = client.get("/healthz")
-            # With a long-poll sleeping in the one thread, /healthz would queue behind it.
-            assert health.status_code == 200
+            assert all_waiting.wait(8)
+            # With a long-poll sleeping in the one thread, /healthz would queue behind it
+            # until that poll ended (10 s).
+            assert client.get("/healthz").status_code == 200
             assert not any(p.done() for p in polls)
             assert [p.result().status_code for p in polls] == [204, 204, 204]
 
