@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from learner.data import Completion, Group
+from learner.transfers import ObjectMissing
 from protocol.batch_format import METADATA_KEY
 from protocol.batches import BatchExpectations, BatchRejected, RolloutBatchData, read_batch
 from protocol.layout import parse_batch_key
@@ -101,6 +102,8 @@ class Intake:
             self.download(batch.url, path, batch.sha256)
         except ChecksumMismatch as exc:
             raise BatchRejected("checksum", str(exc), check="download_sha256") from exc
+        except ObjectMissing as exc:  # its prompts are re-queued (an attempt) or dropped
+            raise BatchRejected("invalid", str(exc), check="object_missing") from exc
         try:
             data = self._read(batch, path)
         finally:

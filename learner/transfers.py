@@ -13,9 +13,11 @@ an unpublished key before presigning, so a PUT that timed out but landed (its re
 412 ObjectExists) is simply sent again: a file counts as uploaded only on a 2xx to our own PUT
 of our own bytes, and the publish check (every object present with its stated size) follows.
 
-Downloads: a 4xx from the bucket (an expired URL after a long outage, a missing object) is not
-retried; `BucketRefused` ends the session so that a re-attach (which releases this learner's
-claims) hands the batches out again with fresh URLs.
+Downloads: a 4xx from the bucket is not retried. An expired URL after a long outage raises
+`BucketRefused`, which ends the session so that a re-attach (which releases this learner's
+claims) hands the batches out again with fresh URLs; a missing object (404) raises
+`ObjectMissing`, and the intake rejects that batch instead (a re-attach would hand out the same
+missing object forever).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ T = TypeVar("T")
 
 class BucketRefused(Exception):
     """A download URL the bucket refuses for good (4xx: expired or missing)."""
+
+
+class ObjectMissing(BucketRefused):
+    """The bucket answers 404: the object is gone, and fresh URLs would not bring it back."""
 
 
 def transient_transfer(exc: BaseException) -> bool:
@@ -104,7 +110,8 @@ class Retrier:
         except ChecksumMismatch:
             raise
         except TransferError as exc:
-            raise BucketRefused(f"download of {dest.name} refused: {exc}") from exc
+            refused = ObjectMissing if exc.status_code == 404 else BucketRefused
+            raise refused(f"download of {dest.name} refused: {exc}") from exc
 
 
 def upload_version_files(

@@ -247,3 +247,44 @@ def test_learner_publishes_resumes_after_kill_and_finishes(live, tmp_path: Path)
         (bucket / f"runs/{run.id}/checkpoints/v000003/trainer_state.json").read_text()
     )
     assert state["step"] == 3 and state["version"] == 3
+
+
+def test_a_batch_missing_from_the_bucket_is_rejected_not_reclaimed(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A claimed batch whose object is gone (404) is rejected as invalid, its prompts re-queued
+    with an attempt counted (invariant 12: they end consumed or dropped with a reason). A
+    re-attach for fresh URLs would hand the same missing object out again, forever."""
+    from lm.models import load_tokenizer
+
+    base, app, bucket = live
+    run = make_run(app, dataset={"kind": "jsonl", "rows": ROWS}, grpo={"spot_check_fraction": 0.0})
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    batch_id = _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+    with transaction(app.state.sessionmaker) as session:
+        key = session.get(RolloutBatch, batch_id).bucket_key  # type: ignore[union-attr]
+    (bucket / key).unlink()
+    log = tmp_path / "learner.log"
+    proc = _learner(base, run, tmp_path / "work", log)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            with transaction(app.state.sessionmaker) as session:
+                batch = session.get(RolloutBatch, batch_id)
+                assert batch is not None
+                if batch.state == "rejected":
+                    break
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert batch.state == "rejected", log.read_text()[-3000:]
+        assert batch.reject_reason == "invalid"
+        with transaction(app.state.sessionmaker) as session:
+            rows = session.execute(
+                select(PromptRow.state, PromptRow.attempts).where(
+                    PromptRow.run_id == run.id, PromptRow.last_requeue_reason == "invalid"
+                )
+            ).all()
+        assert rows and all(r.state == "queued" and r.attempts == 1 for r in rows)
+        assert "re-attach" not in log.read_text().lower(), log.read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)

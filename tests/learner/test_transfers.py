@@ -4,7 +4,9 @@ the proxy, so its own bucket calls fail during the outage too."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import threading
 import time
 import uuid
@@ -16,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from learner import transfers
-from learner.transfers import BucketRefused, Retrier, upload_version_files
+from learner.transfers import BucketRefused, ObjectMissing, Retrier, upload_version_files
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient
 from tests.e2e.tcp_proxy import TcpProxy
@@ -147,9 +149,36 @@ def test_download_retries_stop_when_the_lease_is_lost(
 def test_download_refused_by_the_bucket_is_not_retried(tmp_path: Path, app: Any) -> None:
     url = app.state.store.presign_get("runs/x/missing.parquet", 600)  # 404
     retrier = _fast_retrier()
-    with pytest.raises(BucketRefused):
+    with pytest.raises(ObjectMissing):
         retrier.download(url, tmp_path / "b", None)
     assert retrier.retries == 0
+    # An expired or bad signature (403; moto does not check expiry, so a bucket stand-in that
+    # answers 403 to everything): re-attach for fresh URLs, not reject the batch.
+    with _bucket_answering(403) as base, pytest.raises(BucketRefused) as refused:
+        retrier.download(f"{base}/runs/x/batch.parquet?X-Amz-Expires=1", tmp_path / "b", None)
+    assert not isinstance(refused.value, ObjectMissing)
+    assert retrier.retries == 0
+
+
+@contextlib.contextmanager
+def _bucket_answering(status: int) -> Iterator[str]:
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join(5)
 
 
 def test_uploads_survive_an_outage_and_publish(
