@@ -150,7 +150,7 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         return {}
     n = sum(p["tokens"] for p in parts)
     out = {"tokens": n}
-    for key in ("ratio_mean", "clip_low", "clip_high", "kl_behaviour", "kl_ref"):
+    for key in ("ratio_mean", "clip_low", "clip_high", "kl_behaviour", "kl_ref", "entropy"):
         if all(key in p for p in parts):
             out[key] = sum(p[key] * p["tokens"] for p in parts) / n
     out["ratio_min"] = min(p["ratio_min"] for p in parts)

@@ -75,8 +75,8 @@ class Trainer:
             normaliser=normaliser,
         )
         loss.backward()
-        metrics["entropy_sum"] = float(entropy.sum())  # pads are 0
-        metrics["entropy_tokens"] = float(mb.completion_mask.sum())
+        if metrics["tokens"] > 0:  # mean over this micro-batch's completion tokens (pads are 0)
+            metrics["entropy"] = float(entropy.sum()) / metrics["tokens"]
         return float(loss.detach()), metrics
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
@@ -92,11 +92,8 @@ class Trainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss, parts = 0.0, []
-        entropy_sum = entropy_tokens = 0.0
         for mb in step_micro_batches(plan, g.micro_batch_tokens, self.pad_id):
             part_loss, metrics = self._micro_step(mb, plan.normaliser)
-            entropy_sum += metrics.pop("entropy_sum")
-            entropy_tokens += metrics.pop("entropy_tokens")
             loss += part_loss
             parts.append(metrics)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
@@ -118,7 +115,5 @@ class Trainer:
             "step_seconds": elapsed,
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
-        if entropy_tokens > 0:  # mean over the completion tokens trained (skipped groups: none)
-            out["entropy"] = entropy_sum / entropy_tokens
         out.update({k: v for k, v in merged.items() if k != "tokens"})
         return out

@@ -158,3 +158,13 @@ def test_empty_call_gives_zero_loss() -> None:
     )
     assert loss.item() == 0.0
     assert m["tokens"] == 0
+
+
+def test_merged_entropy_is_the_mean_over_every_micro_batch_token() -> None:
+    # 3 tokens at entropy 1.0 and 1 token at 5.0: the step's mean is 2.0, not (1 + 5) / 2.
+    parts = [
+        {"tokens": 3.0, "entropy": 1.0, "ratio_min": 1.0, "ratio_max": 1.0},
+        {"tokens": 1.0, "entropy": 5.0, "ratio_min": 1.0, "ratio_max": 1.0},
+        {"tokens": 0.0},  # a micro-batch with no completion token is left out
+    ]
+    assert merge_metrics(parts)["entropy"] == pytest.approx(2.0)
