@@ -1,8 +1,9 @@
 """The learner's bucket transfers, kept going through a bucket outage.
 
-Every transfer goes through protocol/transfer.py (`download_url`, `upload_presigned`); a
-failure that an outage explains (a transport error, 429/5xx from the bucket, 5xx from the
-control plane whose own bucket calls fail) is retried with protocol.client.Backoff (exponential,
+Every transfer goes through protocol/transfer.py (`download_url`, `upload_presigned`, one
+attempt each: the retrying happens here, in one layer); a failure that an outage explains (a
+transport error, 429/5xx from the bucket, 5xx from the control plane whose own bucket calls
+fail) is retried with protocol.client.Backoff (exponential,
 full jitter, capped) for as long as the learner lease holds: `alive()` raises once the
 heartbeat has seen a 409, and a fenced call answering 409 raises ConflictError, both of which
 end the session (unpublished work dropped, re-attach) as before.
@@ -33,7 +34,7 @@ import httpx
 from protocol import schemas_learner as sl
 from protocol.client import ApiError, AsyncGrpoClient, Backoff
 from protocol.storage import ObjectExists, PresignedPut
-from protocol.transfer import RETRY_STATUSES, ChecksumMismatch, TransferError
+from protocol.transfer import ChecksumMismatch, TransferError, is_retryable
 from protocol.transfer import download_url as _download_url
 from protocol.transfer import upload_presigned as _upload_presigned
 
@@ -47,15 +48,6 @@ class BucketRefused(Exception):
 
 class ObjectMissing(BucketRefused):
     """The bucket answers 404: the object is gone, and fresh URLs would not bring it back."""
-
-
-def transient_transfer(exc: BaseException) -> bool:
-    """A bucket transfer failure that waiting can cure."""
-    if isinstance(exc, ChecksumMismatch):
-        return False
-    if isinstance(exc, TransferError):
-        return exc.status_code is None or exc.status_code in RETRY_STATUSES
-    return isinstance(exc, httpx.TransportError)
 
 
 def transient_api(exc: BaseException) -> bool:
@@ -104,8 +96,8 @@ class Retrier:
         try:
             return self.call(
                 f"download of {dest.name}",
-                lambda: _download_url(url, dest, expected_sha256),
-                transient_transfer,
+                lambda: _download_url(url, dest, expected_sha256, attempts=1),
+                is_retryable,
             )
         except ChecksumMismatch:
             raise
@@ -138,7 +130,9 @@ def upload_version_files(
             retrier.alive()
             try:
                 _upload_presigned(
-                    PresignedPut(url=put.url, headers=put.headers), paths[(put.kind, put.name)]
+                    PresignedPut(url=put.url, headers=put.headers),
+                    paths[(put.kind, put.name)],
+                    attempts=1,  # this loop retries, with backoff and fresh URLs
                 )
             except ObjectExists as exc:  # our timed-out PUT landed, or a fenced learner's
                 retrier.wait(backoff, f"upload of {put.kind}/{put.name} (already there)", exc)

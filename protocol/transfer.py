@@ -54,18 +54,23 @@ def _client(http: httpx.Client | None) -> httpx.Client:
     return http
 
 
+def is_retryable(exc: BaseException) -> bool:
+    """A transfer failure that waiting can cure: a transport error (raw, or once wrapped in a
+    TransferError without a status) or a retryable status; never a checksum mismatch."""
+    if isinstance(exc, ChecksumMismatch):
+        return False
+    if isinstance(exc, TransferError):
+        return exc.status_code is None or exc.status_code in RETRY_STATUSES
+    return isinstance(exc, httpx.TransportError)
+
+
 def _with_retries(attempts: int, call: Callable[[], T]) -> T:
     """Retry `call` on transport errors and TransferErrors with a retryable status."""
     for attempt in range(attempts):
         try:
             return call()
         except (httpx.TransportError, TransferError) as exc:
-            retryable = isinstance(exc, httpx.TransportError) or (
-                isinstance(exc, TransferError)
-                and not isinstance(exc, ChecksumMismatch)
-                and exc.status_code in RETRY_STATUSES
-            )
-            if not retryable or attempt == attempts - 1:
+            if not is_retryable(exc) or attempt == attempts - 1:
                 if isinstance(exc, httpx.TransportError):
                     raise TransferError(f"transfer failed: {exc!r}") from exc
                 raise

@@ -195,12 +195,12 @@ def test_uploads_survive_an_outage_and_publish(
     real = transfers._upload_presigned
     puts: list[str] = []
 
-    def cut_before_first_put(put: Any, source: Any) -> None:
+    def cut_before_first_put(put: Any, source: Any, **kwargs: Any) -> None:
         if not puts:
             proxy.cut()
             _restore_after(proxy, 2.0)
         puts.append(put.url)
-        real(put, source)
+        real(put, source, **kwargs)
 
     monkeypatch.setattr(transfers, "_upload_presigned", cut_before_first_put)
     client, run_id, fencing = learner
@@ -230,11 +230,11 @@ def test_a_put_that_landed_before_its_retry_is_sent_again(
     real = transfers._upload_presigned
     calls: list[str] = []
 
-    def landed_then_retried(put: Any, source: Any) -> None:
+    def landed_then_retried(put: Any, source: Any, **kwargs: Any) -> None:
         calls.append(put.url)
         if len(calls) == 1:
-            real(put, source)  # lands; the "retry" below answers 412 (ObjectExists)
-        real(put, source)
+            real(put, source, **kwargs)  # lands; the "retry" below answers 412 (ObjectExists)
+        real(put, source, **kwargs)
 
     monkeypatch.setattr(transfers, "_upload_presigned", landed_then_retried)
     client, run_id, fencing = learner
