@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 
 from protocol.run_config import RunConfig
 from server.db import transaction
+from server.db_types import db_now_plus
 from server.leases import queue
 from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
 from server.runs.service import create_run
@@ -258,3 +259,11 @@ def record_accepted(
         .values(groups_in_flight=Run.groups_in_flight + len(rows))
     )
     return batch.id
+
+
+def expire_learner(app: Any, run_id: uuid.UUID) -> None:
+    """The learner lease runs out now (database time), as if its learner had died."""
+    with transaction(app.state.sessionmaker) as session:
+        session.execute(
+            update(Run).where(Run.id == run_id).values(learner_expires_at=db_now_plus(-1.0))
+        )

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from sqlalchemy import func, select
 
 from server.db import transaction
 from server.models import AdapterVersion
-from tests.server.learner.conftest import SHORT_TTL_S
 from tests.server.learner.support import (
     FP,
     accepted_batch,
     attach,
     batch_states,
     claim,
+    expire_learner,
     make_run,
     make_worker,
     publish_body,
@@ -39,8 +38,7 @@ def test_attach_moves_pending_to_running_and_stores_fingerprint(app, client) -> 
     assert 0 < body["heartbeat_interval_s"] < body["lease_ttl_s"]
 
 
-def test_second_learner_refused_while_live_then_takes_over(short_app, short_client) -> None:
-    app, client = short_app, short_client
+def test_second_learner_refused_while_live_then_takes_over(app, client) -> None:
     run = make_run(app)
     first = attach(client, run)["fencing"]
     refused = client.post(
@@ -56,7 +54,7 @@ def test_second_learner_refused_while_live_then_takes_over(short_app, short_clie
     batch = accepted_batch(app, run.id, worker_id, version=0)
     assert [b["batch_id"] for b in claim(client, run, first).json()["batches"]] == [str(batch)]
     assert upload(client, run, first, 1).status_code == 200
-    time.sleep(SHORT_TTL_S + 0.3)
+    expire_learner(app, run.id)
 
     late = client.post(run.url("learner/heartbeat"), json={"fencing": first}, headers=run.headers)
     assert late.status_code == 409
@@ -98,12 +96,11 @@ def test_second_learner_refused_while_live_then_takes_over(short_app, short_clie
     assert run_row(app, run.id).current_version == 1
 
 
-def test_reattach_returns_resume_checkpoint(short_app, short_client) -> None:
-    app, client = short_app, short_client
+def test_reattach_returns_resume_checkpoint(app, client) -> None:
     run = make_run(app)
     fencing = attach(client, run)["fencing"]
     assert upload_and_publish(client, run, fencing, 1).status_code == 200
-    time.sleep(SHORT_TTL_S + 0.3)
+    expire_learner(app, run.id)
     body = attach(client, run)
     assert body["current_version"] == 1
     names = {f["name"]: f for f in body["resume_checkpoint"]}
@@ -117,11 +114,10 @@ def test_reattach_returns_resume_checkpoint(short_app, short_client) -> None:
     }
 
 
-def test_fingerprint_must_match_once_set(short_app, short_client) -> None:
-    app, client = short_app, short_client
+def test_fingerprint_must_match_once_set(app, client) -> None:
     run = make_run(app)
     attach(client, run)
-    time.sleep(SHORT_TTL_S + 0.3)
+    expire_learner(app, run.id)
     other = client.post(
         run.url("learner/attach"), json={"tokenizer_fingerprint": "other"}, headers=run.headers
     )

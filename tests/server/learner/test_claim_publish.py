@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-import time
-
 from sqlalchemy import select
 
 from server.db import transaction
 from server.models import AdapterVersion, PromptRow
-from tests.server.learner.conftest import SHORT_TTL_S
 from tests.server.learner.support import (
     accepted_batch,
     attach,
     batch_states,
     claim,
+    expire_learner,
     make_run,
     make_worker,
     publish_body,
@@ -65,17 +63,14 @@ def test_claim_oldest_version_first_up_to_max_groups(app, client) -> None:
     assert second["exhausted"] is True
 
 
-def test_learner_dies_after_claim_batches_return_then_consumed_once(
-    short_app, short_client
-) -> None:
-    app, client = short_app, short_client
+def test_learner_dies_after_claim_batches_return_then_consumed_once(app, client) -> None:
     run = make_run(app)
     first = attach(client, run)["fencing"]
     worker_id, _ = make_worker(app)
     batches = [accepted_batch(app, run.id, worker_id, version=0) for _ in range(2)]
     held = [b["batch_id"] for b in claim(client, run, first).json()["batches"]]
     assert sorted(held) == sorted(str(b) for b in batches)
-    time.sleep(SHORT_TTL_S + 0.3)  # the learner dies without publishing
+    expire_learner(app, run.id)  # the learner dies without publishing
 
     second = attach(client, run)["fencing"]
     assert set(batch_states(app, run.id).values()) == {"accepted"}
