@@ -10,7 +10,6 @@ A second run and a second worker are there for the fuzzer's destructive calls
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from tests.conftest import mint_token
+from tests.server.leases.helpers import work_one_lease
 
 EXAMPLE_RUN = Path(__file__).resolve().parents[2] / "examples" / "runs" / "arithmetic.json"
 FINGERPRINT = "fuzz-tokenizer-fp"
@@ -68,27 +68,9 @@ def _register(client: TestClient, registration: str, name: str) -> tuple[uuid.UU
 
 
 def _accepted_batch(client: TestClient, worker: str) -> uuid.UUID:
-    """Acquire a lease, upload its batch object through the presigned URL, complete it."""
-    lease = _ok(client.post("/api/v1/leases/acquire", json={}, headers=_bearer(worker)))
-    data = json.dumps({"fuzz": lease["lease_id"]}).encode()
-    sha = hashlib.sha256(data).hexdigest()
-    base = f"/api/v1/leases/{lease['lease_id']}"
-    upload_body = {"fencing": lease["fencing"], "size": len(data), "sha256": sha}
-    put = _ok(client.post(f"{base}/upload", json=upload_body, headers=_bearer(worker)))
-    stored = client.put(put["url"], content=data, headers=put["headers"])
-    assert stored.status_code == 200, stored.text
-    manifest = {
-        "key": put["key"],
-        "sha256": sha,
-        "size": len(data),
-        "n_samples": len(lease["prompts"]) * lease["group_size"],
-        "n_tokens": 1,
-        "generation_seconds": 0.5,
-    }
-    body = {"fencing": lease["fencing"], "manifest": manifest}
-    done = _ok(client.post(f"{base}/complete", json=body, headers=_bearer(worker)))
-    assert done["state"] == "accepted", done
-    return uuid.UUID(done["batch_id"])
+    batch = work_one_lease(client, _bearer(worker))
+    assert batch is not None, "no lease for the fuzz seed"
+    return batch
 
 
 def seed(app: Any) -> Seeded:

@@ -11,6 +11,8 @@ from fastapi.testclient import TestClient
 
 from server.errors import ErrorBody
 from tests.conftest import make_settings, mint_token
+from tests.s3_fixtures import free_port
+from tests.server.runs.conftest import example_config
 
 
 @pytest.fixture
@@ -66,15 +68,10 @@ def test_app_errors_are_documented_on_token_operations(sqlite_client: TestClient
 
 def test_an_unreachable_bucket_is_503_not_500(pg_url: str, tmp_path: Path) -> None:
     """The store failing is an outage: clients get 503 + Retry-After and back off."""
-    import json
-    import socket
-
     from server.app import create_app
-
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     from server.config import S3Settings
+
+    port = free_port()  # nothing listens on it
 
     s3 = S3Settings(
         endpoint_url=f"http://127.0.0.1:{port}",
@@ -87,7 +84,7 @@ def test_an_unreachable_bucket_is_503_not_500(pg_url: str, tmp_path: Path) -> No
     )
     app = create_app(settings, migrate=True)
     admin = {"Authorization": f"Bearer {mint_token(app, 'admin')}"}
-    config = json.loads((Path(__file__).parents[2] / "examples/runs/arithmetic.json").read_text())
+    config = example_config()
     with TestClient(app) as client:
         created = client.post("/api/v1/runs", json=config, headers=admin).json()
         run_id, learner = (
@@ -113,31 +110,28 @@ def test_an_unreachable_bucket_is_503_not_500(pg_url: str, tmp_path: Path) -> No
     assert "object store unavailable" in resp.json()["detail"]
 
 
-def test_a_restarted_database_is_a_503_then_recovers(pg_url: str, tmp_path: Path) -> None:
+def test_a_restarted_database_is_a_503_then_recovers(
+    pg_url: str, client: TestClient, admin_headers: dict[str, str]
+) -> None:
     """Pooled connections are not pinged per request: when the database drops them, the one
     request that meets a dead connection answers 503 + Retry-After (not a 500), and the next
     request runs on a fresh pool."""
     from sqlalchemy import create_engine, text
 
-    from server.app import create_app
-
-    app = create_app(make_settings(pg_url, tmp_path / "bucket"), migrate=True)
-    headers = {"Authorization": f"Bearer {mint_token(app, 'admin')}"}
-    with TestClient(app) as client:
-        assert client.get("/api/v1/runs", headers=headers).status_code == 200
-        killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-        with killer.connect() as conn:
-            killed = conn.execute(
-                text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-            ).scalar_one()
-        killer.dispose()
-        assert killed >= 1
-        failed = client.get("/api/v1/runs", headers=headers)
-        assert failed.status_code == 503
-        assert failed.headers["Retry-After"] == "1"
-        assert "database unavailable" in failed.json()["detail"]
-        assert client.get("/api/v1/runs", headers=headers).status_code == 200
-    app.state.engine.dispose()
+    headers = admin_headers
+    assert client.get("/api/v1/runs", headers=headers).status_code == 200
+    killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with killer.connect() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalar_one()
+    killer.dispose()
+    assert killed >= 1
+    failed = client.get("/api/v1/runs", headers=headers)
+    assert failed.status_code == 503
+    assert failed.headers["Retry-After"] == "1"
+    assert "database unavailable" in failed.json()["detail"]
+    assert client.get("/api/v1/runs", headers=headers).status_code == 200

@@ -4,53 +4,21 @@ whole epoch to completion, with the ledger balancing."""
 from __future__ import annotations
 
 import hashlib
-import json
 
 from tests.server.learner.support import attach, claim, make_run, make_worker, upload_and_publish
-
-
-def _work_one_lease(client, worker_headers) -> str | None:  # type: ignore[no-untyped-def]
-    response = client.post("/api/v1/leases/acquire", json={}, headers=worker_headers)
-    if response.status_code == 204:
-        return None
-    assert response.status_code == 200, response.text
-    lease = response.json()
-    data = json.dumps({"lease": lease["lease_id"], "prompts": lease["prompts"]}).encode()
-    sha = hashlib.sha256(data).hexdigest()
-    base = f"/api/v1/leases/{lease['lease_id']}"
-    up = client.post(
-        f"{base}/upload",
-        json={"fencing": lease["fencing"], "size": len(data), "sha256": sha},
-        headers=worker_headers,
-    ).json()
-    assert client.put(up["url"], content=data, headers=up["headers"]).status_code < 300
-    manifest = {
-        "key": up["key"],
-        "sha256": sha,
-        "size": len(data),
-        "n_samples": len(lease["prompts"]) * lease["group_size"],
-        "n_tokens": 100,
-        "generation_seconds": 0.5,
-    }
-    done = client.post(
-        f"{base}/complete",
-        json={"fencing": lease["fencing"], "manifest": manifest},
-        headers=worker_headers,
-    )
-    assert done.status_code == 200 and done.json()["state"] == "accepted", done.text
-    return str(done.json()["batch_id"])
+from tests.server.leases.helpers import work_one_lease
 
 
 def test_epoch_through_worker_calls_to_completion(app, client, admin_headers) -> None:
     run = make_run(app, max_staleness=1, prompts_per_step=2)
     _, worker_token = make_worker(app)
     worker = {"Authorization": f"Bearer {worker_token}"}
-    assert _work_one_lease(client, worker) is None  # pending until the learner attaches
+    assert work_one_lease(client, worker) is None  # pending until the learner attaches
     fencing = attach(client, run)["fencing"]
 
     version = 0
     while True:
-        _work_one_lease(client, worker)
+        work_one_lease(client, worker)
         body = claim(client, run, fencing).json()
         ids = [b["batch_id"] for b in body["batches"]]
         for b in body["batches"]:

@@ -6,6 +6,8 @@ config dump, DatasetRow rows, PromptRow rows for every epoch with queue_pos = ep
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -143,3 +145,35 @@ def in_flight(session: Session, run_id: uuid.UUID) -> int:
             )
         ).scalar_one()
     )
+
+
+def work_one_lease(client: Any, headers: dict[str, str]) -> uuid.UUID | None:
+    """What a worker does with one lease through the HTTP API: acquire, upload its batch object
+    through the presigned URL, complete. The accepted batch's id, or None when acquire
+    answers 204."""
+    response = client.post("/api/v1/leases/acquire", json={}, headers=headers)
+    if response.status_code == 204:
+        return None
+    assert response.status_code == 200, response.text
+    lease = response.json()
+    data = json.dumps({"lease": lease["lease_id"], "prompts": lease["prompts"]}).encode()
+    sha = hashlib.sha256(data).hexdigest()
+    base = f"/api/v1/leases/{lease['lease_id']}"
+    body = {"fencing": lease["fencing"], "size": len(data), "sha256": sha}
+    up = client.post(f"{base}/upload", json=body, headers=headers)
+    assert up.status_code == 200, up.text
+    put = up.json()
+    stored = client.put(put["url"], content=data, headers=put["headers"])
+    assert stored.status_code == 200, stored.text
+    manifest = {
+        "key": put["key"],
+        "sha256": sha,
+        "size": len(data),
+        "n_samples": len(lease["prompts"]) * lease["group_size"],
+        "n_tokens": 100,
+        "generation_seconds": 0.5,
+    }
+    body = {"fencing": lease["fencing"], "manifest": manifest}
+    done = client.post(f"{base}/complete", json=body, headers=headers)
+    assert done.status_code == 200 and done.json()["state"] == "accepted", done.text
+    return uuid.UUID(done.json()["batch_id"])
