@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.tcp_proxy import TcpProxy
+
 MOTO_ACCESS_KEY = "testing-access-key"
 MOTO_SECRET_KEY = "testing-secret-key"
 MOTO_REGION = "us-east-1"
@@ -84,3 +86,13 @@ def s3_store(moto_endpoint: S3Endpoint, s3_bucket: str):  # type: ignore[no-unty
         access_key_id=moto_endpoint.access_key_id,
         secret_access_key=moto_endpoint.secret_access_key,
     )
+
+
+@pytest.fixture
+def bucket_proxy(moto_endpoint: S3Endpoint) -> Iterator[TcpProxy]:
+    """A TCP proxy in front of moto: `cut()` refuses and resets, `restore()` listens again
+    (moto's objects live in its process, so an outage is cut here, never by killing moto)."""
+    host, port = moto_endpoint.url.removeprefix("http://").split(":")
+    proxy = TcpProxy(host, int(port), free_port()).start()
+    yield proxy
+    proxy.stop()

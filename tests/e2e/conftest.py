@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from asyncgrpo.cluster import Cluster, ClusterConfig, free_port
+from asyncgrpo.cluster import Cluster, ClusterConfig
 from tests.conftest import TEST_SECRET
 from tests.e2e.tcp_proxy import TcpProxy
 from tests.s3_fixtures import S3Endpoint
@@ -126,14 +126,6 @@ class E2E:
         )]  # fmt: skip
         assert versions == list(range(1, len(versions) + 1)), versions
         return ledger
-
-
-@pytest.fixture
-def bucket_proxy(moto_endpoint: S3Endpoint) -> Iterator[TcpProxy]:
-    host, port = moto_endpoint.url.removeprefix("http://").split(":")
-    proxy = TcpProxy(host, int(port), free_port()).start()
-    yield proxy
-    proxy.stop()
 
 
 @pytest.fixture
