@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,14 @@ def _wait_log(log: Path, needle: str, proc: Any, timeout_s: float = 240) -> None
         time.sleep(0.02)
 
 
-def _outage(proxy: TcpProxy, proc: Any, log: Path) -> datetime:
-    """Cut the bucket for OUTAGE_S; returns when it came back (UTC)."""
+def _outage(
+    proxy: TcpProxy, proc: Any, log: Path, during: Callable[[], Any] | None = None
+) -> datetime:
+    """Cut the bucket for OUTAGE_S (running `during` once it is cut); returns when it came
+    back (UTC)."""
     proxy.cut()
+    if during is not None:
+        during()
     time.sleep(OUTAGE_S)
     assert proc.poll() is None, log.read_text()[-3000:]
     proxy.restore()
@@ -72,7 +77,11 @@ def _published_at(app: Any, run_id: Any, version: int) -> datetime:
 
 
 def test_learner_keeps_publishing_through_bucket_outages(
-    live_s3: tuple[str, Any], proxy: TcpProxy, tmp_path: Path
+    live_s3: tuple[str, Any],
+    proxy: TcpProxy,
+    moto_endpoint: S3Endpoint,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     from lm.models import load_tokenizer
 
@@ -103,9 +112,17 @@ def test_learner_keeps_publishing_through_bucket_outages(
         text = log.read_text()
         failed = re.search(r"(upload URLs for|publish of) version 2 failed", text)
         assert failed or _published_at(app, run.id, 2) >= restored_at, text[-3000:]
-        # 2. mid-download: the batch is claimable while the bucket is away
-        batches.append(_real_batch(app, run.id, worker_id, 2, tok, tmp_path))
-        _outage(proxy, proc, log)
+        # 2. mid-download: the batch becomes claimable only once the bucket is away (its object
+        # written to moto directly, behind the cut), so the learner's download must fail first
+        moto = moto_endpoint.client()
+
+        def batch_behind_the_cut() -> None:
+            def put(key: str, data: bytes) -> None:
+                moto.put_object(Bucket=s3_bucket, Key=key, Body=data)
+
+            batches.append(_real_batch(app, run.id, worker_id, 2, tok, tmp_path, put))
+
+        _outage(proxy, proc, log, during=batch_behind_the_cut)
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:

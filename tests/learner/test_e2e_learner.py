@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,18 @@ def _samples(session: Any, rows: list[PromptRow], config: RunConfig, tok: Any) -
 
 
 def _real_batch(
-    app: Any, run_id: uuid.UUID, worker_id: uuid.UUID, version: int, tok: Any, tmp: Path
+    app: Any,
+    run_id: uuid.UUID,
+    worker_id: uuid.UUID,
+    version: int,
+    tok: Any,
+    tmp: Path,
+    put: Callable[[str, bytes], Any] | None = None,
 ) -> uuid.UUID:
     """What acquire + upload + complete leave behind, with a real Parquet file: the next two
     queued rows leased and accepted into one completed lease's batch (committed at once, so
-    the learner never sees it half-written)."""
+    the learner never sees it half-written). `put` stores the object (default: the app's
+    store)."""
     from lm.chat import tokenizer_fingerprint
 
     with transaction(app.state.sessionmaker) as session:
@@ -117,7 +124,7 @@ def _real_batch(
         path = tmp / f"{lease.id}.parquet"
         info = write_batch(path, meta, _samples(session, rows, config, tok))
         key = batch_key(run_id, lease.id, fencing)
-        app.state.store.put_bytes(key, path.read_bytes())
+        (put or app.state.store.put_bytes)(key, path.read_bytes())
         batch = RolloutBatch(
             run_id=run_id,
             lease_id=lease.id,
