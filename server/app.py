@@ -14,8 +14,10 @@ from starlette.requests import Request
 
 from server.config import Settings, get_settings
 from server.db import make_engine, make_sessionmaker, transaction
+from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
+from server.leases.fast_service import CallPaths
 from server.limits import BodySizeLimit
 from server.storage_factory import make_store
 
@@ -51,9 +53,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
         scheduler = start_if_inprocess(settings, app.state.sessionmaker, app.state.store)
         app.state.scheduler = scheduler
+        app.state.pg_pool = await open_pool(settings)
         try:
             yield
         finally:
+            if app.state.pg_pool is not None:
+                await app.state.pg_pool.close()
+                app.state.pg_pool = None
             if scheduler is not None:
                 scheduler.stop()
             engine.dispose()
@@ -67,6 +73,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.pg_pool = None  # opened by the lifespan on Postgres (server/db_async.py)
+    app.state.call_paths = CallPaths()
     app.state.store = make_store(settings)
     install_error_handler(app)
     _install_validation_handler(app)

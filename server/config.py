@@ -118,6 +118,22 @@ class Settings(BaseSettings):
         le=1000,
         description="Extra Postgres connections each server process may open under load.",
     )
+    worker_calls_on_event_loop: bool = Field(
+        True,
+        description="On Postgres, answer the common case of the worker calls (acquire, "
+        "heartbeat, upload, complete) on the event loop through psycopg's async pool "
+        "(server/leases/fast_service.py); false sends every call down the portable, "
+        "thread-pool path (bench/leases.py compares the two).",
+    )
+    database_async_pool_size: int = Field(
+        16,
+        ge=1,
+        le=1000,
+        description="Postgres connections each server process keeps for the worker calls' "
+        "common case (acquire, heartbeat, upload, complete), which runs on the event loop with "
+        "psycopg's async driver instead of a request thread; counts toward max_connections "
+        "beside the pool above.",
+    )
     server_threads: int = Field(
         8,
         ge=1,

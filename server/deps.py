@@ -79,6 +79,11 @@ def require_registration(session: SessionDep, credentials: Credentials) -> Token
     return _principal(session, credentials, "registration")
 
 
+def bearer_digest(credentials: Credentials) -> str:
+    """The digest a bearer token is looked up by (401 for a missing or foreign token)."""
+    return tokens.digest_of_bearer(_bearer_token(credentials))
+
+
 def authenticated_worker(session: Session, credentials: Credentials) -> Worker:
     """The calling worker (401/403 as for every token); the worker calls' auth."""
     from server.workers.service import worker_for_token

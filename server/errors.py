@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from botocore.exceptions import BotoCoreError
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 
@@ -76,6 +78,8 @@ def install_error_handler(app: FastAPI) -> None:
         )
 
     @app.exception_handler(OperationalError)
+    @app.exception_handler(psycopg.OperationalError)  # the worker calls' async pool
+    @app.exception_handler(PoolTimeout)
     async def _database_unavailable(_request: Request, _exc: Exception) -> JSONResponse:
         # A lost connection (the database restarted, the pool is invalidated) or SQLite's busy
         # timeout is transient: 503 tells clients to retry. Other database errors stay 500s.

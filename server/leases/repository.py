@@ -19,6 +19,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session, defer
 
 from server.db import is_postgres
@@ -203,10 +204,13 @@ WITH picked AS (
     WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
 )
 SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
-       lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint
+       lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint,
+       adapter_versions.sha256 AS adapter_sha256, adapter_versions.files AS adapter_files
 FROM picked
 JOIN dataset_rows ON dataset_rows.id = picked.dataset_row_id
 CROSS JOIN lease CROSS JOIN admitted
+LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
+                          AND adapter_versions.version = lease.adapter_version
 ORDER BY picked.queue_pos
 """
     )
@@ -229,23 +233,46 @@ ORDER BY picked.queue_pos
         seed=BigInteger,
         adapter_version=Integer,
         tokenizer_fingerprint=String,
+        adapter_sha256=String,
+        adapter_files=JSONType,
     )
 )
+# The same statement for psycopg's own async connections (server/leases/fast_repository.py).
+GRANT_SQL_PSYCOPG = str(_GRANT.compile(dialect=psycopg_dialect()))
 
 
 @dataclass(frozen=True)
 class Granted:
-    """What one grant decided: its token, seed, version and rows (in queue order)."""
+    """What one grant decided: its token, seed, version and rows (in queue order), and the
+    version's adapter row (sha256, files) when the version is not the base model."""
 
     fencing: int
     seed: int
     version: int
     fingerprint: str | None
     rows: list[Any]
+    adapter: tuple[str, dict[str, Any]] | None = None
 
 
-def grant_in_one_statement(
-    session: Session,
+def granted_from_rows(rows: list[Any]) -> Granted | None:
+    """The grant statement's result (one row per leased prompt; none: nothing granted)."""
+    if not rows:
+        return None
+    first = rows[0]
+    adapter = None
+    if first.adapter_sha256 is not None:
+        adapter = (first.adapter_sha256, first.adapter_files)
+    return Granted(
+        fencing=first.fencing,
+        seed=first.seed,
+        version=first.adapter_version,
+        fingerprint=first.tokenizer_fingerprint,
+        rows=list(rows),
+        adapter=adapter,
+    )
+
+
+def grant_params(
     *,
     run_id: uuid.UUID,
     worker_id: uuid.UUID,
@@ -255,29 +282,21 @@ def grant_in_one_statement(
     ttl_s: float,
     group_size: int,
     run_seed: int,
-) -> Granted | None:
+) -> dict[str, Any]:
+    """The grant statement's parameters."""
+    return {
+        "run_id": run_id,
+        "worker_id": worker_id,
+        "lease_id": lease_id,
+        "n": n,
+        "bound": bound,
+        "ttl_s": ttl_s,
+        "group_size": group_size,
+        "seed_prefix": f"{run_seed}:{run_id}:",
+    }
+
+
+def grant_in_one_statement(session: Session, params: dict[str, Any]) -> Granted | None:
     """Lease up to n queued rows of the run to the worker, or None (no queued row, the run is
     not running, or the admission bound refuses)."""
-    rows = session.execute(
-        _GRANT,
-        {
-            "run_id": run_id,
-            "worker_id": worker_id,
-            "lease_id": lease_id,
-            "n": n,
-            "bound": bound,
-            "ttl_s": ttl_s,
-            "group_size": group_size,
-            "seed_prefix": f"{run_seed}:{run_id}:",
-        },
-    ).all()
-    if not rows:
-        return None
-    first = rows[0]
-    return Granted(
-        fencing=first.fencing,
-        seed=first.seed,
-        version=first.adapter_version,
-        fingerprint=first.tokenizer_fingerprint,
-        rows=list(rows),
-    )
+    return granted_from_rows(list(session.execute(_GRANT, params).all()))

@@ -19,6 +19,7 @@ from protocol.schemas import (
     INT_MAX,
     AdapterFile,
     AdapterRef,
+    BatchManifest,
     CompleteRequest,
     CompleteResponse,
     HeartbeatRequest,
@@ -31,7 +32,7 @@ from protocol.schemas import (
     UploadRequest,
     UploadResponse,
 )
-from protocol.storage import ObjectStore
+from protocol.storage import ObjectInfo, ObjectStore
 from server.config import Settings
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
@@ -84,32 +85,50 @@ def acquire(
     return lease
 
 
+def grant_params(config: RunConfig, run_id: uuid.UUID, worker_id: uuid.UUID) -> dict[str, Any]:
+    """The one-statement grant's parameters for a new lease of this run to this worker."""
+    return repo.grant_params(
+        run_id=run_id,
+        worker_id=worker_id,
+        lease_id=uuid.uuid4(),
+        n=config.prompts_per_lease,
+        bound=admission_bound(config),
+        ttl_s=config.lease_ttl_s,
+        group_size=config.group_size,
+        run_seed=config.seed,
+    )
+
+
 def _grant(
     session: Session, store: ObjectStore, settings: Settings, run: Run, worker_id: uuid.UUID
 ) -> Lease | None:
     config = runs.config_of(session, run.id)
-    lease_id = uuid.uuid4()
-    granted = (
-        repo.grant_in_one_statement(
-            session,
-            run_id=run.id,
-            worker_id=worker_id,
-            lease_id=lease_id,
-            n=config.prompts_per_lease,
-            bound=admission_bound(config),
-            ttl_s=config.lease_ttl_s,
-            group_size=config.group_size,
-            run_seed=config.seed,
-        )
-        if is_postgres(session)
-        else _grant_portable(session, run.id, worker_id, lease_id, config)
-    )
+    if is_postgres(session):
+        params = grant_params(config, run.id, worker_id)
+        granted = repo.grant_in_one_statement(session, params)
+        lease_id = params["lease_id"]
+    else:
+        lease_id = uuid.uuid4()
+        granted = _grant_portable(session, run.id, worker_id, lease_id, config)
     if granted is None:
         return None
+    return lease_response(store, settings, run.id, run.base_model, config, lease_id, granted)
+
+
+def lease_response(
+    store: ObjectStore,
+    settings: Settings,
+    run_id: uuid.UUID,
+    base_model: str,
+    config: RunConfig,
+    lease_id: uuid.UUID,
+    granted: repo.Granted,
+) -> Lease:
+    """What the worker is told about a lease it was just granted."""
     return Lease(
         lease_id=lease_id,
-        run_id=run.id,
-        base_model=run.base_model,
+        run_id=run_id,
+        base_model=base_model,
         tokenizer_fingerprint=granted.fingerprint,
         sampling=config.sampling.model_dump(mode="json"),
         max_new_tokens=config.sampling.max_new_tokens,
@@ -126,11 +145,11 @@ def _grant(
         ],
         seed=granted.seed,
         adapter_version=granted.version,
-        adapter=_adapter_ref(session, store, settings, run.id, granted.version),
+        adapter=_adapter_ref(store, settings, run_id, granted),
         fencing=granted.fencing,
         ttl_s=config.lease_ttl_s,
         heartbeat_interval_s=config.heartbeat_interval_s,
-        batch_key=layout.batch_key(run.id, lease_id, granted.fencing),
+        batch_key=layout.batch_key(run_id, lease_id, granted.fencing),
     )
 
 
@@ -164,30 +183,39 @@ def _grant_portable(
         group_size=config.group_size,
     )
     repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
+    adapter = repo.adapter_version(session, run_id, version) if version > 0 else None
     return repo.Granted(
-        fencing=fencing, seed=seed, version=version, fingerprint=fingerprint, rows=list(rows)
+        fencing=fencing,
+        seed=seed,
+        version=version,
+        fingerprint=fingerprint,
+        rows=list(rows),
+        adapter=None if adapter is None else (adapter.sha256, adapter.files),
     )
 
 
 def _adapter_ref(
-    session: Session, store: ObjectStore, settings: Settings, run_id: uuid.UUID, version: int
+    store: ObjectStore, settings: Settings, run_id: uuid.UUID, granted: repo.Granted
 ) -> AdapterRef | None:
-    if version == 0:
+    if granted.version == 0:
         return None
-    row = repo.adapter_version(session, run_id, version)
-    if row is None:
-        raise RuntimeError(f"run {run_id} is at version {version} but has no adapter row")
+    if granted.adapter is None:
+        raise RuntimeError(f"run {run_id} is at version {granted.version} but has no adapter row")
+    sha256, files = granted.adapter
     ttl = settings.security.url_ttl_s
-    files = [
-        AdapterFile(
-            name=name,
-            url=store.presign_get(meta["key"], ttl),
-            sha256=meta["sha256"],
-            size=meta.get("bytes"),
-        )
-        for name, meta in sorted(row.files.items())
-    ]
-    return AdapterRef(version=version, sha256=row.sha256, files=files)
+    return AdapterRef(
+        version=granted.version,
+        sha256=sha256,
+        files=[
+            AdapterFile(
+                name=name,
+                url=store.presign_get(meta["key"], ttl),
+                sha256=meta["sha256"],
+                size=meta.get("bytes"),
+            )
+            for name, meta in sorted(files.items())
+        ],
+    )
 
 
 # -- fenced calls ------------------------------------------------------------------------------
@@ -205,9 +233,44 @@ def _fence(
 ) -> None:
     """The compare-and-set every fenced call goes through; 409 when it changed nothing."""
     if not repo.fence(session, lease_id, worker.id, fencing, **values):
-        raise FencingLost(
-            "lease lost: fencing token, state or expiry no longer holds; drop the work"
-        )
+        raise fencing_lost()
+
+
+def fencing_lost() -> FencingLost:
+    return FencingLost("lease lost: fencing token, state or expiry no longer holds; drop the work")
+
+
+def abort_reason(
+    run_status: str, current_version: int, lease_version: int, config: RunConfig
+) -> str | None:
+    """Why a heartbeat must abort its lease (the run stopped running, or the lease's batch can
+    no longer be admissible), or None to extend it."""
+    if run_status != "running":
+        return f"run_{run_status}"
+    if config.admission_control and current_version - lease_version > config.max_staleness:
+        return "stale"
+    return None
+
+
+def reject_reason(
+    info: ObjectInfo | None, manifest: BatchManifest, n_rows: int, group_size: int
+) -> str | None:
+    """Why a completed lease's batch is rejected, or None to accept it."""
+    if info is None:
+        return "missing_object"
+    if info.size != manifest.size:
+        return "size_mismatch"
+    if manifest.n_samples != n_rows * group_size:
+        return "invalid"
+    return None
+
+
+def checked_batch_key(run_id: uuid.UUID, lease_id: uuid.UUID, fencing: int, key: str) -> str:
+    """The lease's one batch key; 422 when the manifest names another."""
+    expected = layout.batch_key(run_id, lease_id, fencing)
+    if key != expected:
+        raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
+    return expected
 
 
 def heartbeat(
@@ -218,14 +281,7 @@ def heartbeat(
     lease = _lease(session, lease_id, worker)
     config = runs.config_of(session, lease.run_id)
     ttl_s = config.lease_ttl_s
-    reason = None
-    if lease.status != "running":
-        reason = f"run_{lease.status}"
-    elif (
-        config.admission_control
-        and lease.current_version - lease.adapter_version > config.max_staleness
-    ):
-        reason = "stale"
+    reason = abort_reason(lease.status, lease.current_version, lease.adapter_version, config)
     if reason is None:
         _fence(session, lease_id, worker, body.fencing, **repo.extend_values(ttl_s))
         repo.touch_worker(session, worker.id)
@@ -270,19 +326,11 @@ def complete(
     matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way."""
     lease = _lease(session, lease_id, worker)
     manifest = body.manifest
-    key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
-    if manifest.key != key:
-        raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
+    key = checked_batch_key(lease.run_id, lease_id, lease.fencing, manifest.key)
     info = store.head(key)  # object-store I/O before the compare-and-set takes the row lock
     _fence(session, lease_id, worker, body.fencing, **repo.end_values("completed", "completed"))
     rows = repo.leased_rows(session, lease_id)
-    reject = None
-    if info is None:
-        reject = "missing_object"
-    elif info.size != manifest.size:
-        reject = "size_mismatch"
-    elif manifest.n_samples != len(rows) * lease.group_size:
-        reject = "invalid"
+    reject = reject_reason(info, manifest, len(rows), lease.group_size)
     batch_id = repo.insert_batch(
         session,
         run_id=lease.run_id,

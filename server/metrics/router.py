@@ -7,7 +7,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from server.metrics.service import DatabaseCollector
+from server.metrics.service import CallPathCollector, DatabaseCollector
 from server.routing import TransactionalRoute
 
 router = APIRouter(tags=["metrics"], route_class=TransactionalRoute)
@@ -18,5 +18,6 @@ async def metrics(request: Request) -> Response:
     """Per-run and per-worker figures, computed from the database on each scrape."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(request.app.state.sessionmaker))
+    registry.register(CallPathCollector(dict(request.app.state.call_paths)))
     body = await run_in_threadpool(generate_latest, registry)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)

@@ -4,7 +4,7 @@ number of server processes answer the same figures)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -174,3 +174,21 @@ class DatabaseCollector(Collector):
         with transaction(self._factory) as session:
             families = [*run_metrics(session), *worker_metrics(session)]
         return families
+
+
+class CallPathCollector(Collector):
+    """Worker calls this server process answered, by call and path: `event_loop` (the common
+    case on Postgres, server/leases/fast_service.py) or `portable` (everything else)."""
+
+    def __init__(self, counts: Mapping[tuple[str, str], int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "asyncgrpo_worker_calls",
+            "Worker calls answered by this server process, by call and path.",
+            labels=["call", "path"],
+        )
+        for (call, path), count in sorted(self._counts.items()):
+            family.add_metric([call, path], count)
+        yield family

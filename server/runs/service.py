@@ -102,6 +102,12 @@ def get_config(run: Run) -> RunConfig:
     return config
 
 
+def cached_config(run_id: uuid.UUID) -> RunConfig | None:
+    """The run's parsed config if this process has it, without touching the database."""
+    with _CACHE_LOCK:
+        return _CACHE.get(run_id)
+
+
 def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
     """get_config by run id, reading the config column only when it is not cached (the lease
     engine's hot path never loads a large inline dataset). One thread parses a run's config;

@@ -63,20 +63,20 @@ def mint(
 def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> Token:
     """Resolve a bearer token. 401 when unknown, revoked or expired; 403 when valid but of a
     kind this endpoint does not take."""
-    wanted = _digest_of_prefixed(plaintext)
+    wanted = digest_of_bearer(plaintext)
     return _check(session, repository.by_digest(session, wanted), wanted, allowed)
 
 
 def authenticate_worker(session: Session, plaintext: str) -> tuple[Token, Worker | None]:
     """authenticate() for worker tokens, loading the token's worker in the same query."""
-    wanted = _digest_of_prefixed(plaintext)
+    wanted = digest_of_bearer(plaintext)
     found = repository.by_digest_with_worker(session, wanted)
     token = _check(session, found[0] if found else None, wanted, ("worker",))
     assert found is not None
     return token, found[1]
 
 
-def _digest_of_prefixed(plaintext: str) -> str:
+def digest_of_bearer(plaintext: str) -> str:
     """The digest to look up; a string without one of our prefixes is refused unread."""
     if not plaintext.startswith(tuple(KIND_BY_PREFIX)):
         raise Unauthorized("invalid token")

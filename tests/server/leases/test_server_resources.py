@@ -27,7 +27,7 @@ def test_idle_long_polls_leave_the_only_thread_free(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from server.app import create_app
-    from server.leases import service
+    from server.leases import fast_service, service
 
     settings = make_settings(pg_url, tmp_path / "bucket", server_threads=1, lease_long_poll_s=10)
     app = create_app(settings, migrate=True)
@@ -36,16 +36,25 @@ def test_idle_long_polls_leave_the_only_thread_free(
         db.commit()
     tries: list[int] = []
     all_waiting = threading.Event()
-    real_acquire = service.acquire
+    real_acquire, real_fast_acquire = service.acquire, fast_service.acquire
 
-    def counting_acquire(*args: Any, **kwargs: Any) -> Any:
-        lease = real_acquire(*args, **kwargs)
+    def tried() -> None:
         tries.append(1)
         if len(tries) >= 3:  # every poll has tried once and is now waiting
             all_waiting.set()
+
+    def counting_acquire(*args: Any, **kwargs: Any) -> Any:
+        lease = real_acquire(*args, **kwargs)
+        tried()
+        return lease
+
+    async def counting_fast_acquire(*args: Any, **kwargs: Any) -> Any:
+        lease = await real_fast_acquire(*args, **kwargs)
+        tried()
         return lease
 
     monkeypatch.setattr(service, "acquire", counting_acquire)
+    monkeypatch.setattr(fast_service, "acquire", counting_fast_acquire)
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as client:
         with ThreadPoolExecutor(3) as pool:
             polls = [
@@ -62,11 +71,15 @@ def test_idle_long_polls_leave_the_only_thread_free(
             assert [p.result().status_code for p in polls] == [204, 204, 204]
 
 
-def test_more_requests_than_connections_queue_without_deadlock(pg_url: str, tmp_path: Path) -> None:
-    """2 connections, 8 threads, 48 concurrent heartbeats: each one authenticates in one
-    thread-pool hop and runs in another. An auth transaction kept open across the hops would
-    leave the requests that hold both connections waiting for a thread while every thread waits
-    for a connection (until the 30 s pool timeout: 500s)."""
+@pytest.mark.parametrize("on_event_loop", [False, True], ids=["portable", "event_loop"])
+def test_more_requests_than_connections_queue_without_deadlock(
+    pg_url: str, tmp_path: Path, on_event_loop: bool
+) -> None:
+    """2 connections, 8 threads, 48 concurrent heartbeats. Portable path: each one
+    authenticates in one thread-pool hop and runs in another; an auth transaction kept open
+    across the hops would leave the requests that hold both connections waiting for a thread
+    while every thread waits for a connection (until the 30 s pool timeout: 500s). Event-loop
+    path: the 48 queue for the async pool's 2 connections."""
     from server.app import create_app
 
     settings = make_settings(
@@ -75,6 +88,8 @@ def test_more_requests_than_connections_queue_without_deadlock(pg_url: str, tmp_
         server_threads=8,
         database_pool_size=2,
         database_max_overflow=0,
+        database_async_pool_size=2,
+        worker_calls_on_event_loop=on_event_loop,
     )
     app = create_app(settings, migrate=True)
     with app.state.sessionmaker() as db:
@@ -94,3 +109,5 @@ def test_more_requests_than_connections_queue_without_deadlock(pg_url: str, tmp_
             with ThreadPoolExecutor(48) as pool:
                 codes = list(pool.map(beat, range(48)))
     assert codes == [200] * 48
+    path = "event_loop" if on_event_loop else "portable"
+    assert app.state.call_paths[("heartbeat", path)] == 48
