@@ -3,7 +3,10 @@ complete against a real server (uvicorn) on Postgres with the local store, and t
 as raw SQL through psycopg in the same run.
 
     .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10 --repeats 3 \
-        [--uvicorn-workers 2]
+        [--uvicorn-workers 2] [--skip-portable]
+
+The API is measured twice per point: with the worker calls' common case on the event loop (the
+default) and with every call on the portable thread-pool path (worker_calls_on_event_loop off).
 
 The load generator is aiohttp in one process (an httpx one capped near 100–180 cycles/s by
 itself); the raw-SQL side shares 64 psycopg connections between the N simulated workers.
@@ -26,11 +29,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,11 +44,16 @@ PG = os.environ.get("ASYNCGRPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0
 SECRET = "bench-secret-" + "x" * 32
 DATA = b"x" * 2048
 SHA = hashlib.sha256(DATA).hexdigest()
-SQL_CONNECTIONS = 64  # the raw-SQL side's pool (Postgres here allows 100 connections in all)
-ADMIT_SQL = (
-    "UPDATE runs SET groups_in_flight=groups_in_flight+1, fencing_seq=fencing_seq+1, "
-    "last_lease_at=clock_timestamp() WHERE id=%s AND status='running' RETURNING fencing_seq"
-)
+SQL_CONNECTIONS = 8  # the raw-SQL side's pool
+ASYNC_POOL_SIZE = int(os.environ.get("BENCH_ASYNC_POOL", "8"))
+
+
+def grant_params(run_id: str, worker_id: str, lease_id: uuid.UUID) -> dict[str, object]:
+    """The server's one-statement grant (server/leases/repository.py) for one prompt."""
+    from server.leases.repository import grant_params as params
+
+    return params(run_id=uuid.UUID(run_id), worker_id=uuid.UUID(worker_id), lease_id=lease_id,
+                  n=1, bound=2**31 - 1, ttl_s=60.0, group_size=2, run_seed=0)  # fmt: skip
 
 
 def setup(db_url: str, bucket: Path, n_rows: int, n_workers: int) -> tuple[str, list[str]]:
@@ -154,30 +163,21 @@ class ConnectionPool:
 
 async def sql_worker(pool: ConnectionPool, run_id: str, worker_id: str, stop: float,
                      stats: Stats) -> None:  # fmt: skip
-    """The same cycle's statements, straight through psycopg (the floor the API is compared to)."""
+    """The same cycle's statements, straight through psycopg (the floor the API is compared to):
+    the grant is the server's one statement; no authentication."""
+    from server.leases.repository import GRANT_SQL_PSYCOPG
+
     while time.monotonic() < stop:
         t = time.perf_counter()
+        lid = uuid.uuid4()
         async with pool.transaction() as conn:
-            row = await (
-                await conn.execute(
-                    "SELECT id FROM prompt_rows WHERE run_id=%s AND state='queued' "
-                    "ORDER BY queue_pos LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    (run_id,),
-                )
-            ).fetchone()
-            if row is None:
+            cursor = conn.cursor(row_factory=namedtuple_row)
+            await cursor.execute(GRANT_SQL_PSYCOPG, grant_params(run_id, worker_id, lid))
+            granted = await cursor.fetchall()
+            if not granted:
                 stats.errors += 1
                 continue
-            fencing = (await (await conn.execute(ADMIT_SQL, (run_id,))).fetchone())[0]  # type: ignore[index]
-            lid = uuid.uuid4()
-            await conn.execute(
-                "INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, "
-                "expires_at, seed, n_prompts, group_size, created_at) VALUES (%s,%s,%s,0,%s,"
-                "'active', clock_timestamp() + interval '60 s', 1, 1, 2, clock_timestamp())",
-                (lid, run_id, worker_id, fencing),
-            )
-            await conn.execute("UPDATE prompt_rows SET state='leased', lease_id=%s WHERE id=%s",
-                               (lid, row[0]))  # fmt: skip
+            fencing = granted[0].fencing
         stats.add("acquire", time.perf_counter() - t)
         for name in ("heartbeat", "upload"):
             t = time.perf_counter()
@@ -215,12 +215,13 @@ async def sql_worker(pool: ConnectionPool, run_id: str, worker_id: str, stop: fl
         stats.cycles += 1
 
 
-async def run_http(base: str, tokens: list[str], store: object, n: int, seconds: float) -> float:
+async def run_http(base: str, tokens: list[str], store: object, n: int, seconds: float,
+                   label: str = "") -> float:  # fmt: skip
     stats = Stats()
     stop = time.monotonic() + seconds
     start = time.monotonic()
     await asyncio.gather(*(http_worker(base, tokens[i], store, stop, stats) for i in range(n)))
-    return stats.report(f"API  N={n}", time.monotonic() - start)
+    return stats.report(f"API {label} N={n}", time.monotonic() - start)
 
 
 async def run_sql(dsn: str, run_id: str, worker_id: str, n: int, seconds: float) -> float:
@@ -235,37 +236,26 @@ async def run_sql(dsn: str, run_id: str, worker_id: str, n: int, seconds: float)
     return stats.report(f"SQL  N={n}", time.monotonic() - start)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workers", type=int, nargs="+", default=[16, 64, 256])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--uvicorn-workers", type=int, default=1)
-    parser.add_argument("--rows", type=int, default=100000)
-    parser.add_argument("--repeats", type=int, default=1, help="Runs per point (medians).")
-    args = parser.parse_args()
-    name = f"agr_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    db_url = f"{PG}/{name}"
-    bucket = Path(tempfile.mkdtemp(prefix="agr-bench-"))
-    proc = None
+@contextlib.contextmanager
+def serve(db_url: str, bucket: Path, on_event_loop: bool, processes: int) -> Iterator[str]:
+    """The server (uvicorn) on a free port, with the worker calls' common case on the event
+    loop or every call on the portable thread-pool path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ASYNCGRPO_DATABASE_URL": db_url, "ASYNCGRPO_BUCKET_URL": str(bucket),
+           "ASYNCGRPO_SECURITY__SECRET_KEY": SECRET, "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
+           "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}",
+           "ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP": str(on_event_loop).lower(),
+           # the raw-SQL phase needs its own N connections under max_connections (100)
+           "ASYNCGRPO_DATABASE_POOL_SIZE": str(24 // processes),
+           "ASYNCGRPO_DATABASE_ASYNC_POOL_SIZE": str(ASYNC_POOL_SIZE // processes),
+           "ASYNCGRPO_DATABASE_MAX_OVERFLOW": "0"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", str(processes), "--log-level",
+         "warning", "--no-access-log"], cwd=ROOT, env=env)  # fmt: skip
     try:
-        run_id, tokens = setup(db_url, bucket, args.rows, max(args.workers))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "ASYNCGRPO_DATABASE_URL": db_url, "ASYNCGRPO_BUCKET_URL": str(bucket),
-               "ASYNCGRPO_SECURITY__SECRET_KEY": SECRET, "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
-               "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}",
-               # the raw-SQL phase needs its own N connections under max_connections (100)
-               "ASYNCGRPO_DATABASE_POOL_SIZE": str(24 // args.uvicorn_workers),
-               "ASYNCGRPO_DATABASE_MAX_OVERFLOW": "0"}  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
-             "--port", str(port), "--workers", str(args.uvicorn_workers), "--log-level",
-             "warning", "--no-access-log"], cwd=ROOT, env=env)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -275,9 +265,41 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        from protocol.storage_local import LocalStore
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
+
+def measure_api(args: argparse.Namespace, db_url: str, bucket: Path, tokens: list[str],
+                on_event_loop: bool, n: int) -> float:  # fmt: skip
+    from protocol.storage_local import LocalStore
+
+    with serve(db_url, bucket, on_event_loop, args.uvicorn_workers) as base:
         store = LocalStore(root=str(bucket), base_url=base + "/blobs", secret_key=SECRET)
+        label = "event loop" if on_event_loop else "portable"
+        return asyncio.run(run_http(base, tokens, store, n, args.seconds, label))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--uvicorn-workers", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=100000)
+    parser.add_argument("--repeats", type=int, default=1, help="Runs per point (medians).")
+    parser.add_argument("--skip-portable", action="store_true",
+                        help="Do not measure the portable (thread-pool) path.")  # fmt: skip
+    args = parser.parse_args()
+    name = f"agr_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    db_url = f"{PG}/{name}"
+    bucket = Path(tempfile.mkdtemp(prefix="agr-bench-"))
+    paths = [True] if args.skip_portable else [True, False]
+    try:
+        run_id, tokens = setup(db_url, bucket, args.rows, max(args.workers))
         dsn = db_url.replace("postgresql+psycopg", "postgresql")
         with psycopg.connect(dsn) as c:
             worker_id = str(c.execute("SELECT id FROM workers LIMIT 1").fetchone()[0])  # type: ignore[index]
@@ -285,20 +307,26 @@ def main() -> None:
               f"{args.uvicorn_workers}, Postgres, local store")  # fmt: skip
         summary = []
         for n in args.workers:
-            apis, raws = [], []
+            runs: dict[str, list[float]] = {"event loop": [], "portable": [], "raw SQL": []}
             for _ in range(args.repeats):
-                apis.append(asyncio.run(run_http(base, tokens, store, n, args.seconds)))
-                raws.append(asyncio.run(run_sql(dsn, run_id, worker_id, n, args.seconds)))
-            api, raw = statistics.median(apis), statistics.median(raws)
-            summary.append((n, api, raw))
-            print(f"  N={n}: API/raw SQL = {api / raw:.2f} (medians of {args.repeats})")
-        print("\n  workers  API cycles/s  raw SQL cycles/s  API/raw SQL")
-        for n, api, raw in summary:
-            print(f"  {n:>7}  {api:>12.0f}  {raw:>16.0f}  {api / raw:>11.2f}")
+                for on_event_loop in paths:
+                    rate = measure_api(args, db_url, bucket, tokens, on_event_loop, n)
+                    runs["event loop" if on_event_loop else "portable"].append(rate)
+                runs["raw SQL"].append(
+                    asyncio.run(run_sql(dsn, run_id, worker_id, n, args.seconds))
+                )
+            medians = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}
+            summary.append((n, medians))
+            print(f"  N={n}: API/raw SQL = {medians['event loop'] / medians['raw SQL']:.2f} "
+                  f"(medians of {args.repeats})")  # fmt: skip
+        print(
+            "\n  workers  API cycles/s  portable path  raw SQL cycles/s  API/raw SQL  API/portable"
+        )
+        for n, m in summary:
+            api, portable, raw = m["event loop"], m["portable"], m["raw SQL"]
+            print(f"  {n:>7}  {api:>12.0f}  {portable:>13.0f}  {raw:>16.0f}  {api / raw:>11.2f}"
+                  f"  {api / portable:>12.2f}")  # fmt: skip
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,9 @@ class PresignedPut:
     expires_in_s: int = 0
 
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def validate_key(key: str) -> str:
     """Return `key` if it is a safe object key, else raise InvalidKey.
 
@@ -58,7 +62,7 @@ def validate_key(key: str) -> str:
         raise InvalidKey(f"object key must not start with '/': {key!r}")
     if "\\" in key:
         raise InvalidKey(f"object key must not contain a backslash: {key!r}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+    if _CONTROL_CHARACTER.search(key):
         raise InvalidKey(f"object key must not contain control characters: {key!r}")
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         raise InvalidKey(f"object key longer than {MAX_KEY_BYTES} bytes")

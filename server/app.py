@@ -102,16 +102,17 @@ def _include_routers(app: FastAPI) -> None:
 
     # JSON API routers: text Postgres cannot store is a 422, not a 500 at the first query.
     json_api = [Depends(refuse_unstorable_text)]
-    app.include_router(health_router)
+    # Routes are matched in order: the worker and learner calls, the hot path, come first.
     for router in (
+        leases_router,
+        learner_router,
         runs_router,
         adapters_router,
         tokens_router,
         workers_router,
-        leases_router,
-        learner_router,
     ):
         app.include_router(router, dependencies=json_api)
+    app.include_router(health_router)
     app.include_router(blobs_router)
     app.include_router(metrics_router)
 

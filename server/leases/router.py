@@ -50,19 +50,18 @@ async def _answer(
     portable: Callable[[Session, Worker], T],
 ) -> T:
     """The common case on the event loop where there is an async pool, else (or when it says
-    Fallback) the portable path; counted per path for /metrics."""
+    Fallback) the portable path; each call, answered or refused, counted by path for /metrics."""
     state = request.app.state
-    if state.pg_pool is not None:
-        try:
-            result = await common_case(state.pg_pool, bearer_digest(credentials))
-        except fast.Fallback:
-            pass
-        else:
-            state.call_paths[(call, "event_loop")] += 1
-            return result
-    result = await as_worker(request, credentials, portable)
-    state.call_paths[(call, "portable")] += 1
-    return result
+    path = "event_loop" if state.pg_pool is not None else "portable"
+    try:
+        if path == "event_loop":
+            try:
+                return await common_case(state.pg_pool, bearer_digest(credentials))
+            except fast.Fallback:
+                path = "portable"
+        return await as_worker(request, credentials, portable)
+    finally:
+        state.call_paths[(call, path)] += 1
 
 
 @router.post(
