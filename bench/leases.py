@@ -268,7 +268,11 @@ def serve(db_url: str, bucket: Path, on_event_loop: bool, processes: int) -> Ite
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:  # requests still queued at 256 workers
+            proc.kill()
+            proc.wait(10)
 
 
 def measure_api(args: argparse.Namespace, db_url: str, bucket: Path, tokens: list[str],

@@ -25,6 +25,9 @@ async def open_pool(settings: Settings) -> AsyncConnectionPool | None:
         open=False,
         timeout=30.0,
         name="asyncgrpo-worker-calls",
+        # Each write of the event-loop path is one statement: its own transaction, with no
+        # BEGIN or COMMIT round trip (server/leases/fast_repository.py).
+        kwargs={"autocommit": True},
     )
     await pool.open()
     return pool

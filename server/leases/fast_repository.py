@@ -1,6 +1,8 @@
 """SQL of the worker calls' common case on Postgres, on psycopg's async driver (the event loop,
-no request thread): each function is one statement. Every statement authenticates the worker's
-token in the same round trip; finding nothing means "not the common case" (fast_service)."""
+no request thread). The connections are in autocommit mode and every write is one statement
+that authenticates the worker's token, checks the lease and changes everything the call changes:
+one round trip, its own transaction, no BEGIN or COMMIT to wait for. A statement that finds
+nothing to do changed nothing, and fast_service hands the call to the portable path."""
 
 from __future__ import annotations
 
@@ -15,79 +17,91 @@ from server.leases.repository import GRANT_SQL_PSYCOPG, Granted, granted_from_ro
 
 Conn = AsyncConnection[Any]
 
-# A live worker token of a worker that is not revoked (tokens.service._check and
-# workers.service._active on the portable path say which of these failed).
+# A live worker token (t) of an active worker (w); tokens.service._check and
+# workers.service._active on the portable path say which of these failed.
 _AUTHENTICATED = """
     t.digest = %(digest)s AND t.kind = 'worker' AND t.revoked_at IS NULL
-    AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp()) AND w.status <> 'revoked'
+    AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())
+    AND w.id = t.scope_id AND w.status = 'active'
 """
 
-_WORKER_AND_RUNS = f"""
-SELECT w.id AS worker_id, w.status,
-       EXISTS (SELECT 1 FROM leases
-               WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
-       (SELECT coalesce(json_agg(json_build_object('id', r.id, 'base_model', r.base_model)
-                                 ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id),
-                        '[]')
-        FROM runs r
-        WHERE r.status = 'running'
-          AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
-FROM tokens t JOIN workers w ON w.id = t.scope_id
-WHERE {_AUTHENTICATED}
-"""
-
-_LEASE_OF_WORKER = f"""
-SELECT w.id AS worker_id, l.run_id, l.fencing, l.adapter_version, l.group_size, l.n_prompts,
-       r.status AS run_status, r.current_version, r.tokenizer_fingerprint
+# Touching the worker first is safe here: this statement is its own transaction and locks
+# nothing else. A quarantined or revoked worker matches nothing (the portable path answers).
+_SEEN_FOR_ACQUIRE = f"""
+UPDATE workers w SET last_seen_at = clock_timestamp()
 FROM tokens t
-JOIN workers w ON w.id = t.scope_id
-JOIN leases l ON l.id = %(lease_id)s AND l.worker_id = w.id
-JOIN runs r ON r.id = l.run_id
 WHERE {_AUTHENTICATED}
+RETURNING w.id AS worker_id,
+    EXISTS (SELECT 1 FROM leases
+            WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
+    (SELECT coalesce(json_agg(json_build_object('id', r.id, 'base_model', r.base_model)
+                              ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id),
+                     '[]')
+     FROM runs r
+     WHERE r.status = 'running'
+       AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
 """
 
-_FENCED = """
-    id = %(lease_id)s AND worker_id = %(worker_id)s AND fencing = %(fencing)s
-    AND state = 'active' AND expires_at > clock_timestamp()
+_RUN_OF_LEASE = "SELECT run_id FROM leases WHERE id = %(lease_id)s"
+
+# The lease (l) of this worker, still held: the fenced compare-and-set of every call.
+_HELD = """
+    l.id = %(lease_id)s AND l.fencing = %(fencing)s AND l.state = 'active'
+    AND l.expires_at > clock_timestamp() AND l.worker_id = w.id
 """
 
-# Lock order as on the portable path: lease, then prompt rows, then the worker row last.
+# Lock order as on the portable path: the lease first, the worker row last.
 _HEARTBEAT = f"""
-WITH fenced AS (
-    UPDATE leases SET expires_at = clock_timestamp() + make_interval(secs => %(ttl_s)s),
-                      last_heartbeat_at = clock_timestamp()
-    WHERE {_FENCED} RETURNING id
+WITH extended AS (
+    UPDATE leases l SET expires_at = clock_timestamp() + make_interval(secs => %(ttl_s)s),
+                        last_heartbeat_at = clock_timestamp()
+    FROM tokens t, workers w, runs r
+    WHERE {_HELD} AND {_AUTHENTICATED}
+      AND r.id = l.run_id AND r.status = 'running'
+      AND NOT (%(admission)s AND r.current_version - l.adapter_version > %(max_staleness)s)
+    RETURNING l.worker_id, r.current_version
+), touched AS (
+    UPDATE workers SET last_seen_at = clock_timestamp()
+    WHERE id = (SELECT worker_id FROM extended)
 )
-UPDATE workers SET last_seen_at = clock_timestamp()
-WHERE id = %(worker_id)s AND EXISTS (SELECT 1 FROM fenced) RETURNING id
+SELECT current_version FROM extended
 """
 
-_UPLOAD = f"UPDATE leases SET last_heartbeat_at = clock_timestamp() WHERE {_FENCED} RETURNING id"
+_UPLOAD = f"""
+UPDATE leases l SET last_heartbeat_at = clock_timestamp()
+FROM tokens t, workers w
+WHERE {_HELD} AND {_AUTHENTICATED}
+RETURNING l.fencing
+"""
 
 _ACCEPT = f"""
-WITH fenced AS (
-    UPDATE leases SET state = 'completed', ended_at = clock_timestamp(), end_reason = 'completed'
-    WHERE {_FENCED} RETURNING id, run_id, adapter_version
+WITH completed AS (
+    UPDATE leases l SET state = 'completed', ended_at = clock_timestamp(),
+                        end_reason = 'completed'
+    FROM tokens t, workers w, runs r
+    WHERE {_HELD} AND {_AUTHENTICATED} AND r.id = l.run_id
+      AND l.n_prompts * l.group_size = %(n_samples)s
+      AND (SELECT count(*) FROM prompt_rows p
+           WHERE p.lease_id = l.id AND p.state = 'leased') = l.n_prompts
+    RETURNING l.id, l.run_id, l.worker_id, l.adapter_version, l.n_prompts,
+              r.tokenizer_fingerprint
 ), batch AS (
     INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version, bucket_key,
                                  sha256, bytes, n_samples, n_tokens, n_groups,
                                  tokenizer_fingerprint, state, generation_seconds, manifest)
-    SELECT %(batch_id)s, run_id, id, %(worker_id)s, adapter_version, %(key)s, %(sha256)s,
-           %(bytes)s, %(n_samples)s, %(n_tokens)s, %(n_groups)s, %(fingerprint)s, 'accepted',
-           %(generation_seconds)s, %(manifest)s
-    FROM fenced RETURNING id
+    SELECT %(batch_id)s, run_id, id, worker_id, adapter_version, %(key)s, %(sha256)s,
+           %(bytes)s, %(n_samples)s, %(n_tokens)s, n_prompts, tokenizer_fingerprint,
+           'accepted', %(generation_seconds)s, %(manifest)s
+    FROM completed RETURNING id
 ), accepted AS (
     UPDATE prompt_rows SET state = 'accepted', batch_id = %(batch_id)s
     WHERE lease_id = %(lease_id)s AND state = 'leased' AND EXISTS (SELECT 1 FROM batch)
-    RETURNING id
 ), touched AS (
     UPDATE workers SET last_seen_at = clock_timestamp(), accepted_batches = accepted_batches + 1
-    WHERE id = %(worker_id)s AND EXISTS (SELECT 1 FROM batch)
+    WHERE id = (SELECT worker_id FROM completed)
 )
-SELECT (SELECT count(*) FROM fenced) AS fenced, (SELECT count(*) FROM accepted) AS accepted
+SELECT id FROM batch
 """
-
-_TOUCH_WORKER = "UPDATE workers SET last_seen_at = clock_timestamp() WHERE id = %(worker_id)s"
 
 
 async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Any:
@@ -96,10 +110,11 @@ async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Any:
     return await cursor.fetchone()
 
 
-async def worker_and_runs(conn: Conn, digest: str) -> Any:
-    """The authenticated worker (id, status), whether any lease has expired, and the running
-    runs of its base models, fairest first (list of {id, base_model}); None if not authenticated."""
-    return await _one(conn, _WORKER_AND_RUNS, {"digest": digest})
+async def seen_for_acquire(conn: Conn, digest: str) -> Any:
+    """Mark the authenticated active worker seen; its id, whether any lease has expired, and
+    the running runs of its base models, fairest first ([{id, base_model}]). None: not a live
+    token of an active worker."""
+    return await _one(conn, _SEEN_FOR_ACQUIRE, {"digest": digest})
 
 
 async def grant(conn: Conn, params: dict[str, Any]) -> Granted | None:
@@ -108,43 +123,45 @@ async def grant(conn: Conn, params: dict[str, Any]) -> Granted | None:
     return granted_from_rows(await cursor.fetchall())
 
 
-async def touch_worker(conn: Conn, worker_id: uuid.UUID) -> None:
-    await conn.execute(_TOUCH_WORKER, {"worker_id": worker_id})
+async def run_of_lease(conn: Conn, lease_id: uuid.UUID) -> uuid.UUID | None:
+    row = await _one(conn, _RUN_OF_LEASE, {"lease_id": lease_id})
+    return None if row is None else row.run_id
 
 
-async def lease_of_worker(conn: Conn, digest: str, lease_id: uuid.UUID) -> Any:
-    """The lease and its run's fields, if the token is a live worker's and the worker holds
-    this lease; else None."""
-    return await _one(conn, _LEASE_OF_WORKER, {"digest": digest, "lease_id": lease_id})
-
-
-def _fence_params(lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int) -> dict[str, Any]:
-    return {"lease_id": lease_id, "worker_id": worker_id, "fencing": fencing}
+def _held(digest: str, lease_id: uuid.UUID, fencing: int) -> dict[str, Any]:
+    return {"digest": digest, "lease_id": lease_id, "fencing": fencing}
 
 
 async def extend(
-    conn: Conn, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int, ttl_s: float
-) -> bool:
-    """The heartbeat's compare-and-set (and the worker's last_seen_at); False: nothing changed."""
-    params = {**_fence_params(lease_id, worker_id, fencing), "ttl_s": ttl_s}
-    return await _one(conn, _HEARTBEAT, params) is not None
+    conn: Conn,
+    digest: str,
+    lease_id: uuid.UUID,
+    fencing: int,
+    *,
+    ttl_s: float,
+    admission: bool,
+    max_staleness: int,
+) -> int | None:
+    """The heartbeat of a held lease whose run runs and whose version is inside the window:
+    extended by ttl_s, the worker seen. The run's current version, or None (nothing changed)."""
+    params = {
+        **_held(digest, lease_id, fencing),
+        "ttl_s": ttl_s,
+        "admission": admission,
+        "max_staleness": max_staleness,
+    }
+    row = await _one(conn, _HEARTBEAT, params)
+    return None if row is None else int(row.current_version)
 
 
-async def mark_uploading(
-    conn: Conn, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int
-) -> bool:
-    return await _one(conn, _UPLOAD, _fence_params(lease_id, worker_id, fencing)) is not None
+async def mark_uploading(conn: Conn, digest: str, lease_id: uuid.UUID, fencing: int) -> bool:
+    return await _one(conn, _UPLOAD, _held(digest, lease_id, fencing)) is not None
 
 
 async def accept(
-    conn: Conn, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int, batch: dict[str, Any]
-) -> tuple[int, int]:
-    """End the lease `completed`, insert its batch `accepted`, mark its rows accepted and count
-    the worker's batch, in one statement. Returns (leases fenced, rows accepted)."""
-    params = {
-        **_fence_params(lease_id, worker_id, fencing),
-        **batch,
-        "manifest": Jsonb(batch["manifest"]),
-    }
-    row = await _one(conn, _ACCEPT, params)
-    return row.fenced, row.accepted
+    conn: Conn, digest: str, lease_id: uuid.UUID, fencing: int, batch: dict[str, Any]
+) -> bool:
+    """End the held lease `completed`, insert its batch `accepted` (when the sample count fits
+    the lease), mark its rows accepted and count the worker's batch. False: nothing changed."""
+    params = {**_held(digest, lease_id, fencing), **batch, "manifest": Jsonb(batch["manifest"])}
+    return await _one(conn, _ACCEPT, params) is not None

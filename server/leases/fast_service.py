@@ -1,21 +1,21 @@
 """The worker calls' common case on Postgres, answered on the event loop through psycopg's
-async pool: a live worker acquiring while no lease has expired, and heartbeating, uploading and
-completing (with an accepted batch) a lease it holds. One short transaction per call, two to
-three round trips, no request thread (bench/leases.py: the thread hops and SQLAlchemy's ORM
-were most of a lease cycle's cost).
+async pool: a live, active worker acquiring while no lease has expired, and heartbeating,
+uploading and completing (with a batch to accept) a lease it holds. Each write is one
+autocommitted statement (fast_repository.py): heartbeat, upload and complete are one round
+trip each, acquire two, and no request thread is involved (bench/leases.py: the thread hops,
+the ORM and the BEGIN/COMMIT round trips were most of a lease cycle's cost).
 
 Anything else raises `Fallback` with nothing changed, and the call is answered by the portable
-path (service.py), which stays the reference for every rule: a bad or revoked token, another
-worker's lease, a heartbeat that must abort, an oversized upload, a batch to reject, expired
-leases to sweep, a quarantined worker, a run whose config this process has not parsed yet.
-Errors whose answer is the same on both paths (409 fencing lost, 422 wrong batch key) are
-raised here directly.
+path (service.py), which stays the reference for every rule and every refusal: a bad or
+revoked token, another worker's lease, a lost fencing token, a heartbeat that must abort, an
+oversized upload, a batch to reject, expired leases to sweep, a quarantined worker, a run whose
+config this process has not parsed yet.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 
 from anyio import to_thread
 from psycopg_pool import AsyncConnectionPool
@@ -46,6 +46,34 @@ class CallPaths(Counter[tuple[str, str]]):
     """How many worker calls each path answered, by (call, path): exported on /metrics."""
 
 
+class LeaseRuns:
+    """lease id → run id, which never changes: the fenced calls need the run's config before
+    their one statement. Filled by grants on this process; a miss costs one lookup. Used on
+    the event loop only (no lock)."""
+
+    def __init__(self, max_size: int = 65536) -> None:
+        self._runs: OrderedDict[uuid.UUID, uuid.UUID] = OrderedDict()
+        self._max_size = max_size
+
+    def remember(self, lease_id: uuid.UUID, run_id: uuid.UUID) -> None:
+        self._runs[lease_id] = run_id
+        if len(self._runs) > self._max_size:
+            self._runs.popitem(last=False)
+
+    async def run_of(self, pool: AsyncConnectionPool, lease_id: uuid.UUID) -> uuid.UUID:
+        run_id = self._runs.get(lease_id)
+        if run_id is None:
+            async with pool.connection() as conn:
+                run_id = await fast_repo.run_of_lease(conn, lease_id)
+            if run_id is None:
+                raise Fallback
+            self.remember(lease_id, run_id)
+        return run_id
+
+
+LEASE_RUNS = LeaseRuns()
+
+
 async def acquire(
     pool: AsyncConnectionPool,
     store: ObjectStore,
@@ -55,10 +83,9 @@ async def acquire(
 ) -> Lease | None:
     """One try: grant from the fairest admissible run, or None."""
     async with pool.connection() as conn:
-        found = await fast_repo.worker_and_runs(conn, digest)
-        if found is None or found.status != "active" or found.any_expired:
+        found = await fast_repo.seen_for_acquire(conn, digest)
+        if found is None or found.any_expired:
             raise Fallback
-        lease = None
         for run in found.runs:
             if body.models is not None and run["base_model"] not in body.models:
                 continue
@@ -69,30 +96,32 @@ async def acquire(
             params = service.grant_params(config, run_id, found.worker_id)
             granted = await fast_repo.grant(conn, params)
             if granted is not None:
-                lease = service.lease_response(
+                LEASE_RUNS.remember(params["lease_id"], run_id)
+                return service.lease_response(
                     store, settings, run_id, run["base_model"], config, params["lease_id"], granted
                 )
-                break
-        await fast_repo.touch_worker(conn, found.worker_id)
-    return lease
+    return None
 
 
 async def heartbeat(
     pool: AsyncConnectionPool, digest: str, lease_id: uuid.UUID, body: HeartbeatRequest
 ) -> HeartbeatResponse:
+    config = runs.cached_config(await LEASE_RUNS.run_of(pool, lease_id))
+    if config is None:
+        raise Fallback
     async with pool.connection() as conn:
-        lease = await fast_repo.lease_of_worker(conn, digest, lease_id)
-        config = None if lease is None else runs.cached_config(lease.run_id)
-        if lease is None or config is None:
-            raise Fallback
-        if service.abort_reason(
-            lease.run_status, lease.current_version, lease.adapter_version, config
-        ):
-            raise Fallback
-        ttl_s = config.lease_ttl_s
-        if not await fast_repo.extend(conn, lease_id, lease.worker_id, body.fencing, ttl_s):
-            raise service.fencing_lost()
-    return HeartbeatResponse(current_version=lease.current_version, abort=False, ttl_s=ttl_s)
+        version = await fast_repo.extend(
+            conn,
+            digest,
+            lease_id,
+            body.fencing,
+            ttl_s=config.lease_ttl_s,
+            admission=config.admission_control,
+            max_staleness=config.max_staleness,
+        )
+    if version is None:
+        raise Fallback
+    return HeartbeatResponse(current_version=version, abort=False, ttl_s=config.lease_ttl_s)
 
 
 async def upload(
@@ -103,17 +132,17 @@ async def upload(
     lease_id: uuid.UUID,
     body: UploadRequest,
 ) -> UploadResponse:
-    ttl = settings.security.url_ttl_s
+    if body.size > settings.security.max_blob_bytes:
+        raise Fallback
+    run_id = await LEASE_RUNS.run_of(pool, lease_id)
     async with pool.connection() as conn:
-        lease = await fast_repo.lease_of_worker(conn, digest, lease_id)
-        if lease is None or body.size > settings.security.max_blob_bytes:
+        if not await fast_repo.mark_uploading(conn, digest, lease_id, body.fencing):
             raise Fallback
-        if not await fast_repo.mark_uploading(conn, lease_id, lease.worker_id, body.fencing):
-            raise service.fencing_lost()
-        key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
-        put = store.presign_put(
-            key, size=body.size, sha256_hex=body.sha256, ttl_s=ttl, if_none_match=True
-        )
+    key = layout.batch_key(run_id, lease_id, body.fencing)  # the held lease's own token
+    ttl = settings.security.url_ttl_s
+    put = store.presign_put(
+        key, size=body.size, sha256_hex=body.sha256, ttl_s=ttl, if_none_match=True
+    )
     return UploadResponse(key=key, url=put.url, headers=dict(put.headers), expires_in_s=ttl)
 
 
@@ -125,32 +154,25 @@ async def complete(
     body: CompleteRequest,
 ) -> CompleteResponse:
     manifest = body.manifest
+    run_id = await LEASE_RUNS.run_of(pool, lease_id)
+    key = layout.batch_key(run_id, lease_id, body.fencing)
+    if manifest.key != key:
+        raise Fallback
+    info = await to_thread.run_sync(store.head, key)  # the bucket's I/O off the event loop
+    if info is None or info.size != manifest.size:
+        raise Fallback
+    batch_id = uuid.uuid4()
+    batch = {
+        "batch_id": batch_id,
+        "key": key,
+        "sha256": manifest.sha256,
+        "bytes": manifest.size,
+        "n_samples": manifest.n_samples,
+        "n_tokens": manifest.n_tokens,
+        "generation_seconds": manifest.generation_seconds,
+        "manifest": manifest.model_dump(mode="json"),
+    }
     async with pool.connection() as conn:
-        lease = await fast_repo.lease_of_worker(conn, digest, lease_id)
-        if lease is None:
+        if not await fast_repo.accept(conn, digest, lease_id, body.fencing, batch):
             raise Fallback
-        key = service.checked_batch_key(lease.run_id, lease_id, lease.fencing, manifest.key)
-        info = await to_thread.run_sync(store.head, key)  # the bucket's I/O off the event loop
-        if service.reject_reason(info, manifest, lease.n_prompts, lease.group_size):
-            raise Fallback
-        batch_id = uuid.uuid4()
-        batch = {
-            "batch_id": batch_id,
-            "key": key,
-            "sha256": manifest.sha256,
-            "bytes": manifest.size,
-            "n_samples": manifest.n_samples,
-            "n_tokens": manifest.n_tokens,
-            "n_groups": lease.n_prompts,
-            "fingerprint": lease.tokenizer_fingerprint,
-            "generation_seconds": manifest.generation_seconds,
-            "manifest": manifest.model_dump(mode="json"),
-        }
-        fenced, accepted = await fast_repo.accept(
-            conn, lease_id, lease.worker_id, body.fencing, batch
-        )
-        if not fenced:
-            raise service.fencing_lost()
-        if accepted != lease.n_prompts:
-            raise Fallback  # rows left the lease some other way: the reference path decides
     return CompleteResponse(batch_id=batch_id, state="accepted", reject_reason=None)
