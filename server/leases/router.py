@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import psycopg
 from fastapi import APIRouter, Request, Response, status
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.orm import Session
@@ -59,6 +60,11 @@ async def _answer(
                 return await common_case(state.pg_pool, bearer_digest(credentials))
             except fast.Fallback:
                 path = "portable"
+            except psycopg.OperationalError:
+                # The database dropped its connections (a restart): test the idle ones now, so
+                # that one request answers 503 rather than one per dead pooled connection.
+                await state.pg_pool.check()
+                raise
         return await as_worker(request, credentials, portable)
     finally:
         state.call_paths[(call, path)] += 1

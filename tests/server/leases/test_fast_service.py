@@ -3,6 +3,7 @@ and that it writes exactly what the portable path writes for the same cycle."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Iterator
@@ -223,3 +224,32 @@ def test_lost_fencing_on_the_event_loop_is_409_and_changes_nothing(
         assert answer.status_code == 409, (op, answer.text)
     with app.state.sessionmaker() as db:
         assert snapshot(db, run.id) == before
+
+
+def test_a_restarted_database_is_one_503_then_the_event_loop_path_recovers(
+    pg_url: str, apps: dict[bool, tuple[FastAPI, TestClient]]
+) -> None:
+    from sqlalchemy import create_engine, text
+
+    app, client = apps[True]
+    _, _, token = _arrange(app, n_rows=8)
+    lease = client.post(f"{BASE}/acquire", json={}, headers=_h(token)).json()
+    path, body = f"{BASE}/{lease['lease_id']}/heartbeat", {"fencing": lease["fencing"]}
+    assert client.post(path, json=body, headers=_h(token)).status_code == 200
+    pool = app.state.pg_pool
+    client.portal.call(functools.partial(pool.resize, 4))  # four idle connections to lose
+    client.portal.call(pool.wait)
+    killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with killer.connect() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalar_one()
+    killer.dispose()
+    assert killed >= 1
+    failed = client.post(path, json=body, headers=_h(token))
+    assert failed.status_code == 503 and failed.headers["Retry-After"] == "1"
+    assert client.post(path, json=body, headers=_h(token)).status_code == 200
+    assert app.state.call_paths[("heartbeat", "event_loop")] == 3
