@@ -50,7 +50,8 @@ _HELD = """
     AND l.expires_at > clock_timestamp() AND l.worker_id = w.id
 """
 
-# Lock order as on the portable path: the lease first, the worker row last.
+# service.heartbeat's extend branch: the run runs and the lease's version is inside the window
+# (else the portable path aborts). Lock order as there: the lease first, the worker row last.
 _HEARTBEAT = f"""
 WITH extended AS (
     UPDATE leases l SET expires_at = clock_timestamp() + make_interval(secs => %(ttl_s)s),
@@ -74,6 +75,8 @@ WHERE {_HELD} AND {_AUTHENTICATED}
 RETURNING l.fencing
 """
 
+# service.complete's accept branch (the object's existence and size were checked before): the
+# sample count fits the lease's rows, all still leased to it.
 _ACCEPT = f"""
 WITH completed AS (
     UPDATE leases l SET state = 'completed', ended_at = clock_timestamp(),

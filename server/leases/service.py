@@ -19,7 +19,6 @@ from protocol.schemas import (
     INT_MAX,
     AdapterFile,
     AdapterRef,
-    BatchManifest,
     CompleteRequest,
     CompleteResponse,
     HeartbeatRequest,
@@ -32,7 +31,7 @@ from protocol.schemas import (
     UploadRequest,
     UploadResponse,
 )
-from protocol.storage import ObjectInfo, ObjectStore
+from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
@@ -233,44 +232,9 @@ def _fence(
 ) -> None:
     """The compare-and-set every fenced call goes through; 409 when it changed nothing."""
     if not repo.fence(session, lease_id, worker.id, fencing, **values):
-        raise fencing_lost()
-
-
-def fencing_lost() -> FencingLost:
-    return FencingLost("lease lost: fencing token, state or expiry no longer holds; drop the work")
-
-
-def abort_reason(
-    run_status: str, current_version: int, lease_version: int, config: RunConfig
-) -> str | None:
-    """Why a heartbeat must abort its lease (the run stopped running, or the lease's batch can
-    no longer be admissible), or None to extend it."""
-    if run_status != "running":
-        return f"run_{run_status}"
-    if config.admission_control and current_version - lease_version > config.max_staleness:
-        return "stale"
-    return None
-
-
-def reject_reason(
-    info: ObjectInfo | None, manifest: BatchManifest, n_rows: int, group_size: int
-) -> str | None:
-    """Why a completed lease's batch is rejected, or None to accept it."""
-    if info is None:
-        return "missing_object"
-    if info.size != manifest.size:
-        return "size_mismatch"
-    if manifest.n_samples != n_rows * group_size:
-        return "invalid"
-    return None
-
-
-def checked_batch_key(run_id: uuid.UUID, lease_id: uuid.UUID, fencing: int, key: str) -> str:
-    """The lease's one batch key; 422 when the manifest names another."""
-    expected = layout.batch_key(run_id, lease_id, fencing)
-    if key != expected:
-        raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
-    return expected
+        raise FencingLost(
+            "lease lost: fencing token, state or expiry no longer holds; drop the work"
+        )
 
 
 def heartbeat(
@@ -281,7 +245,14 @@ def heartbeat(
     lease = _lease(session, lease_id, worker)
     config = runs.config_of(session, lease.run_id)
     ttl_s = config.lease_ttl_s
-    reason = abort_reason(lease.status, lease.current_version, lease.adapter_version, config)
+    reason = None
+    if lease.status != "running":
+        reason = f"run_{lease.status}"
+    elif (
+        config.admission_control
+        and lease.current_version - lease.adapter_version > config.max_staleness
+    ):
+        reason = "stale"
     if reason is None:
         _fence(session, lease_id, worker, body.fencing, **repo.extend_values(ttl_s))
         repo.touch_worker(session, worker.id)
@@ -326,11 +297,19 @@ def complete(
     matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way."""
     lease = _lease(session, lease_id, worker)
     manifest = body.manifest
-    key = checked_batch_key(lease.run_id, lease_id, lease.fencing, manifest.key)
+    key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
+    if manifest.key != key:
+        raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
     info = store.head(key)  # object-store I/O before the compare-and-set takes the row lock
     _fence(session, lease_id, worker, body.fencing, **repo.end_values("completed", "completed"))
     rows = repo.leased_rows(session, lease_id)
-    reject = reject_reason(info, manifest, len(rows), lease.group_size)
+    reject = None
+    if info is None:
+        reject = "missing_object"
+    elif info.size != manifest.size:
+        reject = "size_mismatch"
+    elif manifest.n_samples != len(rows) * lease.group_size:
+        reject = "invalid"
     batch_id = repo.insert_batch(
         session,
         run_id=lease.run_id,
