@@ -9,7 +9,9 @@ The API is measured twice per point: with the worker calls' common case on the e
 default) and with every call on the portable thread-pool path (worker_calls_on_event_loop off).
 
 The load generator is aiohttp in one process (an httpx one capped near 100–180 cycles/s by
-itself); the raw-SQL side shares 64 psycopg connections between the N simulated workers.
+itself). The raw-SQL side runs the server's own statements for the cycle (the event-loop path's,
+server/leases/fast_repository.py) through psycopg, without HTTP, on 8 pooled connections shared
+by the N simulated workers, each with its own worker and token as on the API side.
 
 Needs Postgres at ASYNCGRPO_BENCH_PG (default postgresql+psycopg://postgres@127.0.0.1:5432);
 creates and drops a scratch database.
@@ -34,7 +36,6 @@ from pathlib import Path
 
 import aiohttp
 import psycopg
-from psycopg.rows import namedtuple_row
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import create_engine, text
 
@@ -48,7 +49,6 @@ SHA = hashlib.sha256(DATA).hexdigest()
 # The raw-SQL side's pool (psycopg_pool, first come first served, as the server's). Every grant
 # serialises on the run row: 8 connections served the most cycles/s here (16: -40%, 64: -65%).
 SQL_CONNECTIONS = 8
-ASYNC_POOL_SIZE = int(os.environ.get("BENCH_ASYNC_POOL", "8"))
 
 
 def grant_params(run_id: str, worker_id: str, lease_id: uuid.UUID) -> dict[str, object]:
@@ -137,58 +137,44 @@ async def http_worker(base: str, token: str, store: object, stop: float, stats: 
                 stats.errors += 1
 
 
-async def sql_worker(pool: AsyncConnectionPool, run_id: str, worker_id: str, stop: float,
-                     stats: Stats) -> None:  # fmt: skip
-    """The same cycle's statements, straight through psycopg (the floor the API is compared to):
-    the grant is the server's one statement; no authentication."""
-    from server.leases.repository import GRANT_SQL_PSYCOPG
+async def sql_worker(pool: AsyncConnectionPool, run_id: str, worker: tuple[str, str],
+                     stop: float, stats: Stats) -> None:  # fmt: skip
+    """The same cycle straight through psycopg: the server's own statements (the event-loop
+    path's, autocommitted, authentication included) without HTTP, FastAPI or the service code —
+    the floor the API is compared to."""
+    from server.leases import fast_repository as sql
 
+    digest, worker_id = worker
+    batch = {"key": "k", "sha256": SHA, "bytes": len(DATA), "n_samples": 2, "n_tokens": 10,
+             "generation_seconds": 0.0, "manifest": {}}  # fmt: skip
     while time.monotonic() < stop:
         t = time.perf_counter()
         lid = uuid.uuid4()
         async with pool.connection() as conn:
-            cursor = conn.cursor(row_factory=namedtuple_row)
-            await cursor.execute(GRANT_SQL_PSYCOPG, grant_params(run_id, worker_id, lid))
-            granted = await cursor.fetchall()
-            if not granted:
-                stats.errors += 1
-                continue
-            fencing = granted[0].fencing
+            granted = await sql.grant(conn, grant_params(run_id, worker_id, lid))
+        if granted is None:
+            stats.errors += 1
+            continue
         stats.add("acquire", time.perf_counter() - t)
-        for name in ("heartbeat", "upload"):
-            t = time.perf_counter()
-            async with pool.connection() as conn:
-                await conn.execute(
-                    "UPDATE leases SET last_heartbeat_at=clock_timestamp(), expires_at="
-                    "clock_timestamp() + interval '60 s' WHERE id=%s AND fencing=%s AND "
-                    "state='active' AND expires_at > clock_timestamp() RETURNING id",
-                    (lid, fencing),
-                )
-            stats.add(name, time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            await conn.execute(
-                "UPDATE leases SET state='completed', ended_at=clock_timestamp() WHERE id=%s "
-                "AND fencing=%s AND state='active' AND expires_at > clock_timestamp() "
-                "RETURNING id",
-                (lid, fencing),
-            )
-            bid = uuid.uuid4()
-            await conn.execute(
-                "INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version,"
-                " bucket_key, sha256, bytes, n_samples, n_tokens, n_groups, state, created_at)"
-                " VALUES (%s,%s,%s,%s,0,'k',%s,1,2,10,1,'accepted', clock_timestamp())",
-                (bid, run_id, lid, worker_id, SHA),
-            )
-            await conn.execute("UPDATE prompt_rows SET state='accepted', batch_id=%s WHERE "
-                               "lease_id=%s AND state='leased'", (bid, lid))  # fmt: skip
-            await conn.execute(
-                "UPDATE workers SET last_seen_at=clock_timestamp(), "
-                "accepted_batches=accepted_batches+1 WHERE id=%s",
-                (worker_id,),
+            await sql.extend(conn, digest, lid, granted.fencing, ttl_s=60.0, admission=False,
+                             max_staleness=0)  # fmt: skip
+        stats.add("heartbeat", time.perf_counter() - t)
+        t = time.perf_counter()
+        async with pool.connection() as conn:
+            await sql.mark_uploading(conn, digest, lid, granted.fencing)
+        stats.add("upload", time.perf_counter() - t)
+        t = time.perf_counter()
+        async with pool.connection() as conn:
+            accepted = await sql.accept(
+                conn, digest, lid, granted.fencing, {**batch, "batch_id": uuid.uuid4()}
             )
         stats.add("complete", time.perf_counter() - t)
-        stats.cycles += 1
+        if accepted:
+            stats.cycles += 1
+        else:
+            stats.errors += 1
 
 
 async def run_http(base: str, tokens: list[str], store: object, n: int, seconds: float,
@@ -200,15 +186,18 @@ async def run_http(base: str, tokens: list[str], store: object, n: int, seconds:
     return stats.report(f"API {label} N={n}", time.monotonic() - start)
 
 
-async def run_sql(dsn: str, run_id: str, worker_id: str, n: int, seconds: float) -> float:
+async def run_sql(dsn: str, run_id: str, workers: list[tuple[str, str]], n: int,
+                  seconds: float) -> float:  # fmt: skip
     stats = Stats()
     size = min(n, SQL_CONNECTIONS)
-    pool = AsyncConnectionPool(dsn, min_size=size, max_size=size, open=False)
+    pool = AsyncConnectionPool(
+        dsn, min_size=size, max_size=size, open=False, kwargs={"autocommit": True}
+    )
     await pool.open(wait=True)
     stop = time.monotonic() + seconds
     start = time.monotonic()
     try:
-        await asyncio.gather(*(sql_worker(pool, run_id, worker_id, stop, stats) for _ in range(n)))
+        await asyncio.gather(*(sql_worker(pool, run_id, workers[i], stop, stats) for i in range(n)))
     finally:
         await pool.close()
     return stats.report(f"SQL  N={n}", time.monotonic() - start)
@@ -227,7 +216,6 @@ def serve(db_url: str, bucket: Path, on_event_loop: bool, processes: int) -> Ite
            "ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP": str(on_event_loop).lower(),
            # the raw-SQL phase needs its own N connections under max_connections (100)
            "ASYNCGRPO_DATABASE_POOL_SIZE": str(24 // processes),
-           "ASYNCGRPO_DATABASE_ASYNC_POOL_SIZE": str(ASYNC_POOL_SIZE // processes),
            "ASYNCGRPO_DATABASE_MAX_OVERFLOW": "0"}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
@@ -286,7 +274,10 @@ def main() -> None:
         run_id, tokens = setup(db_url, bucket, args.rows, max(args.workers))
         dsn = db_url.replace("postgresql+psycopg", "postgresql")
         with psycopg.connect(dsn) as c:
-            worker_id = str(c.execute("SELECT id FROM workers LIMIT 1").fetchone()[0])  # type: ignore[index]
+            owners = dict(c.execute("SELECT digest, scope_id::text FROM tokens").fetchall())
+        from server.tokens.service import digest
+
+        workers = [(digest(token), owners[digest(token)]) for token in tokens]
         print(f"bench/leases.py: {args.seconds:.0f} s per point, uvicorn workers "
               f"{args.uvicorn_workers}, Postgres, local store")  # fmt: skip
         summary = []
@@ -296,9 +287,7 @@ def main() -> None:
                 for on_event_loop in paths:
                     rate = measure_api(args, db_url, bucket, tokens, on_event_loop, n)
                     runs["event loop" if on_event_loop else "portable"].append(rate)
-                runs["raw SQL"].append(
-                    asyncio.run(run_sql(dsn, run_id, worker_id, n, args.seconds))
-                )
+                runs["raw SQL"].append(asyncio.run(run_sql(dsn, run_id, workers, n, args.seconds)))
             medians = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}
             summary.append((n, medians))
             print(f"  N={n}: API/raw SQL = {medians['event loop'] / medians['raw SQL']:.2f} "
