@@ -3,6 +3,7 @@ and that it writes exactly what the portable path writes for the same cycle."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import uuid
@@ -34,20 +35,15 @@ def apps(pg_url: str, tmp_path: Path) -> Iterator[dict[bool, tuple[FastAPI, Test
     from server.app import create_app
 
     made: dict[bool, tuple[FastAPI, TestClient]] = {}
-    clients = []
-    for on_event_loop in (True, False):
-        settings = make_settings(
-            pg_url, tmp_path / "bucket", worker_calls_on_event_loop=on_event_loop
-        )
-        app = create_app(settings, migrate=True)
-        client = TestClient(app)
-        clients.append(client.__enter__())
-        made[on_event_loop] = (app, client)
-    yield made
-    for client in clients:
-        client.__exit__(None, None, None)
-    for app, _ in made.values():
-        app.state.engine.dispose()
+    with contextlib.ExitStack() as stack:
+        for on_event_loop in (True, False):
+            settings = make_settings(
+                pg_url, tmp_path / "bucket", worker_calls_on_event_loop=on_event_loop
+            )
+            app = create_app(settings, migrate=True)
+            stack.callback(app.state.engine.dispose)
+            made[on_event_loop] = (app, stack.enter_context(TestClient(app)))
+        yield made
 
 
 def _arrange(app: FastAPI, **config: Any) -> tuple[Run, uuid.UUID, str]:
