@@ -86,6 +86,25 @@ def db_session(pg_url: str) -> Iterator[Session]:
     engine.dispose()
 
 
+def terminate_other_backends(database_url: str) -> int:
+    """Drop every other connection to the database, as a database restart would; how many."""
+    from sqlalchemy import create_engine, text
+
+    killer = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with killer.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).scalar_one()
+            )
+    finally:
+        killer.dispose()
+
+
 def make_settings(database_url: str, bucket_dir: Path, **overrides: object):  # type: ignore[no-untyped-def]
     from server.config import Settings
 

@@ -116,20 +116,11 @@ def test_a_restarted_database_is_a_503_then_recovers(
     """Pooled connections are not pinged per request: when the database drops them, the one
     request that meets a dead connection answers 503 + Retry-After (not a 500), and the next
     request runs on a fresh pool."""
-    from sqlalchemy import create_engine, text
+    from tests.conftest import terminate_other_backends
 
     headers = admin_headers
     assert client.get("/api/v1/runs", headers=headers).status_code == 200
-    killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with killer.connect() as conn:
-        killed = conn.execute(
-            text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        ).scalar_one()
-    killer.dispose()
-    assert killed >= 1
+    assert terminate_other_backends(pg_url) >= 1
     failed = client.get("/api/v1/runs", headers=headers)
     assert failed.status_code == 503
     assert failed.headers["Retry-After"] == "1"

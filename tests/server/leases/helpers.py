@@ -147,6 +147,19 @@ def in_flight(session: Session, run_id: uuid.UUID) -> int:
     )
 
 
+def batch_manifest(lease: dict[str, Any], data: bytes, **over: Any) -> dict[str, Any]:
+    """The manifest a worker sends on complete for `data` uploaded under this lease."""
+    manifest = {
+        "key": lease["batch_key"],
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "n_samples": len(lease["prompts"]) * lease["group_size"],
+        "n_tokens": 100,
+        "generation_seconds": 1.5,
+    }
+    return {**manifest, **over}
+
+
 def work_one_lease(client: Any, headers: dict[str, str]) -> uuid.UUID | None:
     """What a worker does with one lease through the HTTP API: acquire, upload its batch object
     through the presigned URL, complete. The accepted batch's id, or None when acquire
@@ -165,14 +178,7 @@ def work_one_lease(client: Any, headers: dict[str, str]) -> uuid.UUID | None:
     put = up.json()
     stored = client.put(put["url"], content=data, headers=put["headers"])
     assert stored.status_code == 200, stored.text
-    manifest = {
-        "key": put["key"],
-        "sha256": sha,
-        "size": len(data),
-        "n_samples": len(lease["prompts"]) * lease["group_size"],
-        "n_tokens": 100,
-        "generation_seconds": 0.5,
-    }
+    manifest = batch_manifest(lease, data, key=put["key"], generation_seconds=0.5)
     body = {"fencing": lease["fencing"], "manifest": manifest}
     done = client.post(f"{base}/complete", json=body, headers=headers)
     assert done.status_code == 200 and done.json()["state"] == "accepted", done.text

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from server.db_types import db_now_plus
 from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
-from tests.conftest import make_settings
-from tests.server.leases.helpers import make_run, make_worker, snapshot
+from tests.conftest import make_settings, terminate_other_backends
+from tests.server.leases.helpers import batch_manifest, make_run, make_worker, snapshot
 
 BASE = "/api/v1/leases"
 
@@ -65,21 +64,13 @@ def _cycle(app: FastAPI, client: TestClient, token: str) -> dict[str, Any]:
     path, fencing = f"{BASE}/{lease['lease_id']}", lease["fencing"]
     beat = client.post(f"{path}/heartbeat", json={"fencing": fencing}, headers=_h(token))
     data = b"the same batch bytes on both paths"
-    sha = hashlib.sha256(data).hexdigest()
+    manifest = batch_manifest(lease, data, n_tokens=77, generation_seconds=2.5)
     put = client.post(
         f"{path}/upload",
-        json={"fencing": fencing, "size": len(data), "sha256": sha},
+        json={"fencing": fencing, "size": len(data), "sha256": manifest["sha256"]},
         headers=_h(token),
     )
     app.state.store.put_bytes(lease["batch_key"], data, if_none_match=True)
-    manifest = {
-        "key": lease["batch_key"],
-        "sha256": sha,
-        "size": len(data),
-        "n_samples": len(lease["prompts"]) * lease["group_size"],
-        "n_tokens": 77,
-        "generation_seconds": 2.5,
-    }
     done = client.post(
         f"{path}/complete", json={"fencing": fencing, "manifest": manifest}, headers=_h(token)
     )
@@ -202,14 +193,7 @@ def test_lost_fencing_on_the_event_loop_is_409_and_changes_nothing(
     with app.state.sessionmaker() as db:
         before = snapshot(db, run.id)
     data = b"x" * 10
-    manifest = {
-        "key": lease["batch_key"],
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "size": len(data),
-        "n_samples": len(lease["prompts"]) * lease["group_size"],
-        "n_tokens": 1,
-        "generation_seconds": 0.0,
-    }
+    manifest = batch_manifest(lease, data)
     app.state.store.put_bytes(lease["batch_key"], data)
     for op, body in (
         ("heartbeat", {}),
@@ -225,8 +209,6 @@ def test_lost_fencing_on_the_event_loop_is_409_and_changes_nothing(
 def test_a_restarted_database_is_one_503_then_the_event_loop_path_recovers(
     pg_url: str, apps: dict[bool, tuple[FastAPI, TestClient]]
 ) -> None:
-    from sqlalchemy import create_engine, text
-
     app, client = apps[True]
     _, _, token = _arrange(app, n_rows=8)
     lease = client.post(f"{BASE}/acquire", json={}, headers=_h(token)).json()
@@ -235,16 +217,7 @@ def test_a_restarted_database_is_one_503_then_the_event_loop_path_recovers(
     pool = app.state.pg_pool
     client.portal.call(functools.partial(pool.resize, 4))  # four idle connections to lose
     client.portal.call(pool.wait)
-    killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with killer.connect() as conn:
-        killed = conn.execute(
-            text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        ).scalar_one()
-    killer.dispose()
-    assert killed >= 1
+    assert terminate_other_backends(pg_url) >= 1
     failed = client.post(path, json=body, headers=_h(token))
     assert failed.status_code == 503 and failed.headers["Retry-After"] == "1"
     assert client.post(path, json=body, headers=_h(token)).status_code == 200

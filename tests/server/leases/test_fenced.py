@@ -13,7 +13,13 @@ from sqlalchemy.orm import Session
 from protocol import layout
 from server.db_types import db_now, db_now_plus
 from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
-from tests.server.leases.helpers import in_flight, make_run, make_worker, snapshot
+from tests.server.leases.helpers import (
+    batch_manifest,
+    in_flight,
+    make_run,
+    make_worker,
+    snapshot,
+)
 
 BASE = "/api/v1/leases"
 
@@ -34,18 +40,6 @@ def _call(client: TestClient, token: str, lease: dict[str, Any], op: str, **body
         json={"fencing": lease["fencing"], **body},
         headers=_h(token),
     )
-
-
-def _manifest(lease: dict[str, Any], data: bytes, **over: Any) -> dict[str, Any]:
-    manifest = {
-        "key": lease["batch_key"],
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "size": len(data),
-        "n_samples": len(lease["prompts"]) * lease["group_size"],
-        "n_tokens": 100,
-        "generation_seconds": 1.5,
-    }
-    return {**manifest, **over}
 
 
 def _row_states(db: Session, ids: list[int]) -> list[tuple[str, int]]:
@@ -153,7 +147,7 @@ def test_another_workers_lease_is_404_and_changes_nothing(
     for op, body in [
         ("heartbeat", {}),
         ("upload", {"size": 10, "sha256": "0" * 64}),
-        ("complete", {"manifest": _manifest(lease, data)}),
+        ("complete", {"manifest": batch_manifest(lease, data)}),
         ("release", {}),
     ]:
         assert _call(lease_client, other, lease, op, **body).status_code == 404, op
@@ -173,7 +167,7 @@ def test_upload_then_complete_accepts(lease_client: TestClient, lease_app, db: S
     assert put.status_code == 200, put.text
     assert put.json()["key"] == lease["batch_key"] and put.json()["url"]
     lease_app.state.store.put_bytes(lease["batch_key"], data, if_none_match=True)
-    done = _call(lease_client, token, lease, "complete", manifest=_manifest(lease, data))
+    done = _call(lease_client, token, lease, "complete", manifest=batch_manifest(lease, data))
     assert done.status_code == 200, done.text
     assert done.json()["state"] == "accepted" and done.json()["reject_reason"] is None
     batch_id = uuid.UUID(done.json()["batch_id"])
@@ -189,7 +183,7 @@ def test_upload_then_complete_accepts(lease_client: TestClient, lease_app, db: S
     db.refresh(run)
     assert run.groups_in_flight == 2  # accepted groups stay in flight until consumed
     db.commit()
-    again = _call(lease_client, token, lease, "complete", manifest=_manifest(lease, data))
+    again = _call(lease_client, token, lease, "complete", manifest=batch_manifest(lease, data))
     assert again.status_code == 409
 
 
@@ -203,7 +197,7 @@ def _rejected(
     if put is not None:
         app.state.store.put_bytes(lease["batch_key"], put)
     answer = _call(
-        client, token, lease, "complete", manifest=_manifest(lease, b"y" * 50, **manifest)
+        client, token, lease, "complete", manifest=batch_manifest(lease, b"y" * 50, **manifest)
     )
     assert answer.status_code == 200, answer.text
     return answer.json(), [p["prompt_row_id"] for p in lease["prompts"]], run
@@ -243,7 +237,7 @@ def test_complete_naming_another_key_is_422_and_changes_nothing(
     lease = _acquire(lease_client, token)
     other_key = layout.adapter_key(run.id, 1, "adapter_model.safetensors")
     before = snapshot(db, run.id)  # expires `run`: no attribute reads until the call is done
-    bad = _manifest(lease, b"z", key=other_key)
+    bad = batch_manifest(lease, b"z", key=other_key)
     answer = _call(lease_client, token, lease, "complete", manifest=bad)
     assert answer.status_code == 422
     assert snapshot(db, run.id) == before
@@ -287,14 +281,14 @@ def test_expired_and_reissued_lease_fences_out_the_old_holder(
     for op, body in [
         ("heartbeat", {}),
         ("upload", {"size": len(data), "sha256": sha}),
-        ("complete", {"manifest": _manifest(old, data)}),
+        ("complete", {"manifest": batch_manifest(old, data)}),
         ("release", {}),
     ]:
         assert _call(lease_client, old_token, old, op, **body).status_code == 409, op
     assert snapshot(db, run.id) == before
     assert _call(lease_client, new_token, new, "heartbeat").json()["abort"] is False
     lease_app.state.store.put_bytes(new["batch_key"], data)
-    done = _call(lease_client, new_token, new, "complete", manifest=_manifest(new, data))
+    done = _call(lease_client, new_token, new, "complete", manifest=batch_manifest(new, data))
     assert done.json()["state"] == "accepted"
     ids = [p["prompt_row_id"] for p in new["prompts"]]
     assert _row_states(db, ids) == [("accepted", 1), ("accepted", 1)]
