@@ -7,10 +7,10 @@ a fixed number of versions with `admission_control` on (acquire answers 204 at t
 whose version can no longer be admissible) and off (no bound, no abort: the learner's claim
 still rejects batches older than max_staleness — invariant 5 holds either way).
 
-stale waste = (samples rejected stale at claim + samples of leases aborted as stale) ÷ samples
-generated (uploaded + aborted), over the whole run; wasted worker-seconds = generation time of
-the stale-rejected batches + the lifetime of the aborted leases; worker-s = all generation time
-(+ aborted leases). CPU-contended figures (2 shared cores).
+Stale waste and wasted worker-seconds are the server's own figure over the whole run
+(server/runs/waste.py: samples rejected stale at claim + samples of leases aborted as stale, over
+samples generated; in worker-seconds, the generation time of the stale-rejected batches + the
+lifetime of the stale-aborted leases). CPU-contended figures (2 shared cores).
 
 The learner is throttled (--learner-duty, default 10% of wall time) so that the two workers
 outpace it: with an unthrottled learner on this machine the workers are the bottleneck, nothing

@@ -27,8 +27,10 @@ from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
 
 from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess, free_port
+from server.runs.waste import Waste, stale_waste
 
 MB = 1024 * 1024
 MODEL = "smollm2-135m-instruct"
@@ -246,18 +248,15 @@ def sql(database_url: str, statement: str, **params: Any) -> list[Any]:
 @dataclass(frozen=True)
 class RunFigures:
     """One finished run, measured between the publish of version 1 and of the last version
-    (the learner's model load and the first step are left out: steady state only)."""
+    (the learner's model load and the first step are left out: steady state only); its stale
+    waste over the whole run is the server's own figure (server/runs/waste.py)."""
 
     versions: int
     window_s: float
     samples: int  # completions consumed into versions 2..last
     reward_sum: float  # Σ reward over those completions (reward_mean × samples per step)
     reward_mean: float
-    generated: int  # completions generated over the whole run (uploaded + aborted leases)
-    stale_rejected: int
-    aborted: int
-    wasted_worker_s: float  # generation time of stale-rejected batches + aborted leases' time
-    worker_s: float  # generation time of every uploaded batch + aborted leases' time
+    waste: Waste
 
     @property
     def samples_per_hour(self) -> float:
@@ -268,8 +267,37 @@ class RunFigures:
         return self.reward_sum / self.window_s * 60 if self.window_s > 0 else 0.0
 
     @property
+    def generated(self) -> int:
+        return self.waste.generated
+
+    @property
+    def stale_rejected(self) -> int:
+        return self.waste.stale_rejected
+
+    @property
+    def aborted(self) -> int:
+        return self.waste.stale_aborted
+
+    @property
     def stale_waste(self) -> float:
-        return (self.stale_rejected + self.aborted) / self.generated if self.generated else 0.0
+        return self.waste.ratio
+
+    @property
+    def wasted_worker_s(self) -> float:
+        return self.waste.wasted_worker_seconds
+
+    @property
+    def worker_s(self) -> float:
+        return self.waste.worker_seconds
+
+
+def whole_run_waste(database_url: str, run_id: uuid.UUID) -> Waste:
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as session:
+            return stale_waste(session, run_id)
+    finally:
+        engine.dispose()
 
 
 def run_figures(database_url: str, run_id: str, group_size: int) -> RunFigures:
@@ -292,33 +320,13 @@ def run_figures(database_url: str, run_id: str, group_size: int) -> RunFigures:
             n = int(values.get("groups", 0)) * group_size
             samples += n
             reward_sum += float(values["reward_mean"]) * n
-    batches = sql(
-        database_url,
-        "SELECT coalesce(sum(n_samples), 0), "
-        "coalesce(sum(CASE WHEN reject_reason = 'stale' THEN n_samples ELSE 0 END), 0), "
-        "coalesce(sum(generation_seconds), 0), "
-        "coalesce(sum(CASE WHEN reject_reason = 'stale' THEN generation_seconds ELSE 0 END), 0) "
-        "FROM rollout_batches WHERE run_id = :r",
-        r=run,
-    )[0]
-    aborted = sql(
-        database_url,
-        "SELECT coalesce(sum(n_prompts * group_size), 0), "
-        "coalesce(sum(extract(epoch FROM ended_at - created_at)), 0) "
-        "FROM leases WHERE run_id = :r AND state = 'aborted' AND end_reason = 'stale'",
-        r=run,
-    )[0]
     return RunFigures(
         versions=versions,
         window_s=window_s,
         samples=samples,
         reward_sum=reward_sum,
         reward_mean=reward_sum / samples if samples else 0.0,
-        generated=int(batches[0]) + int(aborted[0]),
-        stale_rejected=int(batches[1]),
-        aborted=int(aborted[0]),
-        wasted_worker_s=float(batches[3]) + float(aborted[1]),
-        worker_s=float(batches[2]) + float(aborted[1]),
+        waste=whole_run_waste(database_url, run),
     )
 
 

@@ -32,6 +32,7 @@ from protocol.adapters import ADAPTER_WEIGHTS, sha256_file
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.run_config import RunConfig
+from protocol.staleness import staleness
 
 log = logging.getLogger(__name__)
 IDLE_SLEEP_S = 0.5
@@ -194,7 +195,7 @@ class Session:
             return
         self.pending.extend(result.groups)
         self.consumed.append(batch.batch_id)
-        self.last_metrics["staleness"] = float(current_version - batch.adapter_version)
+        self.last_metrics["staleness"] = float(staleness(current_version, batch.adapter_version))
 
     def _maybe_spot_check(self, result: IntakeResult) -> None:
         """Re-score a fraction of batches. Only batches sampled with the weights the trainer

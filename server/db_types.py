@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, types
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Integer, cast, func, types
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
@@ -79,3 +79,27 @@ def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
 
 def new_uuid() -> uuid.UUID:
     return uuid.uuid4()
+
+
+class epoch_seconds(FunctionElement[float]):  # noqa: N801
+    """A timestamp column as Unix seconds (a float), on either database."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(epoch_seconds)
+def _epoch_default(element: Any, compiler: Any, **kw: Any) -> str:
+    (value,) = list(element.clauses)
+    return f"extract(epoch FROM {compiler.process(value, **kw)})"
+
+
+@compiles(epoch_seconds, "sqlite")
+def _epoch_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    (value,) = list(element.clauses)
+    return f"((julianday({compiler.process(value, **kw)}) - 2440587.5) * 86400.0)"
+
+
+def epoch_bucket(column: Any, bucket_s: int) -> Any:
+    """The index of the `bucket_s`-second interval a timestamp falls in (× bucket_s = Unix s)."""
+    return cast(func.floor(epoch_seconds(column) / bucket_s), Integer)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Float, Integer, case, cast, func, or_, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
-from server.db import is_postgres
-from server.db_types import db_now
+from server.db_types import db_now, epoch_bucket, epoch_seconds
 from server.models import (
     CostRecord,
     Event,
@@ -39,16 +38,6 @@ def admin_token_live(session: Session, token_id: uuid.UUID) -> bool:
         )
     ).first()
     return row is not None
-
-
-def _epoch(session: Session, column: Any) -> Any:
-    if is_postgres(session):
-        return func.extract("epoch", column)
-    return cast(func.strftime("%s", column), Float)
-
-
-def _bucket(session: Session, column: Any, bucket_s: int) -> Any:
-    return cast(func.floor(_epoch(session, column) / bucket_s), Integer)
 
 
 def learner_points(
@@ -144,38 +133,14 @@ def events(session: Session, run_id: uuid.UUID, limit: int) -> list[Event]:
 
 def run_age_seconds(session: Session, run_id: uuid.UUID) -> float:
     value = session.execute(
-        select(_epoch(session, db_now()) - _epoch(session, Run.created_at)).where(Run.id == run_id)
+        select(epoch_seconds(db_now()) - epoch_seconds(Run.created_at)).where(Run.id == run_id)
     ).scalar_one_or_none()
     return float(value or 0.0)
 
 
-def batch_samples_over_time(session: Session, run_id: uuid.UUID, bucket_s: int) -> list[Any]:
-    """(bucket, reject_reason or None, samples) of the run's batches by creation time."""
-    bucket = _bucket(session, RolloutBatch.created_at, bucket_s)
-    return list(
-        session.execute(
-            select(bucket, RolloutBatch.reject_reason, func.sum(RolloutBatch.n_samples))
-            .where(RolloutBatch.run_id == run_id)
-            .group_by(bucket, RolloutBatch.reject_reason)
-        ).all()
-    )
-
-
-def aborted_samples_over_time(session: Session, run_id: uuid.UUID, bucket_s: int) -> list[Any]:
-    """(bucket, samples) of leases aborted as stale, by the time they ended."""
-    bucket = _bucket(session, Lease.ended_at, bucket_s)
-    return list(
-        session.execute(
-            select(bucket, func.sum(Lease.n_prompts * Lease.group_size))
-            .where(Lease.run_id == run_id, Lease.state == "aborted")
-            .group_by(bucket)
-        ).all()
-    )
-
-
 def spend_over_time(session: Session, run_id: uuid.UUID, bucket_s: int) -> list[Any]:
     """(bucket, usd) of the run's cost records by the end of their period."""
-    bucket = _bucket(session, CostRecord.period_end, bucket_s)
+    bucket = epoch_bucket(CostRecord.period_end, bucket_s)
     return list(
         session.execute(
             select(bucket, func.sum(CostRecord.usd))
@@ -187,7 +152,7 @@ def spend_over_time(session: Session, run_id: uuid.UUID, bucket_s: int) -> list[
 
 
 def epoch_now(session: Session) -> float:
-    return float(session.execute(select(_epoch(session, db_now()))).scalar_one())
+    return float(session.execute(select(epoch_seconds(db_now()))).scalar_one())
 
 
 # -- cost page ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from server.learner import telemetry
 from server.learner.ledger import ledger_model
 from server.models import Run
 from server.runs import service as runs
+from server.runs import waste
 
 DRIFT_KINDS = ("stale_waste", "clip_fraction")
 DRIFT_MEANING = {
@@ -175,29 +176,16 @@ def _buckets(session: Session, run_id: uuid.UUID) -> int:
 
 
 def waste_chart(session: Session, run_id: uuid.UUID, bucket_s: int) -> dict[str, Any]:
-    """Stale waste per interval and rejected samples per reason per interval."""
-    generated: dict[int, int] = defaultdict(int)
-    wasted: dict[int, int] = defaultdict(int)
-    reasons: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for bucket, reason, samples in repo.batch_samples_over_time(session, run_id, bucket_s):
-        generated[bucket] += int(samples or 0)
-        if reason is not None:
-            reasons[reason][bucket] += int(samples or 0)
-        if reason == "stale":
-            wasted[bucket] += int(samples or 0)
-    for bucket, samples in repo.aborted_samples_over_time(session, run_id, bucket_s):
-        if bucket is None:
-            continue
-        generated[bucket] += int(samples or 0)
-        wasted[bucket] += int(samples or 0)
-        reasons["aborted"][bucket] += int(samples or 0)
-    keys = sorted(generated)
-    names = sorted(reasons)
+    """Stale waste per interval and rejected samples per reason per interval (the figure of
+    server/runs/waste.py, bucketed)."""
+    series = waste.stale_waste_series(session, run_id, bucket_s)
+    keys = sorted(series.generated)
+    names = sorted(series.rejected)
     return {
         "x": [k * bucket_s for k in keys],
-        "waste": [wasted[k] / generated[k] if generated[k] else 0.0 for k in keys],
+        "waste": [series.ratio(k) for k in keys],
         "reasons": names,
-        "by_reason": [[reasons[n].get(k, 0) for k in keys] for n in names],
+        "by_reason": [[series.rejected[n].get(k, 0) for k in keys] for n in names],
     }
 
 

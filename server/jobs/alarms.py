@@ -20,6 +20,7 @@ from server.jobs import stats
 from server.jobs.common import db_time, raise_event
 from server.models import AlarmState, Run, Worker
 from server.runs.service import config_of
+from server.runs.waste import stale_waste
 
 ALARM_STATUSES = ("running",)
 
@@ -104,7 +105,7 @@ def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
     alarms = config_of(session, run.id).alarms
     out: list[Reading] = []
     window_s = alarms.window_minutes * 60
-    waste = stats.stale_waste(session, run.id, window_s)
+    waste = stale_waste(session, run.id, window_s)
     limit = alarms.stale_waste
     out.append(
         Reading(
@@ -114,7 +115,7 @@ def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
             waste.generated > 0 and waste.ratio >= limit,
             f"stale waste {waste.ratio:.1%} over {window_s / 60:g} min "
             f"(threshold {limit:.1%}): {waste.stale_rejected} samples rejected stale, "
-            f"{waste.aborted} in aborted leases, of {waste.generated} generated",
+            f"{waste.stale_aborted} in leases aborted as stale, of {waste.generated} generated",
         )
     )
     clip = stats.latest_clip_fraction(session, run.id)

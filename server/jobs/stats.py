@@ -1,67 +1,16 @@
-"""Figures the alarms and the Prometheus endpoint share: stale waste, clip fraction, staleness,
-rejections by reason. All windows are measured in database time."""
+"""Figures the alarms and the Prometheus endpoint share: clip fraction, staleness, rejections by
+reason (stale waste has its own home, server/runs/waste.py). Windows are in database time."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now_plus
-from server.models import Lease, MetricPoint, RolloutBatch
-
-
-@dataclass(frozen=True)
-class Waste:
-    """Samples over a window: generated (uploaded batches + aborted leases), rejected stale,
-    and in aborted leases."""
-
-    generated: int
-    stale_rejected: int
-    aborted: int
-
-    @property
-    def ratio(self) -> float:
-        wasted = self.stale_rejected + self.aborted
-        return wasted / self.generated if self.generated else 0.0
-
-
-def stale_aborted_samples(session: Session, run_id: uuid.UUID, *where: Any) -> int:
-    """Samples that leases aborted as stale (out of the staleness window) had to make; aborts
-    because the run paused, was cancelled or completed are not waste."""
-    return int(
-        session.execute(
-            select(func.coalesce(func.sum(Lease.n_prompts * Lease.group_size), 0)).where(
-                Lease.run_id == run_id,
-                Lease.state == "aborted",
-                Lease.end_reason == "stale",
-                *where,
-            )
-        ).scalar_one()
-    )
-
-
-def stale_waste(session: Session, run_id: uuid.UUID, window_s: float) -> Waste:
-    """Stale waste = (samples rejected stale + samples in aborted leases) ÷ samples generated,
-    over the last `window_s` seconds."""
-    since = db_now_plus(-float(window_s))
-    batches = session.execute(
-        select(
-            func.coalesce(func.sum(RolloutBatch.n_samples), 0),
-            func.coalesce(
-                func.sum(RolloutBatch.n_samples).filter(RolloutBatch.reject_reason == "stale"), 0
-            ),
-        ).where(RolloutBatch.run_id == run_id, RolloutBatch.created_at >= since)
-    ).one()
-    aborted = stale_aborted_samples(session, run_id, Lease.ended_at >= since)
-    return Waste(
-        generated=int(batches[0]) + int(aborted),
-        stale_rejected=int(batches[1]),
-        aborted=int(aborted),
-    )
+from server.models import MetricPoint, RolloutBatch
 
 
 def clip_fraction_of(values: dict[str, Any]) -> float | None:

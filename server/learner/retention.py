@@ -8,6 +8,7 @@ import uuid
 
 from sqlalchemy.orm import Session
 
+from protocol.staleness import staleness
 from protocol.storage import ObjectNotFound, ObjectStore
 from server.errors import NotFound
 from server.learner import repository as repo
@@ -21,8 +22,10 @@ def protected_versions(
     run = repo.get_run(session, run_id)
     if run is None:
         raise NotFound("run not found")
-    floor = run.current_version - run_config(session, run_id).max_staleness - 1
-    keep = {v.version for v in versions if v.version >= floor or v.final}
+    # Invariant 13: every version inside the staleness window, and one more.
+    within = run_config(session, run_id).max_staleness + 1
+    keep = {v.version for v in versions if staleness(run.current_version, v.version) <= within}
+    keep |= {v.version for v in versions if v.final}
     keep |= repo.versions_in_use(session, run_id)
     with_checkpoint = [v.version for v in versions if v.checkpoint_files]
     if with_checkpoint:

@@ -22,11 +22,17 @@ class ProxyStats(BaseModel):
     batches_by_state: dict[str, int] = Field(description="Batches per state.")
     batches_accepted: int = Field(description="Batches that passed `complete`.")
     rejected_by_reason: dict[str, int] = Field(description="Rejected batches per reason.")
-    samples_generated: int = Field(description="Samples in batches plus in aborted leases.")
+    samples_generated: int = Field(
+        description="Samples in uploaded batches plus in leases aborted as stale."
+    )
     samples_rejected_stale: int = Field(description="Samples in batches rejected as stale.")
-    samples_aborted: int = Field(description="Samples of leases the proxy aborted.")
+    samples_aborted: int = Field(
+        description="Samples of leases aborted as stale (not those aborted because the run "
+        "paused, was cancelled or completed)."
+    )
     stale_waste: float = Field(
-        description="(samples rejected stale + samples aborted) / samples generated."
+        description="(samples rejected stale + samples aborted) / samples generated "
+        "(docs/architecture.md, invariant 16)."
     )
     staleness_histogram: dict[str, int] = Field(description="Consumed batches per staleness.")
     by_adapter_version: list[dict[str, int]] = Field(

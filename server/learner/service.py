@@ -23,6 +23,7 @@ from protocol.schemas_learner import (
     RejectResponse,
     StoredFile,
 )
+from protocol.staleness import outside_window, staleness
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.errors import Conflict, FencingLost, NotFound
@@ -179,15 +180,15 @@ def _take_batches(
         if not page:
             return taken, stale
         for batch in page:
-            staleness = run.current_version - batch.adapter_version
-            if staleness > config.max_staleness:
-                _reject_stale(session, run.id, batch, staleness)
+            lag = staleness(run.current_version, batch.adapter_version)
+            if outside_window(run.current_version, batch.adapter_version, config.max_staleness):
+                _reject_stale(session, run.id, batch, lag)
                 stale += 1
                 continue
             if taken and groups + batch.n_groups > max_groups:
                 return taken, stale
-            repo.claim_batch(session, batch.id, run.learner_fencing, staleness)
-            taken.append((batch, staleness))
+            repo.claim_batch(session, batch.id, run.learner_fencing, lag)
+            taken.append((batch, lag))
             groups += batch.n_groups
             if groups >= max_groups:
                 return taken, stale

@@ -17,11 +17,11 @@ from protocol.schemas_learner import (
 )
 from server.config import Settings
 from server.errors import NotFound, Unprocessable
-from server.jobs.stats import stale_aborted_samples
 from server.learner import repository as repo
 from server.learner.schemas import LearnerPoint, ProxyStats, RunMetrics
 from server.learner.service import fence, run_config
 from server.models import Token
+from server.runs.waste import stale_waste
 
 # Rejections made after a batch was accepted (at claim, by the learner, or at completion).
 AFTER_ACCEPTANCE = frozenset(
@@ -97,21 +97,16 @@ def proxy_stats(session: Session, run_id: uuid.UUID) -> ProxyStats:
     rejected: dict[str, int] = defaultdict(int)
     histogram: dict[int, int] = defaultdict(int)
     per_version: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    samples = stale_samples = 0
     for version, state, reason, staleness, n, n_samples in repo.batch_stats(session, run_id):
         by_state[state] += n
-        samples += n_samples
         per_version[version]["batches"] += n
         per_version[version]["samples"] += n_samples
         per_version[version][state] += n
         if state == "rejected":
             rejected[reason or "unknown"] += n
-            if reason == "stale":
-                stale_samples += n_samples
         if state == "consumed" and staleness is not None:
             histogram[staleness] += n
-    aborted = stale_aborted_samples(session, run_id)
-    generated = samples + aborted
+    waste = stale_waste(session, run_id)
     # Every batch that passed `complete` was accepted, whatever happened to it afterwards.
     accepted = sum(n for s, n in by_state.items() if s != "rejected") + sum(
         n for r, n in rejected.items() if r in AFTER_ACCEPTANCE
@@ -120,10 +115,10 @@ def proxy_stats(session: Session, run_id: uuid.UUID) -> ProxyStats:
         batches_by_state=dict(by_state),
         batches_accepted=accepted,
         rejected_by_reason=dict(rejected),
-        samples_generated=generated,
-        samples_rejected_stale=stale_samples,
-        samples_aborted=aborted,
-        stale_waste=(stale_samples + aborted) / generated if generated else 0.0,
+        samples_generated=waste.generated,
+        samples_rejected_stale=waste.stale_rejected,
+        samples_aborted=waste.stale_aborted,
+        stale_waste=waste.ratio,
         staleness_histogram={str(k): v for k, v in sorted(histogram.items())},
         by_adapter_version=[
             {"adapter_version": v, **counts} for v, counts in sorted(per_version.items())

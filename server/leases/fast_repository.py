@@ -12,7 +12,10 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
+from sqlalchemy import bindparam, literal_column
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 
+from protocol.staleness import outside_window
 from server.leases.repository import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
 
 Conn = AsyncConnection[Any]
@@ -50,6 +53,15 @@ _HELD = """
     AND l.expires_at > clock_timestamp() AND l.worker_id = w.id
 """
 
+# The staleness predicate itself (protocol/staleness.py), rendered for this statement.
+_OUTSIDE_WINDOW = str(
+    outside_window(
+        literal_column("r.current_version"),
+        literal_column("l.adapter_version"),
+        bindparam("max_staleness"),
+    ).compile(dialect=psycopg_dialect())
+)
+
 # service.heartbeat's extend branch: the run runs and the lease's version is inside the window
 # (else the portable path aborts). Lock order as there: the lease first, the worker row last.
 _HEARTBEAT = f"""
@@ -59,7 +71,7 @@ WITH extended AS (
     FROM tokens t, workers w, runs r
     WHERE {_HELD} AND {_AUTHENTICATED}
       AND r.id = l.run_id AND r.status = 'running'
-      AND NOT (%(admission)s AND r.current_version - l.adapter_version > %(max_staleness)s)
+      AND NOT (%(admission)s AND {_OUTSIDE_WINDOW})
     RETURNING l.worker_id, r.current_version
 ), touched AS (
     UPDATE workers SET last_seen_at = clock_timestamp()

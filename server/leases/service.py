@@ -31,6 +31,7 @@ from protocol.schemas import (
     UploadRequest,
     UploadResponse,
 )
+from protocol.staleness import outside_window
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import is_postgres
@@ -248,9 +249,8 @@ def heartbeat(
     reason = None
     if lease.status != "running":
         reason = f"run_{lease.status}"
-    elif (
-        config.admission_control
-        and lease.current_version - lease.adapter_version > config.max_staleness
+    elif config.admission_control and outside_window(
+        lease.current_version, lease.adapter_version, config.max_staleness
     ):
         reason = "stale"
     if reason is None:

@@ -17,6 +17,7 @@ from server.jobs import stats
 from server.jobs.common import db_time
 from server.models import Lease, PromptRow, Run, Worker
 from server.runs.repository import config_number
+from server.runs.waste import stale_waste
 from server.workers.repository import price_table
 from server.workers.service import effective_price
 
@@ -57,7 +58,7 @@ def run_metrics(session: Session) -> Iterator[Metric]:
     )
     waste = GaugeMetricFamily(
         P + "run_stale_waste_ratio",
-        "(Samples rejected stale + in aborted leases) / samples generated, "
+        "(Samples rejected stale + in leases aborted as stale) / samples generated, "
         "over the run's alarm window.",
         labels=labels,
     )
@@ -81,7 +82,7 @@ def run_metrics(session: Session) -> Iterator[Metric]:
         window_minutes = (
             run.window_minutes if run.window_minutes is not None else DEFAULT_WINDOW_MINUTES
         )
-        w = stats.stale_waste(session, run.id, window_minutes * 60)
+        w = stale_waste(session, run.id, window_minutes * 60)
         waste.add_metric([rid], w.ratio)
         generated.add_metric([rid], w.generated)
         value = stats.latest_clip_fraction(session, run.id)

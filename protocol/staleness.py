@@ -1,0 +1,22 @@
+"""Staleness: the one definition of how far a batch lags and when it has left the window
+(docs/architecture.md, "Units of work" and invariant 5).
+
+Both functions are plain arithmetic, so they take ints or SQL column expressions alike: the
+learner's claim and the portable heartbeat call them on ints, and the event-loop heartbeat's
+statement is rendered from the same expression (server/leases/fast_repository.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def staleness(current_version: Any, adapter_version: Any) -> Any:
+    """Versions published since the batch's adapter version: the run's current version minus
+    the version the batch was generated with."""
+    return current_version - adapter_version
+
+
+def outside_window(current_version: Any, adapter_version: Any, max_staleness: Any) -> Any:
+    """A batch of this adapter version can no longer be trained on: its staleness is above
+    the run's max_staleness."""
+    return staleness(current_version, adapter_version) > max_staleness

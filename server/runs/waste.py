@@ -1,0 +1,143 @@
+"""Stale waste: the one definition of the drift alarm's figure (docs/architecture.md,
+invariant 16), used by the alarm job, Prometheus, the dashboard's banner and chart, the API's
+proxy stats and the benchmarks.
+
+    stale waste = (samples in batches rejected `stale` + samples of leases aborted as stale)
+                  ÷ (samples in every uploaded batch + samples of those stale-aborted leases)
+
+A lease aborted because its run paused, was cancelled or completed produced nothing that was
+too old: it is not waste. The same figure in worker-seconds: generation time of the
+stale-rejected batches plus the lifetime of the stale-aborted leases, over the generation time
+of every batch plus that lifetime. Windows and buckets are in database time."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy.orm import Session
+
+from server.db_types import db_now_plus, epoch_bucket, epoch_seconds
+from server.models import Lease, RolloutBatch
+
+STALE = "stale"
+# How a stale-aborted lease shows among the rejection reasons of the dashboard's chart.
+ABORTED_STALE = "aborted_stale"
+
+
+def _stale_aborted(run_id: uuid.UUID) -> ColumnElement[bool]:
+    return and_(Lease.run_id == run_id, Lease.state == "aborted", Lease.end_reason == STALE)
+
+
+_LEASE_SAMPLES = Lease.n_prompts * Lease.group_size
+_LEASE_SECONDS = epoch_seconds(Lease.ended_at) - epoch_seconds(Lease.created_at)
+_STALE_BATCH = RolloutBatch.reject_reason == STALE
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Samples (and worker-seconds) generated, and of them wasted by staleness."""
+
+    batch_samples: int = 0
+    stale_rejected: int = 0
+    stale_aborted: int = 0
+    batch_seconds: float = 0.0
+    stale_rejected_seconds: float = 0.0
+    stale_aborted_seconds: float = 0.0
+
+    @property
+    def generated(self) -> int:
+        return self.batch_samples + self.stale_aborted
+
+    @property
+    def wasted(self) -> int:
+        return self.stale_rejected + self.stale_aborted
+
+    @property
+    def ratio(self) -> float:
+        return self.wasted / self.generated if self.generated else 0.0
+
+    @property
+    def worker_seconds(self) -> float:
+        return self.batch_seconds + self.stale_aborted_seconds
+
+    @property
+    def wasted_worker_seconds(self) -> float:
+        return self.stale_rejected_seconds + self.stale_aborted_seconds
+
+
+def stale_waste(session: Session, run_id: uuid.UUID, window_s: float | None = None) -> Waste:
+    """The run's stale waste over the last `window_s` seconds (None: the whole run)."""
+    batch_where: list[Any] = [RolloutBatch.run_id == run_id]
+    lease_where: list[Any] = [_stale_aborted(run_id)]
+    if window_s is not None:
+        since = db_now_plus(-float(window_s))
+        batch_where.append(RolloutBatch.created_at >= since)
+        lease_where.append(Lease.ended_at >= since)
+    seconds = func.coalesce(RolloutBatch.generation_seconds, 0.0)
+    batches = session.execute(
+        select(
+            func.coalesce(func.sum(RolloutBatch.n_samples), 0),
+            func.coalesce(func.sum(RolloutBatch.n_samples).filter(_STALE_BATCH), 0),
+            func.coalesce(func.sum(seconds), 0.0),
+            func.coalesce(func.sum(seconds).filter(_STALE_BATCH), 0.0),
+        ).where(*batch_where)
+    ).one()
+    leases = session.execute(
+        select(
+            func.coalesce(func.sum(_LEASE_SAMPLES), 0),
+            func.coalesce(func.sum(_LEASE_SECONDS), 0.0),
+        ).where(*lease_where)
+    ).one()
+    return Waste(
+        batch_samples=int(batches[0]),
+        stale_rejected=int(batches[1]),
+        stale_aborted=int(leases[0]),
+        batch_seconds=float(batches[2]),
+        stale_rejected_seconds=float(batches[3]),
+        stale_aborted_seconds=float(leases[1]),
+    )
+
+
+@dataclass
+class WasteSeries:
+    """The run's waste per time bucket (bucket index × bucket_s = Unix seconds), and its
+    rejected samples by reason per bucket (stale-aborted leases as `aborted_stale`)."""
+
+    generated: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    wasted: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    rejected: dict[str, dict[int, int]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(int))
+    )
+
+    def ratio(self, bucket: int) -> float:
+        generated = self.generated.get(bucket, 0)
+        return self.wasted.get(bucket, 0) / generated if generated else 0.0
+
+
+def stale_waste_series(session: Session, run_id: uuid.UUID, bucket_s: int) -> WasteSeries:
+    """The figure of stale_waste per bucket of `bucket_s` seconds: batches by their creation,
+    stale-aborted leases by their end."""
+    series = WasteSeries()
+    bucket = epoch_bucket(RolloutBatch.created_at, bucket_s)
+    for at, reason, samples in session.execute(
+        select(bucket, RolloutBatch.reject_reason, func.sum(RolloutBatch.n_samples))
+        .where(RolloutBatch.run_id == run_id)
+        .group_by(bucket, RolloutBatch.reject_reason)
+    ).all():
+        series.generated[at] += int(samples or 0)
+        if reason is not None:
+            series.rejected[reason][at] += int(samples or 0)
+        if reason == STALE:
+            series.wasted[at] += int(samples or 0)
+    ended = epoch_bucket(Lease.ended_at, bucket_s)
+    for at, samples in session.execute(
+        select(ended, func.sum(_LEASE_SAMPLES)).where(_stale_aborted(run_id)).group_by(ended)
+    ).all():
+        series.generated[at] += int(samples or 0)
+        series.wasted[at] += int(samples or 0)
+        series.rejected[ABORTED_STALE][at] += int(samples or 0)
+    return series
