@@ -19,8 +19,10 @@ from rich.table import Table
 
 from asyncgrpo.cluster import Cluster, ClusterConfig
 from protocol.client import ApiError
+from protocol.schemas import TERMINAL_RUN_STATUSES
 
-TERMINAL = ("completed", "failed", "cancelled", "budget_exhausted")
+# The demo stops polling at an end, and at a spent budget (nobody is there to resume it).
+STOPPED = TERMINAL_RUN_STATUSES | {"budget_exhausted"}
 WORKER_PRICE_PER_HOUR = "0.50"  # a simulated spot price, so the spend figures move
 
 
@@ -196,7 +198,7 @@ def _watch(cluster: Cluster, console: Console, started: float) -> tuple[Snapshot
             except (ApiError, httpx.HTTPError) as exc:
                 console.print(f"[yellow]poll failed: {exc}[/yellow]")
             live.update(live_table(snap, cluster, started))
-            if snap is not None and snap.status in TERMINAL:
+            if snap is not None and snap.status in STOPPED:
                 return snap, 0 if snap.status == "completed" else 1
             crash = _crashed(cluster)
             if crash is not None:

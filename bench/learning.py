@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgrpo.cluster import Cluster, ClusterConfig
-from asyncgrpo.demo import TERMINAL, Snapshot, poll
+from asyncgrpo.demo import STOPPED, Snapshot, poll
 
 TARGET_GAIN = 0.3
 
@@ -118,7 +118,7 @@ def watch(cluster: Cluster, log: Any, timeout_s: float) -> Snapshot | None:
             )
             print(line, flush=True)
             print(line, file=log, flush=True)
-        if snap.status in TERMINAL:
+        if snap.status in STOPPED:
             return snap
         learner = cluster.learner
         if learner is not None and not learner.alive():

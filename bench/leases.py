@@ -53,7 +53,7 @@ SQL_CONNECTIONS = 8
 
 def grant_params(run_id: str, worker_id: str, lease_id: uuid.UUID) -> dict[str, object]:
     """The server's one-statement grant (server/leases/repository.py) for one prompt."""
-    from server.leases.repository import grant_params as params
+    from server.leases.queue import grant_params as params
 
     return params(run_id=uuid.UUID(run_id), worker_id=uuid.UUID(worker_id), lease_id=lease_id,
                   n=1, bound=2**31 - 1, ttl_s=60.0, group_size=2, run_seed=0)  # fmt: skip

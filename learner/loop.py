@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -31,6 +31,7 @@ from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS, sha256_file
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.rewards import RewardError
 from protocol.run_config import RunConfig
 from protocol.staleness import staleness
 
@@ -47,7 +48,7 @@ class SpotCheckFailed(Exception):
 
 
 class RunFinished(Exception):
-    """Attach refused because the run is in a terminal state."""
+    """This learner stops: the run has ended (attach refused), or it failed."""
 
 
 class Heartbeat(threading.Thread):
@@ -349,6 +350,16 @@ class Learner:
                 log.info("another learner holds the run; standing by")
                 time.sleep(self.settings.standby_retry_s)
 
+    def _fail(self, fencing: int, reason: str) -> NoReturn:
+        """An error in the run's own configuration, which a restart would meet again: the run
+        becomes `failed` with the reason, and this learner stops."""
+        log.error("the run cannot go on: %s", reason)
+        try:
+            self.client.fail_run(self.settings.run_id, fencing, reason)
+        except ConflictError as exc:
+            log.warning("could not mark the run failed (%s)", exc.detail)
+        raise RunFinished(f"run failed: {reason}")
+
     def run(self) -> None:
         """Train until the run completes (or max_versions of this process)."""
         while True:
@@ -372,5 +383,7 @@ class Learner:
                     return
             except (ConflictError, LeaseLost, BucketRefused) as exc:
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
+            except RewardError as exc:
+                self._fail(attach.fencing, f"reward: {exc}")
             finally:
                 heartbeat.stopped.set()

@@ -344,6 +344,11 @@ class AsyncGrpoClient:
         path = f"/api/v1/runs/{run_id}/learner/heartbeat"
         return self._learner(sl.HeartbeatResponse, path, body)
 
+    def fail_run(self, run_id: str, fencing: int, reason: str) -> sl.FailResponse:
+        """Report an error a restart cannot fix: the run becomes `failed` with this reason."""
+        body = sl.FailRequest(fencing=fencing, reason=reason[:2000])
+        return self._learner(sl.FailResponse, f"/api/v1/runs/{run_id}/learner/fail", body)
+
     def claim_batches(
         self, run_id: str, fencing: int, max_groups: int, *, wait_s: float = 0.0
     ) -> sl.ClaimResponse:

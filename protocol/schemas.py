@@ -6,7 +6,7 @@ Request models forbid unknown fields (the server answers 422 for them).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,6 +14,14 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # Column ranges the database can store (BIGINT, INTEGER): larger numbers are 422, not a 500.
 BIGINT_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
+
+# A run's states (docs/architecture.md, "Run lifecycle"; server/runs/lifecycle.py moves them).
+RunStatus = Literal[
+    "pending", "running", "paused", "budget_exhausted", "completed", "failed", "cancelled"
+]
+RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
+# A run in one of these never changes status again.
+TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 
 class _Request(BaseModel):

@@ -124,6 +124,19 @@ class ClaimResponse(_Response):
 RejectReason = Literal["checksum", "invalid", "prompt_mismatch", "spot_check"]
 
 
+class FailRequest(FencedRequest):
+    reason: str = Field(
+        min_length=1,
+        max_length=2000,
+        description="What went wrong that a restart cannot fix (e.g. the run's reward function "
+        "cannot be imported); shown as the run's status reason.",
+    )
+
+
+class FailResponse(_Response):
+    run_status: str = Field(description="The run's status after the report: failed.")
+
+
 class RejectRequest(FencedRequest):
     reason: RejectReason = Field(description="Why the batch cannot be trained on.")
     detail: str | None = Field(None, max_length=2000, description="Human-readable detail.")

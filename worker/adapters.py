@@ -2,7 +2,7 @@
 
 Keyed by (run id, version). Version 0 is the base model: no files, `ensure` returns None. A
 version is downloaded into a temporary folder, every file checked against its sha256, the whole
-version checked against the lease's version sha256 (the digest of its manifest,
+version checked against the lease's version sha256 (its weights file's sha256,
 protocol/adapters.py), and only then renamed into place; a folder in the cache is therefore
 always complete. When the cache exceeds its byte bound, the least recently used versions are
 deleted (never the one just asked for).

@@ -24,8 +24,9 @@ from server.dashboard.web import CsrfDep, LoginDep, render
 from server.deps import SessionDep, SettingsDep, StoreDep
 from server.errors import AppError, NotFound, Unauthorized
 from server.routing import TransactionalRoute
+from server.runs import lifecycle
 from server.runs import service as runs
-from server.runs.service import STATUSES
+from server.runs.lifecycle import STATUSES
 from server.tokens import service as tokens
 from server.workers import repository as workers_repo
 from server.workers import service as workers
@@ -178,7 +179,7 @@ def run_action(
 ) -> Response:
     flash = None
     try:
-        runs.apply_action(session, run_id, action, f"{action} from the dashboard")
+        lifecycle.admin_action(session, run_id, action, f"{action} from the dashboard")
     except NotFound:
         raise
     except AppError as exc:

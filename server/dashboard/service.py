@@ -22,8 +22,8 @@ from server.jobs.common import db_time
 from server.learner import telemetry
 from server.learner.ledger import ledger_model
 from server.models import Run
+from server.runs import lifecycle, waste
 from server.runs import service as runs
-from server.runs import waste
 
 DRIFT_KINDS = ("stale_waste", "clip_fraction")
 DRIFT_MEANING = {
@@ -80,7 +80,7 @@ def drift_of(session: Session, run: Run, now: Any) -> tuple[float, list[Drift]]:
     for reading in alarms.run_readings(session, run, now):
         if reading.kind == "stale_waste":
             waste = reading.value
-        if reading.kind in DRIFT_KINDS and reading.firing and run.status not in runs.TERMINAL:
+        if reading.kind in DRIFT_KINDS and reading.firing and run.status not in lifecycle.TERMINAL:
             firing.append(
                 Drift(
                     reading.kind,

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db_types import db_now
-from server.jobs.common import raise_event
+from server.events.service import raise_event
 from server.models import Run
+from server.runs import lifecycle
 from server.runs.repository import config_number
 
-ENFORCED_STATUSES = ("pending", "running", "paused")
+ENFORCED_STATUSES = sorted(lifecycle.TRANSITIONS["budget"].from_states)
 
 
 def enforce_budgets(session: Session) -> list[uuid.UUID]:
@@ -28,21 +28,8 @@ def enforce_budgets(session: Session) -> list[uuid.UUID]:
     for run_id, spent, budget in rows:
         if budget is None or float(spent) < float(budget):
             continue
-        moved = session.execute(
-            update(Run)
-            .where(
-                Run.id == run_id,
-                Run.status.in_(ENFORCED_STATUSES),
-                Run.spent_usd >= float(budget),
-            )
-            .values(
-                status="budget_exhausted",
-                status_reason=f"spent ${float(spent):.2f} of its ${float(budget):.2f} budget",
-                updated_at=db_now(),
-            )
-            .returning(Run.id)
-        ).first()
-        if moved is None:
+        reason = f"spent ${float(spent):.2f} of its ${float(budget):.2f} budget"
+        if not lifecycle.move(session, run_id, "budget", reason, Run.spent_usd >= float(budget)):
             continue
         raise_event(
             session,

@@ -27,6 +27,7 @@ from server.learner import repository as repo
 from server.learner.service import authorize, fence, run_config
 from server.leases import queue
 from server.models import Token
+from server.runs import lifecycle
 
 REQUIRED_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -147,7 +148,7 @@ def publish(
     queue.consume(session, run_id, batch_ids, body.version)
     status = run.status
     if final:
-        repo.close_run(
+        lifecycle.complete(
             session, run_id, "final version published" if body.final else "max_versions reached"
         )
         status = "completed"

@@ -9,23 +9,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
+from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.db_types import db_now, db_now_plus
 from server.models import (
     AdapterVersion,
     DatasetRow,
-    Event,
     Lease,
     MetricPoint,
     PromptRow,
     RolloutBatch,
     Run,
-    Worker,
 )
 
-TERMINAL = ("completed", "failed", "cancelled")
 OPEN_ROW_STATES = ("queued", "leased", "accepted")
 _NO_SYNC = {"synchronize_session": False}
 
@@ -60,13 +58,14 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
 
 def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) -> FencedRun | None:
     """Take the learner lease if none is live: a strictly higher fencing token from
-    Run.fencing_seq, the lease's expiry in database time, pending -> running, the tokenizer
-    fingerprint stored (or matched). None when refused; nothing changed then."""
+    Run.fencing_seq, the lease's expiry in database time, the tokenizer fingerprint stored (or
+    matched). None when refused; nothing changed then. (The status moves in
+    server/runs/lifecycle.py.)"""
     row = session.execute(
         update(Run)
         .where(
             Run.id == run_id,
-            Run.status.not_in(TERMINAL),
+            Run.status.not_in(TERMINAL_RUN_STATUSES),
             or_(Run.learner_expires_at.is_(None), Run.learner_expires_at <= db_now()),
             or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint),
         )
@@ -76,17 +75,12 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
             learner_expires_at=db_now_plus(ttl_s),
             learner_attached_at=db_now(),
             tokenizer_fingerprint=fingerprint,
-            status=_pending_to_running(),
             updated_at=db_now(),
         )
         .returning(*_FENCED_COLUMNS)
         .execution_options(**_NO_SYNC)
     ).first()
     return _fenced(row)
-
-
-def _pending_to_running() -> Any:
-    return case((Run.status == "pending", "running"), else_=Run.status)
 
 
 def learner_lease_live(session: Session, run_id: uuid.UUID) -> bool:
@@ -110,7 +104,7 @@ def fence(
         Run.learner_expires_at > db_now(),
     ]
     if live_run:
-        conditions.append(Run.status.not_in(TERMINAL))
+        conditions.append(Run.status.not_in(TERMINAL_RUN_STATUSES))
     row = session.execute(
         update(Run)
         .where(*conditions)
@@ -278,15 +272,6 @@ def claimed_batch_ids(
     )
 
 
-def count_worker_rejection(session: Session, worker_id: uuid.UUID) -> None:
-    session.execute(
-        update(Worker)
-        .where(Worker.id == worker_id)
-        .values(rejected_batches=Worker.rejected_batches + 1)
-        .execution_options(**_NO_SYNC)
-    )
-
-
 def advance_version(session: Session, run_id: uuid.UUID, fencing: int, version: int) -> bool:
     """Compare-and-set: current_version goes to `version` only from `version - 1`, under the
     current learner token."""
@@ -326,37 +311,12 @@ def mark_consumed(session: Session, batch_ids: Sequence[uuid.UUID], version: int
     )
 
 
-def close_run(session: Session, run_id: uuid.UUID, status_reason: str) -> None:
-    """The run is completed: leftover rows are dropped (`run_completed`), unconsumed batches
-    rejected, active leases aborted; nothing stays in flight."""
-    reason = "run_completed"
-    session.execute(
-        update(PromptRow)
-        .where(PromptRow.run_id == run_id, PromptRow.state.not_in(("consumed", "dropped")))
-        .values(state="dropped", drop_reason=reason, lease_id=None, batch_id=None)
-        .execution_options(**_NO_SYNC)
-    )
+def reject_unconsumed(session: Session, run_id: uuid.UUID, reason: str) -> None:
+    """Every accepted or claimed batch of the run is rejected with this reason (the run ended)."""
     session.execute(
         update(RolloutBatch)
         .where(RolloutBatch.run_id == run_id, RolloutBatch.state.in_(("accepted", "claimed")))
         .values(state="rejected", reject_reason=reason)
-        .execution_options(**_NO_SYNC)
-    )
-    session.execute(
-        update(Lease)
-        .where(Lease.run_id == run_id, Lease.state == "active")
-        .values(state="aborted", end_reason=reason, ended_at=db_now())
-        .execution_options(**_NO_SYNC)
-    )
-    session.execute(
-        update(Run)
-        .where(Run.id == run_id)
-        .values(
-            status="completed",
-            status_reason=status_reason,
-            groups_in_flight=0,
-            updated_at=db_now(),
-        )
         .execution_options(**_NO_SYNC)
     )
 
@@ -399,39 +359,6 @@ def batch_stats(session: Session, run_id: uuid.UUID) -> list[Any]:
             )
         ).all()
     )
-
-
-def record_spot_check(session: Session, worker_id: uuid.UUID, value: float) -> Any:
-    """Running mean of the worker's mismatch: m_n = m_{n-1} + (x - m_{n-1}) / n."""
-    old = func.coalesce(Worker.spot_check_mismatch, 0.0)
-    return session.execute(
-        update(Worker)
-        .where(Worker.id == worker_id)
-        .values(
-            spot_checks=Worker.spot_checks + 1,
-            spot_check_mismatch=old + (value - old) / (Worker.spot_checks + 1),
-        )
-        .returning(Worker.status, Worker.spot_checks, Worker.spot_check_mismatch)
-        .execution_options(**_NO_SYNC)
-    ).first()
-
-
-def quarantine(session: Session, worker_id: uuid.UUID, reason: str) -> bool:
-    row = session.execute(
-        update(Worker)
-        .where(Worker.id == worker_id, Worker.status == "active")
-        .values(status="quarantined", quarantine_reason=reason)
-        .returning(Worker.id)
-        .execution_options(**_NO_SYNC)
-    ).first()
-    return row is not None
-
-
-def insert_event(session: Session, **fields: Any) -> Event:
-    event = Event(**fields)
-    session.add(event)
-    session.flush()
-    return event
 
 
 def versions_in_use(session: Session, run_id: uuid.UUID) -> set[int]:

@@ -15,6 +15,8 @@ from protocol.schemas_learner import (
     AttachResponse,
     ClaimRequest,
     ClaimResponse,
+    FailRequest,
+    FailResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     MetricsAccepted,
@@ -71,6 +73,18 @@ def heartbeat(
     token: LearnerDep,
 ) -> HeartbeatResponse:
     return service.heartbeat(session, settings, token, run_id, body)
+
+
+@router.post("/learner/fail", response_model=FailResponse)
+def fail(
+    run_id: uuid.UUID,
+    body: FailRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: LearnerDep,
+) -> FailResponse:
+    """Report an error a restart cannot fix: the run becomes `failed` (fenced)."""
+    return service.fail(session, settings, token, run_id, body)
 
 
 @router.post("/batches/claim", response_model=ClaimResponse)

@@ -16,6 +16,8 @@ from protocol.schemas_learner import (
     ClaimedBatch,
     ClaimRequest,
     ClaimResponse,
+    FailRequest,
+    FailResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     PromptRowOut,
@@ -27,10 +29,13 @@ from protocol.staleness import outside_window, staleness
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.errors import Conflict, FencingLost, NotFound
+from server.events.service import raise_event
 from server.learner import repository as repo
 from server.leases import queue
 from server.models import RolloutBatch, Token
+from server.runs import lifecycle
 from server.runs import service as runs_service
+from server.workers import repository as workers
 
 CLAIM_PAGE = 32
 
@@ -81,6 +86,7 @@ def attach(
     run = repo.attach(session, run_id, body.tokenizer_fingerprint, ttl)
     if run is None:
         raise _attach_refusal(session, run_id, body.tokenizer_fingerprint)
+    lifecycle.move(session, run_id, "attach", "learner attached")
     repo.release_claims(session, run_id)
     checkpoint, adapter = _resume_files(session, store, settings, run_id, run.current_version)
     return AttachResponse(
@@ -98,7 +104,7 @@ def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Ex
     current = repo.get_run(session, run_id)
     if current is None:
         return NotFound("run not found")
-    if current.status in repo.TERMINAL:
+    if current.status in lifecycle.TERMINAL:
         return Conflict(f"run is {current.status}", status=current.status)
     if current.tokenizer_fingerprint not in (None, fingerprint):
         return Conflict(
@@ -140,6 +146,25 @@ def heartbeat(
 ) -> HeartbeatResponse:
     run = fence(session, settings, token, run_id, body.fencing)
     return HeartbeatResponse(current_version=run.current_version, status=run.status)
+
+
+def fail(
+    session: Session, settings: Settings, token: Token, run_id: uuid.UUID, body: FailRequest
+) -> FailResponse:
+    """The learner reports an error a restart cannot fix: the run becomes `failed` with the
+    reason (the fenced compare-and-set has locked the live run row) and a `run.failed` event."""
+    fence(session, settings, token, run_id, body.fencing)
+    if not lifecycle.move(session, run_id, "fail", body.reason):
+        raise Conflict("the run has already ended")
+    raise_event(
+        session,
+        kind="run.failed",
+        severity="critical",
+        message=f"run failed: {body.reason}",
+        run_id=run_id,
+        data={"reason": body.reason},
+    )
+    return FailResponse(run_status="failed")
 
 
 def claim(
@@ -245,7 +270,7 @@ def reject(
     repo.reject_batch(session, batch_id, body.reason, body.detail, from_state="claimed")
     rows = repo.row_ids_of_batch(session, batch_id)
     result = queue.requeue(session, run_id, rows, body.reason, count_attempt=True)
-    repo.count_worker_rejection(session, batch.worker_id)
+    workers.count_rejection(session, batch.worker_id)
     return RejectResponse(
         batch_id=batch_id, requeued=len(result.requeued), dropped=len(result.dropped)
     )

@@ -17,11 +17,13 @@ from protocol.schemas_learner import (
 )
 from server.config import Settings
 from server.errors import NotFound, Unprocessable
+from server.events.service import raise_event
 from server.learner import repository as repo
 from server.learner.schemas import LearnerPoint, ProxyStats, RunMetrics
 from server.learner.service import fence, run_config
 from server.models import Token
 from server.runs.waste import stale_waste
+from server.workers import repository as workers
 
 # Rejections made after a batch was accepted (at claim, by the learner, or at completion).
 AFTER_ACCEPTANCE = frozenset(
@@ -53,7 +55,7 @@ def spot_check(
         raise NotFound("batch not found")
     if batch.worker_id != body.worker_id:
         raise Unprocessable("the batch was not made by this worker", field="worker_id")
-    row = repo.record_spot_check(session, body.worker_id, body.mean_abs_logprob_diff)
+    row = workers.record_spot_check(session, body.worker_id, body.mean_abs_logprob_diff)
     if row is None:
         raise NotFound("worker not found")
     status, checks, mean = row
@@ -64,10 +66,10 @@ def spot_check(
             f"spot check mean |Δ log-prob| {body.mean_abs_logprob_diff:.4g} "
             f"(running mean {mean:.4g}) above the threshold {threshold:.4g}"
         )
-        quarantined = repo.quarantine(session, body.worker_id, reason)
+        quarantined = workers.quarantine(session, body.worker_id, reason)
         if quarantined:
             status = "quarantined"
-            repo.insert_event(
+            raise_event(
                 session,
                 run_id=run_id,
                 worker_id=body.worker_id,

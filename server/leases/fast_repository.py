@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, literal_column
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 
 from protocol.staleness import outside_window
-from server.leases.repository import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
+from server.leases.queue import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
 
 Conn = AsyncConnection[Any]
 

@@ -1,9 +1,11 @@
-"""The prompt-row queue and the admission counter (contracts.md, "Prompt-row queue").
+"""The prompt-row queue and the admission counter (docs/architecture.md, "Units of work" and
+invariants 6 and 15).
 
 Prompt row states: queued -> leased -> accepted -> claimed -> consumed; leased, accepted and
 claimed rows may go back to queued (re-queue, to the FRONT of the queue) or to dropped (after
-max_attempts). `Run.groups_in_flight` counts rows in leased|accepted|claimed; every function
-here keeps it exact in the same transaction as the row changes.
+max_attempts, or when the run completes). `Run.groups_in_flight` counts rows in
+leased|accepted|claimed; only this module changes it, always in the same statement or
+transaction as the row changes that move it.
 """
 
 from __future__ import annotations
@@ -11,11 +13,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    Row,
+    String,
+    Uuid,
+    bindparam,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session
 
-from server.db_types import db_now
+from server.db_types import JSONType, db_now
 from server.models import PromptRow, Run
 from server.runs import service as runs
 
@@ -166,6 +181,33 @@ def admit(
     ).first()
 
 
+def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
+    """Drop every row of the run that is neither consumed nor dropped (the run has ended), the
+    in-flight ones leaving the admission counter; returns how many rows were dropped."""
+    dropped = {"state": "dropped", "drop_reason": reason, "lease_id": None, "batch_id": None}
+    in_flight = session.execute(
+        update(PromptRow)
+        .where(PromptRow.run_id == run_id, PromptRow.state.in_(IN_FLIGHT))
+        .values(**dropped)
+        .returning(PromptRow.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    queued = session.execute(
+        update(PromptRow)
+        .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
+        .values(**dropped)
+        .returning(PromptRow.id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    if in_flight:
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(groups_in_flight=Run.groups_in_flight - len(in_flight))
+        )
+    return len(in_flight) + len(queued)
+
+
 def next_fencing(session: Session, run_id: uuid.UUID) -> int:
     """A strictly higher fencing token for any grant on the run (worker lease or learner)."""
     return int(
@@ -196,3 +238,142 @@ def rows_of_batches(session: Session, batch_ids: Sequence[uuid.UUID]) -> list[in
             .order_by(PromptRow.queue_pos)
         ).scalars()
     )
+
+
+# -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------
+# Locking the first queued rows (SKIP LOCKED), the admission compare-and-set on the run row
+# (which also takes the grant's fencing token), the lease insert and marking the rows leased are
+# four round trips on the portable path (leases.service._grant). Every acquire on a run
+# serialises on its run row from the admission update until commit, so here they are one
+# statement: the run row is locked for one round trip and the commit. The lease seed is
+# leases.service.lease_seed computed in SQL (the first 8 bytes of
+# sha256("{run seed}:{run id}:{fencing}") as a non-negative bigint).
+
+_GRANT = (
+    text(
+        """
+WITH picked AS (
+    SELECT id, dataset_row_id, epoch, queue_pos FROM prompt_rows
+    WHERE run_id = :run_id AND state = 'queued'
+    ORDER BY queue_pos LIMIT :n
+    FOR UPDATE SKIP LOCKED
+), admitted AS (
+    UPDATE runs SET groups_in_flight = groups_in_flight + (SELECT count(*) FROM picked),
+                    fencing_seq = fencing_seq + 1,
+                    last_lease_at = clock_timestamp()
+    WHERE id = :run_id AND status = 'running'
+      AND (SELECT count(*) FROM picked) > 0
+      AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
+    RETURNING fencing_seq, current_version, tokenizer_fingerprint,
+              (SELECT count(*) FROM picked) AS n_rows
+), lease AS (
+    INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, expires_at,
+                        seed, n_prompts, group_size, created_at)
+    SELECT :lease_id, :run_id, :worker_id, current_version, fencing_seq, 'active',
+           clock_timestamp() + make_interval(secs => :ttl_s),
+           ('x' || left(encode(sha256(convert_to(:seed_prefix || fencing_seq::text, 'UTF8')),
+                               'hex'), 16))::bit(64)::bigint & 9223372036854775807,
+           n_rows, :group_size, clock_timestamp()
+    FROM admitted
+    RETURNING fencing, seed, adapter_version
+), marked AS (
+    UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
+    WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
+)
+SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
+       lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint,
+       adapter_versions.sha256 AS adapter_sha256, adapter_versions.files AS adapter_files
+FROM picked
+JOIN dataset_rows ON dataset_rows.id = picked.dataset_row_id
+CROSS JOIN lease CROSS JOIN admitted
+LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
+                          AND adapter_versions.version = lease.adapter_version
+ORDER BY picked.queue_pos
+"""
+    )
+    .bindparams(
+        bindparam("run_id", type_=Uuid),
+        bindparam("worker_id", type_=Uuid),
+        bindparam("lease_id", type_=Uuid),
+        bindparam("n", type_=Integer),
+        bindparam("bound", type_=BigInteger),
+        bindparam("ttl_s", type_=Float),
+        bindparam("group_size", type_=Integer),
+        bindparam("seed_prefix", type_=String),
+    )
+    .columns(
+        id=BigInteger,
+        dataset_row_id=BigInteger,
+        epoch=Integer,
+        prompt=JSONType,
+        fencing=BigInteger,
+        seed=BigInteger,
+        adapter_version=Integer,
+        tokenizer_fingerprint=String,
+        adapter_sha256=String,
+        adapter_files=JSONType,
+    )
+)
+# The same statement for psycopg's own async connections (server/leases/fast_repository.py).
+GRANT_SQL_PSYCOPG = str(_GRANT.compile(dialect=psycopg_dialect()))
+
+
+@dataclass(frozen=True)
+class Granted:
+    """What one grant decided: its token, seed, version and rows (in queue order), and the
+    version's adapter row (sha256, files) when the version is not the base model."""
+
+    fencing: int
+    seed: int
+    version: int
+    fingerprint: str | None
+    rows: list[Any]
+    adapter: tuple[str, dict[str, Any]] | None = None
+
+
+def granted_from_rows(rows: list[Any]) -> Granted | None:
+    """The grant statement's result (one row per leased prompt; none: nothing granted)."""
+    if not rows:
+        return None
+    first = rows[0]
+    adapter = None
+    if first.adapter_sha256 is not None:
+        adapter = (first.adapter_sha256, first.adapter_files)
+    return Granted(
+        fencing=first.fencing,
+        seed=first.seed,
+        version=first.adapter_version,
+        fingerprint=first.tokenizer_fingerprint,
+        rows=list(rows),
+        adapter=adapter,
+    )
+
+
+def grant_params(
+    *,
+    run_id: uuid.UUID,
+    worker_id: uuid.UUID,
+    lease_id: uuid.UUID,
+    n: int,
+    bound: int,
+    ttl_s: float,
+    group_size: int,
+    run_seed: int,
+) -> dict[str, Any]:
+    """The grant statement's parameters."""
+    return {
+        "run_id": run_id,
+        "worker_id": worker_id,
+        "lease_id": lease_id,
+        "n": n,
+        "bound": bound,
+        "ttl_s": ttl_s,
+        "group_size": group_size,
+        "seed_prefix": f"{run_seed}:{run_id}:",
+    }
+
+
+def grant_in_one_statement(session: Session, params: dict[str, Any]) -> Granted | None:
+    """Lease up to n queued rows of the run to the worker, or None (no queued row, the run is
+    not running, or the admission bound refuses)."""
+    return granted_from_rows(list(session.execute(_GRANT, params).all()))

@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
-    Float,
-    Integer,
     Row,
-    String,
-    Uuid,
-    bindparam,
     insert,
     select,
-    text,
     update,
 )
-from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session, defer
 
 from server.db import is_postgres
-from server.db_types import JSONType, db_now, db_now_plus
+from server.db_types import db_now, db_now_plus
 from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
 
 
@@ -164,139 +155,12 @@ def touch_worker(session: Session, worker_id: uuid.UUID, **counters: int) -> Non
     )
 
 
-# -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------
-# Locking the first queued rows (SKIP LOCKED), the admission compare-and-set on the run row (which
-# also takes the grant's fencing token), the lease insert and marking the rows leased are four
-# round trips on the portable path (service._grant). Every acquire on a run serialises on its run
-# row from the admission update until commit, so here they are one statement: the run row is
-# locked for one round trip and the commit. The lease seed is service.lease_seed computed in SQL
-# (the first 8 bytes of sha256("{run seed}:{run id}:{fencing}") as a non-negative bigint).
-
-_GRANT = (
-    text(
-        """
-WITH picked AS (
-    SELECT id, dataset_row_id, epoch, queue_pos FROM prompt_rows
-    WHERE run_id = :run_id AND state = 'queued'
-    ORDER BY queue_pos LIMIT :n
-    FOR UPDATE SKIP LOCKED
-), admitted AS (
-    UPDATE runs SET groups_in_flight = groups_in_flight + (SELECT count(*) FROM picked),
-                    fencing_seq = fencing_seq + 1,
-                    last_lease_at = clock_timestamp()
-    WHERE id = :run_id AND status = 'running'
-      AND (SELECT count(*) FROM picked) > 0
-      AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
-    RETURNING fencing_seq, current_version, tokenizer_fingerprint,
-              (SELECT count(*) FROM picked) AS n_rows
-), lease AS (
-    INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, expires_at,
-                        seed, n_prompts, group_size, created_at)
-    SELECT :lease_id, :run_id, :worker_id, current_version, fencing_seq, 'active',
-           clock_timestamp() + make_interval(secs => :ttl_s),
-           ('x' || left(encode(sha256(convert_to(:seed_prefix || fencing_seq::text, 'UTF8')),
-                               'hex'), 16))::bit(64)::bigint & 9223372036854775807,
-           n_rows, :group_size, clock_timestamp()
-    FROM admitted
-    RETURNING fencing, seed, adapter_version
-), marked AS (
-    UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
-    WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
-)
-SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
-       lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint,
-       adapter_versions.sha256 AS adapter_sha256, adapter_versions.files AS adapter_files
-FROM picked
-JOIN dataset_rows ON dataset_rows.id = picked.dataset_row_id
-CROSS JOIN lease CROSS JOIN admitted
-LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
-                          AND adapter_versions.version = lease.adapter_version
-ORDER BY picked.queue_pos
-"""
+def abort_active(session: Session, run_id: uuid.UUID, reason: str) -> None:
+    """Every active lease of the run ends `aborted` with this reason (its rows are the queue's
+    business: server/leases/queue.py)."""
+    session.execute(
+        update(Lease)
+        .where(Lease.run_id == run_id, Lease.state == "active")
+        .values(**end_values("aborted", reason))
+        .execution_options(synchronize_session=False)
     )
-    .bindparams(
-        bindparam("run_id", type_=Uuid),
-        bindparam("worker_id", type_=Uuid),
-        bindparam("lease_id", type_=Uuid),
-        bindparam("n", type_=Integer),
-        bindparam("bound", type_=BigInteger),
-        bindparam("ttl_s", type_=Float),
-        bindparam("group_size", type_=Integer),
-        bindparam("seed_prefix", type_=String),
-    )
-    .columns(
-        id=BigInteger,
-        dataset_row_id=BigInteger,
-        epoch=Integer,
-        prompt=JSONType,
-        fencing=BigInteger,
-        seed=BigInteger,
-        adapter_version=Integer,
-        tokenizer_fingerprint=String,
-        adapter_sha256=String,
-        adapter_files=JSONType,
-    )
-)
-# The same statement for psycopg's own async connections (server/leases/fast_repository.py).
-GRANT_SQL_PSYCOPG = str(_GRANT.compile(dialect=psycopg_dialect()))
-
-
-@dataclass(frozen=True)
-class Granted:
-    """What one grant decided: its token, seed, version and rows (in queue order), and the
-    version's adapter row (sha256, files) when the version is not the base model."""
-
-    fencing: int
-    seed: int
-    version: int
-    fingerprint: str | None
-    rows: list[Any]
-    adapter: tuple[str, dict[str, Any]] | None = None
-
-
-def granted_from_rows(rows: list[Any]) -> Granted | None:
-    """The grant statement's result (one row per leased prompt; none: nothing granted)."""
-    if not rows:
-        return None
-    first = rows[0]
-    adapter = None
-    if first.adapter_sha256 is not None:
-        adapter = (first.adapter_sha256, first.adapter_files)
-    return Granted(
-        fencing=first.fencing,
-        seed=first.seed,
-        version=first.adapter_version,
-        fingerprint=first.tokenizer_fingerprint,
-        rows=list(rows),
-        adapter=adapter,
-    )
-
-
-def grant_params(
-    *,
-    run_id: uuid.UUID,
-    worker_id: uuid.UUID,
-    lease_id: uuid.UUID,
-    n: int,
-    bound: int,
-    ttl_s: float,
-    group_size: int,
-    run_seed: int,
-) -> dict[str, Any]:
-    """The grant statement's parameters."""
-    return {
-        "run_id": run_id,
-        "worker_id": worker_id,
-        "lease_id": lease_id,
-        "n": n,
-        "bound": bound,
-        "ttl_s": ttl_s,
-        "group_size": group_size,
-        "seed_prefix": f"{run_seed}:{run_id}:",
-    }
-
-
-def grant_in_one_statement(session: Session, params: dict[str, Any]) -> Granted | None:
-    """Lease up to n queued rows of the run to the worker, or None (no queued row, the run is
-    not running, or the admission bound refuses)."""
-    return granted_from_rows(list(session.execute(_GRANT, params).all()))

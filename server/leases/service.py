@@ -87,7 +87,7 @@ def acquire(
 
 def grant_params(config: RunConfig, run_id: uuid.UUID, worker_id: uuid.UUID) -> dict[str, Any]:
     """The one-statement grant's parameters for a new lease of this run to this worker."""
-    return repo.grant_params(
+    return queue.grant_params(
         run_id=run_id,
         worker_id=worker_id,
         lease_id=uuid.uuid4(),
@@ -105,7 +105,7 @@ def _grant(
     config = runs.config_of(session, run.id)
     if is_postgres(session):
         params = grant_params(config, run.id, worker_id)
-        granted = repo.grant_in_one_statement(session, params)
+        granted = queue.grant_in_one_statement(session, params)
         lease_id = params["lease_id"]
     else:
         lease_id = uuid.uuid4()
@@ -122,7 +122,7 @@ def lease_response(
     base_model: str,
     config: RunConfig,
     lease_id: uuid.UUID,
-    granted: repo.Granted,
+    granted: queue.Granted,
 ) -> Lease:
     """What the worker is told about a lease it was just granted."""
     return Lease(
@@ -159,7 +159,7 @@ def _grant_portable(
     worker_id: uuid.UUID,
     lease_id: uuid.UUID,
     config: RunConfig,
-) -> repo.Granted | None:
+) -> queue.Granted | None:
     """The grant statement by statement (SQLite, whose single writer already serialises)."""
     rows = repo.lock_queued_rows(session, run_id, config.prompts_per_lease)
     if not rows:
@@ -184,7 +184,7 @@ def _grant_portable(
     )
     repo.mark_rows_leased(session, [r.id for r in rows], lease_id)
     adapter = repo.adapter_version(session, run_id, version) if version > 0 else None
-    return repo.Granted(
+    return queue.Granted(
         fencing=fencing,
         seed=seed,
         version=version,
@@ -195,7 +195,7 @@ def _grant_portable(
 
 
 def _adapter_ref(
-    store: ObjectStore, settings: Settings, run_id: uuid.UUID, granted: repo.Granted
+    store: ObjectStore, settings: Settings, run_id: uuid.UUID, granted: queue.Granted
 ) -> AdapterRef | None:
     if granted.version == 0:
         return None

@@ -109,12 +109,12 @@ def _run_breakdowns(session: Session) -> Iterator[Metric]:
         rejected_samples.add_metric([str(run_id), reason], samples)
     mean = GaugeMetricFamily(
         P + "run_staleness_mean",
-        "Mean staleness of batches claimed in the last 10 minutes.",
+        "Mean staleness at claim of the batches uploaded in the last 10 minutes.",
         labels=["run_id"],
     )
     peak = GaugeMetricFamily(
         P + "run_staleness_max",
-        "Largest staleness of batches claimed in the last 10 minutes.",
+        "Largest staleness at claim of the batches uploaded in the last 10 minutes.",
         labels=["run_id"],
     )
     for run_id, (avg, top) in stats.staleness(session, 600.0).items():

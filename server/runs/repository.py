@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, case, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Table, func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from server.db import is_postgres
@@ -105,27 +105,6 @@ def list_runs(session: Session, status: str | None, limit: int, offset: int) -> 
     if status is not None:
         query = query.where(Run.status == status)
     return list(session.execute(query).scalars())
-
-
-def change_status(
-    session: Session,
-    run_id: uuid.UUID,
-    from_states: Iterable[str],
-    to_status: str | None,
-    reason: str | None,
-) -> bool:
-    """Compare-and-set: move the run only while it is in one of `from_states`. `to_status`
-    None means resume: `running` if a learner has attached before, else `pending`."""
-    target: Any = to_status
-    if to_status is None:
-        target = case((Run.learner_attached_at.is_(None), "pending"), else_="running")
-    row = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status.in_(list(from_states)))
-        .values(status=target, status_reason=reason, updated_at=db_now())
-        .returning(Run.id)
-    ).first()
-    return row is not None
 
 
 def _counts(session: Session, column: Any, *where: Any) -> dict[str, int]:

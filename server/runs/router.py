@@ -11,7 +11,7 @@ from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep
 from server.routing import TransactionalRoute
-from server.runs import service
+from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=TransactionalRoute)
@@ -47,24 +47,20 @@ def _action(action: str):  # type: ignore[no-untyped-def]
         run_id: uuid.UUID, session: SessionDep, _admin: AdminDep, body: RunAction | None = None
     ) -> RunDetail:
         reason = body.reason if body is not None else None
-        run = service.apply_action(session, run_id, action, reason)
+        run = lifecycle.admin_action(session, run_id, action, reason)
         return service.detail(session, run)
 
     handler.__name__ = f"{action}_run"
     return handler
 
 
-for _name in service.TRANSITIONS:
+for _name in lifecycle.ADMIN_ACTIONS:
     router.add_api_route(
         f"/{{run_id}}/{_name}",
         _action(_name),
         methods=["POST"],
         response_model=RunDetail,
         summary=f"{_name.capitalize()} a run",
-        description="Allowed moves: "
-        + "; ".join(
-            f"{a}: {', '.join(sorted(t.from_states))} → {t.to_status or 'running/pending'}"
-            for a, t in service.TRANSITIONS.items()
-        )
-        + ". 409 otherwise, 404 for an unknown run.",
+        description=f"The run lifecycle: {lifecycle.describe()}. "
+        "409 when the run is not in one of the action's from-states, 404 for an unknown run.",
     )

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-RunStatus = Literal[
-    "pending", "running", "paused", "budget_exhausted", "completed", "failed", "cancelled"
-]
+from protocol.schemas import RunStatus
 
 
 class RunAction(BaseModel):

@@ -1,5 +1,5 @@
 """Run rules: creation (dataset rows and every epoch's prompt rows up front, the learner token),
-the config, the admin state machine and live stats."""
+the config and live stats. Status changes: server/runs/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -7,40 +7,17 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from protocol import datasets
 from protocol.run_config import GeneratorDataset, RunConfig
-from server.errors import Conflict, NotFound
+from server.errors import NotFound
 from server.models import Run
 from server.runs import repository
 from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
 from server.tokens import service as tokens
-
-STATUSES = ("pending", "running", "paused", "budget_exhausted", "completed", "failed", "cancelled")
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
-
-
-@dataclass(frozen=True)
-class Transition:
-    """An admin action: the states it may start from and where it leads (None: resume to
-    `running` if a learner attached before, else back to `pending`)."""
-
-    from_states: frozenset[str]
-    to_status: str | None
-
-
-TRANSITIONS: dict[str, Transition] = {
-    "pause": Transition(frozenset({"pending", "running"}), "paused"),
-    "resume": Transition(frozenset({"paused", "budget_exhausted"}), None),
-    "cancel": Transition(
-        frozenset({"pending", "running", "paused", "budget_exhausted"}), "cancelled"
-    ),
-}
-
 
 # -- creation and config ------------------------------------------------------------------------
 
@@ -171,22 +148,3 @@ def stats(session: Session, run: Run) -> RunStats:
 def detail(session: Session, run: Run) -> RunDetail:
     out = RunOut.model_validate(run)
     return RunDetail(**out.model_dump(), config=run.config, stats=stats(session, run))
-
-
-# -- admin state changes ---------------------------------------------------------------------
-
-
-def apply_action(session: Session, run_id: uuid.UUID, action: str, reason: str | None) -> Run:
-    """Move the run as TRANSITIONS allows (compare-and-set on its status): 404 for an unknown
-    run, 409 naming the current state when the action is not allowed from it."""
-    rule = TRANSITIONS[action]
-    if repository.change_status(session, run_id, rule.from_states, rule.to_status, reason):
-        return get_run(session, run_id)
-    run = get_run(session, run_id)
-    allowed = ", ".join(sorted(rule.from_states))
-    why = "it has ended" if run.status in TERMINAL else f"{action} needs one of: {allowed}"
-    raise Conflict(
-        f"cannot {action} a run that is {run.status}: {why}",
-        status=run.status,
-        action=action,
-    )

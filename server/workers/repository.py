@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
@@ -42,3 +42,41 @@ def touch(session: Session, worker_id: uuid.UUID) -> None:
 
 def price_table(session: Session) -> dict[str, float]:
     return {p.gpu_type: p.price_per_hour for p in session.execute(select(GpuPrice)).scalars()}
+
+
+def count_rejection(session: Session, worker_id: uuid.UUID) -> None:
+    """One more of the worker's batches rejected after acceptance (by the learner)."""
+    session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(rejected_batches=Worker.rejected_batches + 1)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def record_spot_check(session: Session, worker_id: uuid.UUID, value: float) -> Any:
+    """Running mean of the worker's mismatch: m_n = m_{n-1} + (x - m_{n-1}) / n. Returns the
+    worker's (status, spot_checks, spot_check_mismatch), or None for an unknown worker."""
+    old = func.coalesce(Worker.spot_check_mismatch, 0.0)
+    return session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(
+            spot_checks=Worker.spot_checks + 1,
+            spot_check_mismatch=old + (value - old) / (Worker.spot_checks + 1),
+        )
+        .returning(Worker.status, Worker.spot_checks, Worker.spot_check_mismatch)
+        .execution_options(synchronize_session=False)
+    ).first()
+
+
+def quarantine(session: Session, worker_id: uuid.UUID, reason: str) -> bool:
+    """An active worker gets no more leases; False when it was not active."""
+    row = session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id, Worker.status == "active")
+        .values(status="quarantined", quarantine_reason=reason)
+        .returning(Worker.id)
+        .execution_options(synchronize_session=False)
+    ).first()
+    return row is not None

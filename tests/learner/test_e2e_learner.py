@@ -25,7 +25,7 @@ from protocol.layout import batch_key
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.leases import queue
-from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run
+from server.models import AdapterVersion, DatasetRow, Event, Lease, PromptRow, RolloutBatch, Run
 from tests.conftest import make_settings
 from tests.live_server import serve_in_thread
 from tests.server.learner.support import make_run, make_worker, record_accepted
@@ -295,3 +295,34 @@ def test_a_batch_missing_from_the_bucket_is_rejected_not_reclaimed(live, tmp_pat
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+
+
+def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A run whose reward function cannot be imported would stop every learner the same way:
+    the learner reports it (`/learner/fail`), the run is `failed` with the reason and an event,
+    and the learner exits non-zero instead of leaving the run `running` forever."""
+    from lm.models import load_tokenizer
+
+    base, app, _bucket = live
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": ROWS},
+        rewards=[{"name": "asyncgrpo_tests_no_such_module:reward"}],
+        grpo={"spot_check_fraction": 0.0},
+    )
+    worker_id, _ = make_worker(app)
+    _real_batch(app, run.id, worker_id, 0, load_tokenizer("smollm2-135m-instruct"), tmp_path)
+    log = tmp_path / "learner.log"
+    proc = _learner(base, run, tmp_path / "work", log)
+    try:
+        assert proc.wait(240) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    with transaction(app.state.sessionmaker) as session:
+        row = session.get(Run, run.id)
+        assert row is not None and row.status == "failed", log.read_text()[-3000:]
+        assert row.status_reason is not None
+        assert "asyncgrpo_tests_no_such_module" in row.status_reason
+        kinds = session.execute(select(Event.kind).where(Event.run_id == run.id)).scalars()
+        assert list(kinds) == ["run.failed"]

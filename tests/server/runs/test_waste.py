@@ -19,6 +19,7 @@ from server.jobs import alarms
 from server.jobs.common import db_time
 from server.leases import service as leases
 from server.models import Lease, RolloutBatch, Run, Worker
+from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.waste import ABORTED_STALE, stale_waste
 from tests.conftest import mint_token
@@ -66,7 +67,7 @@ def _arrange(app: Any) -> uuid.UUID:
         accepted, rejected, stale, paused = (g for g in granted if g is not None)
         _batch(session, run, accepted, worker, state="accepted")
         _batch(session, run, rejected, worker, state="rejected", reject_reason="stale")
-        runs.apply_action(session, run.id, "pause", None)
+        lifecycle.admin_action(session, run.id, "pause", None)
         assert _heartbeat(session, worker, paused) == "run_paused"
         # Running again (no learner has attached, so `resume` would say pending) and 5 versions on.
         session.execute(

@@ -1,0 +1,41 @@
+"""Events: what happened to a run or a worker (alarms, budgets, quarantines, failures), shown on
+the dashboard and delivered to the run's webhook. Every event is raised here."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from server.events import repository
+from server.jobs import webhooks
+from server.models import Event
+from server.runs.service import config_of
+
+
+def raise_event(
+    session: Session,
+    *,
+    kind: str,
+    message: str,
+    run_id: uuid.UUID | None = None,
+    worker_id: uuid.UUID | None = None,
+    severity: str = "warning",
+    data: dict[str, Any] | None = None,
+) -> Event:
+    """Insert an Event and queue a signed delivery to the run's webhook, if it has one."""
+    event = repository.insert(
+        session,
+        run_id=run_id,
+        worker_id=worker_id,
+        kind=kind,
+        severity=severity,
+        message=message,
+        data=data or {},
+    )
+    if run_id is not None:
+        url = config_of(session, run_id).alarms.webhook_url
+        if url:
+            webhooks.enqueue(session, event, url)
+    return event

@@ -1,0 +1,108 @@
+"""The run lifecycle (docs/architecture.md, "Run lifecycle"): every status change of a run goes
+through this module — the admin actions, the learner's attach, the final publish, the budget
+job and the learner's failure report. Each is one compare-and-set on the run's status that
+names the states it may start from, so two concurrent transitions never both apply."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import case, update
+from sqlalchemy.orm import Session
+
+from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES
+from server.db_types import db_now
+from server.errors import Conflict, NotFound
+from server.learner import repository as learner_repo
+from server.leases import queue
+from server.leases import repository as leases_repo
+from server.models import Run
+from server.runs import repository
+
+STATUSES = RUN_STATUSES
+TERMINAL = TERMINAL_RUN_STATUSES
+LIVE = frozenset(s for s in STATUSES if s not in TERMINAL)
+RESUME = "running if a learner has attached before, else pending"
+
+Actor = Literal["admin", "learner", "jobs"]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Who makes it, the states it may start from, and where it leads (RESUME: `running` if a
+    learner has attached before, else `pending`)."""
+
+    actor: Actor
+    from_states: frozenset[str]
+    to_status: str
+
+
+TRANSITIONS: dict[str, Transition] = {
+    "attach": Transition("learner", frozenset({"pending"}), "running"),
+    "pause": Transition("admin", frozenset({"pending", "running"}), "paused"),
+    "resume": Transition("admin", frozenset({"paused", "budget_exhausted"}), RESUME),
+    "cancel": Transition("admin", LIVE, "cancelled"),
+    "budget": Transition("jobs", frozenset({"pending", "running", "paused"}), "budget_exhausted"),
+    "complete": Transition("learner", LIVE, "completed"),
+    "fail": Transition("learner", LIVE, "failed"),
+}
+ADMIN_ACTIONS = tuple(name for name, t in TRANSITIONS.items() if t.actor == "admin")
+
+
+def _target(transition: Transition) -> Any:
+    if transition.to_status == RESUME:
+        return case((Run.learner_attached_at.is_(None), "pending"), else_="running")
+    return transition.to_status
+
+
+def move(session: Session, run_id: uuid.UUID, name: str, reason: str | None, *where: Any) -> bool:
+    """Apply the transition if the run is in one of its from-states (and `where` holds): one
+    compare-and-set. False: the run was elsewhere (or absent) and nothing changed."""
+    transition = TRANSITIONS[name]
+    row = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status.in_(sorted(transition.from_states)), *where)
+        .values(status=_target(transition), status_reason=reason, updated_at=db_now())
+        .returning(Run.id)
+        .execution_options(synchronize_session=False)
+    ).first()
+    return row is not None
+
+
+def admin_action(session: Session, run_id: uuid.UUID, action: str, reason: str | None) -> Run:
+    """pause / resume / cancel: the run after the move; 404 for an unknown run, 409 naming its
+    status when the action is not allowed from it."""
+    if action not in ADMIN_ACTIONS:
+        raise ValueError(f"{action!r} is not an admin action")
+    moved = move(session, run_id, action, reason)
+    run = repository.get(session, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id} not found")
+    if moved:
+        return run
+    allowed = ", ".join(sorted(TRANSITIONS[action].from_states))
+    why = "it has ended" if run.status in TERMINAL else f"{action} needs one of: {allowed}"
+    raise Conflict(
+        f"cannot {action} a run that is {run.status}: {why}", status=run.status, action=action
+    )
+
+
+def complete(session: Session, run_id: uuid.UUID, reason: str) -> None:
+    """The run is completed and its ledger closed (invariant 12): leftover prompt rows dropped
+    `run_completed`, unconsumed batches rejected, active leases aborted; nothing in flight."""
+    if not move(session, run_id, "complete", reason):
+        raise Conflict("the run has already ended")
+    closed = "run_completed"
+    queue.drop_unfinished(session, run_id, closed)
+    learner_repo.reject_unconsumed(session, run_id, closed)
+    leases_repo.abort_active(session, run_id, closed)
+
+
+def describe() -> str:
+    """The transitions in one line each (the API's description of the admin routes)."""
+    return "; ".join(
+        f"{name} ({t.actor}): {', '.join(sorted(t.from_states))} → {t.to_status}"
+        for name, t in TRANSITIONS.items()
+    )
