@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs everything and runs the whole test suite (the command .ci/run calls).
+# Installs everything, runs the static checks (scripts/check.sh), then the whole test suite
+# (the command .ci/run calls). Arguments go to pytest; pytest does not run when a check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/check.sh || { echo "scripts/test.sh: static checks failed; pytest not run" >&2; exit 1; }
 bash scripts/install_system.sh
 [ -f scripts/install_vllm.sh ] && bash scripts/install_vllm.sh
 bash scripts/services.sh

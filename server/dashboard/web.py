@@ -22,16 +22,10 @@ from server.dashboard.auth import (
 )
 from server.deps import SessionDep, SettingsDep, released
 
+# Package data: shipped in the wheel (pyproject's [tool.setuptools.package-data]).
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-
-
-def _templates_dir() -> Path:
-    """templates/ beside the installed packages (the repository root in a checkout or an
-    editable install; the image copies it next to server/)."""
-    return Path(__file__).resolve().parents[2] / "templates"
-
-
-TEMPLATES = Jinja2Templates(directory=str(_templates_dir()))
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
 
 def _usd(value: float | None) -> str:
