@@ -43,9 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common  # noqa: E402
 from protocol import schemas_learner as sl  # noqa: E402
-from protocol.adapters import sha256_file  # noqa: E402
 from protocol.client import AsyncGrpoClient  # noqa: E402
-from protocol.storage import PresignedPut  # noqa: E402
+from protocol.storage import (
+    PresignedPut,  # noqa: E402
+    sha256_file,  # noqa: E402
+)
 from protocol.transfer import upload_presigned  # noqa: E402
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -28,12 +28,13 @@ from learner.spotcheck import compare_logprobs, far_outside
 from learner.trainer import Trainer, add_lora
 from learner.transfers import BucketRefused, Retrier, transient_api, upload_version_files
 from protocol import schemas_learner as sl
-from protocol.adapters import ADAPTER_WEIGHTS, sha256_file
+from protocol.adapters import ADAPTER_WEIGHTS
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.rewards import RewardError
 from protocol.run_config import RunConfig
 from protocol.staleness import staleness
+from protocol.storage import sha256_file
 
 log = logging.getLogger(__name__)
 IDLE_SLEEP_S = 0.5

@@ -9,14 +9,14 @@ carried by leases and batch metadata. Readers check every file against its own s
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from protocol.storage import sha256_file
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 REQUIRED_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
-_CHUNK = 1 << 20
 
 
 class AdapterMismatch(Exception):
@@ -59,14 +59,6 @@ class AdapterManifest:
             for name, meta in sorted(data.items())
         )
         return cls(files)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _check_name(name: str) -> None:

@@ -113,9 +113,9 @@ def _check_file(path: Path, expect: BatchExpectations) -> int:
     if size > limits.max_file_bytes:
         raise _invalid("too_large", f"{size} bytes > limit {limits.max_file_bytes}")
     if expect.sha256 is not None:
-        from protocol.batches import sha256_path
+        from protocol.storage import sha256_file
 
-        actual = sha256_path(path)
+        actual = sha256_file(path)
         if actual != expect.sha256.lower():
             raise BatchRejected("checksum", f"sha256 {actual} != {expect.sha256}", check="sha256")
     if size < 12:

@@ -14,7 +14,6 @@ The writer is here; the validating reader is `protocol.batch_reader.read_batch` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from protocol.batch_reader import (
     RolloutBatchData,
     read_batch,
 )
+from protocol.storage import sha256_file
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,6 @@ class BatchFileInfo:
     n_samples: int
     n_groups: int
     n_tokens: int
-
-
-def sha256_path(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def samples_table(metadata: BatchMetadata, samples: Sequence[RolloutSample]) -> pa.Table:
@@ -85,7 +77,7 @@ def write_batch(
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)
     return BatchFileInfo(
-        sha256=sha256_path(path),
+        sha256=sha256_file(path),
         bytes=path.stat().st_size,
         n_samples=len(samples),
         n_groups=len({s.prompt_row_id for s in samples}),
@@ -107,7 +99,6 @@ __all__ = [
     "RolloutBatchData",
     "RolloutSample",
     "read_batch",
-    "sha256_path",
     "samples_table",
     "write_batch",
 ]

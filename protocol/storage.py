@@ -91,15 +91,13 @@ def sha256_b64(sha256_hex: str) -> str:
     return base64.b64encode(bytes.fromhex(validate_sha256_hex(sha256_hex))).decode("ascii")
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> tuple[str, int]:
-    """(hex digest, size) of a file, read in chunks."""
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file, read in chunks: the one file-hash helper of every package."""
     digest = hashlib.sha256()
-    size = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):
             digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
+    return digest.hexdigest()
 
 
 class ObjectStore(ABC):
