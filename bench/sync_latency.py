@@ -8,10 +8,10 @@ learner calls (request_uploads → presigned PUTs → publish_adapter, consuming
 batches) with a real PEFT LoRA adapter (all linear layers of the small model, fp32) whose rank
 is chosen to give a 5, 40 or 80 MB adapter_model.safetensors. Every version has new weights.
 
-A worker picks a version up with its next lease (design.md): it downloads the files through
-presigned GETs (sha256 checked), loads them with PEFT and starts generating. The worker logs
-both moments ("adapter … downloaded in Xs", "loaded adapter r<run>_v<N>"); this script reads
-the timestamps from the logs. Per version:
+A worker picks a version up with its next lease (docs/architecture.md, "Protocol"): it
+downloads the files through presigned GETs (sha256 checked), loads them with PEFT and starts
+generating. The worker logs both moments ("adapter … downloaded in Xs", "loaded adapter
+r<run>_v<N>"); this script reads the timestamps from the logs. Per version:
 
     publish→gen   from the start of the publish (files on the learner's disk, uploads begin)
                   to the first worker's "loaded adapter" line (generation starts right after)

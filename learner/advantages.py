@@ -1,4 +1,4 @@
-"""Group-relative advantages (design.md, "GRPO, as the learner computes it")."""
+"""Group-relative advantages (docs/architecture.md, "Sampling, log-probs and the GRPO loss")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 A step is a list of groups (G completions of one prompt, with their rewards). Advantages are
 computed per group; when β = 0, groups whose rewards are all equal are left out of the
 forward/backward (their advantages are 0, so they add nothing), but the step's normaliser
-(design.md) still counts every completion of the step.
+(docs/architecture.md, "Sampling, log-probs and the GRPO loss") still counts every
+completion of the step.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The learner loop (design.md, issue 6): attach → load → claim until prompts_per_step groups →
-validate + score → optimizer step → every weight_sync_steps steps publish version N+1.
+"""The learner loop (docs/architecture.md, "Protocol": learner calls): attach → load → claim
+until prompts_per_step groups → validate + score → optimizer step → every weight_sync_steps
+steps publish version N+1.
 
 A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
 call (or a lost heartbeat): drop the unpublished work and re-attach, resuming from the last

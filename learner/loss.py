@@ -1,5 +1,5 @@
-"""The GRPO loss, as design.md ("GRPO, as the learner computes it") defines it. Pure: tensors in,
-a scalar loss and its metrics out; no model, no I/O."""
+"""The GRPO loss, as docs/architecture.md ("Sampling, log-probs and the GRPO loss") defines it.
+Pure: tensors in, a scalar loss and its metrics out; no model, no I/O."""
 
 from __future__ import annotations
 

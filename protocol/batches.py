@@ -1,6 +1,6 @@
 """Rollout batch files: Parquet, one row per completion, lease metadata in the file footer.
 
-Columns (design.md, Bucket layout):
+Columns (docs/architecture.md, "Bucket layout and batch format"):
     prompt_row_id         int64          the PromptRow id
     group_index           int32          0..G-1 within the prompt's group
     prompt_token_ids      list<int32>    the chat-templated prompt, as the worker tokenized it

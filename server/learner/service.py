@@ -1,5 +1,5 @@
 """The learner side of the rollout proxy: one fenced learner per run, batch claims with the
-staleness window re-checked, rejections, and the rules of the learner lease (design.md
+staleness window re-checked, rejections, and the rules of the learner lease (docs/architecture.md,
 invariants 2, 5, 7, 12). Adapter uploads and publishing live in publish.py."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`GET /metrics`: Prometheus text exposition, open like /healthz (design.md protocol table)."""
+"""`GET /metrics`: Prometheus text exposition, open like /healthz
+(docs/architecture.md, "Protocol")."""
 
 from __future__ import annotations
 

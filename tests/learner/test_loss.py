@@ -1,4 +1,5 @@
-"""grpo_loss against values worked out by hand (design.md's formulas, explicit arithmetic)."""
+"""grpo_loss against values worked out by hand (docs/architecture.md, "Sampling, log-probs and
+the GRPO loss", explicit arithmetic)."""
 
 from __future__ import annotations
 

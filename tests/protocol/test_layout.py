@@ -1,4 +1,5 @@
-"""Bucket key layout: the keys design.md names, and refusal of anything that could escape them."""
+"""Bucket key layout: the keys docs/architecture.md ("Bucket layout and batch format") names,
+and refusal of anything that could escape them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Test helpers: a run with its dataset and prompt rows, and registered workers.
 
-Runs are inserted the way contracts.md says create_run does (status, base_model, priority,
+Runs are inserted the way server/runs/service.py create_run does (status, base_model, priority,
 config dump, DatasetRow rows, PromptRow rows for every epoch with queue_pos = epoch*N + i).
 """
 
