@@ -34,6 +34,7 @@ from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.rewards import RewardError
 from protocol.run_config import RunConfig
+from protocol.schemas import TERMINAL_RUN_STATUSES
 from protocol.staleness import staleness
 from protocol.storage import sha256_file
 
@@ -316,7 +317,8 @@ class Session:
         self.steps_since_publish = 0
         shutil.rmtree(out, ignore_errors=True)
         max_versions = self.learner.settings.max_versions
-        done = result.run_status != "running" or (
+        # A paused (or budget-exhausted) run keeps its learner: it resumes where it stopped.
+        done = result.run_status in TERMINAL_RUN_STATUSES or (
             max_versions is not None and version >= max_versions
         )
         return bool(final or done)

@@ -326,3 +326,39 @@ def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path) ->
         assert "asyncgrpo_tests_no_such_module" in row.status_reason
         kinds = session.execute(select(Event.kind).where(Event.run_id == run.id)).scalars()
         assert list(kinds) == ["run.failed"]
+
+
+def test_a_paused_run_keeps_its_learner(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Pausing stops the workers, not the learner (docs/architecture.md, "Run lifecycle"): it
+    publishes from batches it can still claim and waits for more; a cancel then ends it."""
+    from lm.models import load_tokenizer
+    from server.runs import lifecycle
+
+    base, app, _bucket = live
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": ROWS},
+        max_staleness=5,
+        lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"max_new_tokens": 8},
+    )
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+    log = tmp_path / "learner.log"
+    proc = _learner(base, run, tmp_path / "work", log)
+    try:
+        _wait_version(app, run.id, 1, proc, log)
+        with transaction(app.state.sessionmaker) as session:
+            lifecycle.admin_action(session, run.id, "pause", "test")
+        _real_batch(app, run.id, worker_id, 1, tok, tmp_path)
+        _wait_version(app, run.id, 2, proc, log)
+        time.sleep(3.0)  # several claim polls: a learner that stopped would have exited by now
+        assert proc.poll() is None, log.read_text()[-3000:]
+        with transaction(app.state.sessionmaker) as session:
+            lifecycle.admin_action(session, run.id, "cancel", "test")
+        assert proc.wait(60) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
