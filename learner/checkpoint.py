@@ -21,7 +21,6 @@ from safetensors.torch import load_file, save_file
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
-CHECKPOINT_FILES = (OPTIMIZER_FILE, STATE_FILE)
 STATE_FORMAT = 1
 
 

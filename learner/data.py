@@ -32,10 +32,6 @@ class Completion:
         if len(self.completion_ids) != len(self.behaviour_logprobs):
             raise ValueError("one behaviour log-prob per completion token")
 
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.completion_ids)
-
 
 @dataclass(frozen=True)
 class Group:

@@ -5,7 +5,6 @@ completions and the rows' reference columns."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,6 @@ from protocol.rewards import combine
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import ClaimedBatch
 from protocol.transfer import ChecksumMismatch, download_url
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import json
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 MAX_JSONL_ROWS = 100_000
@@ -117,14 +116,6 @@ def check_row(row: Any) -> dict[str, Any]:
     return row
 
 
-def check_rows(rows: list[Any]) -> list[dict[str, Any]]:
-    if not rows:
-        raise DatasetError("a JSONL dataset needs at least one row")
-    if len(rows) > MAX_JSONL_ROWS:
-        raise DatasetError(f"at most {MAX_JSONL_ROWS:,} rows (got {len(rows):,})")
-    return [check_row(r) for r in rows]
-
-
 def split_row(row: dict[str, Any]) -> PromptRecord:
     """The prompt and the reference columns (everything except `prompt`)."""
     return PromptRecord(
@@ -153,9 +144,3 @@ def parse_jsonl(lines: Iterable[str] | str) -> list[dict[str, Any]]:
     if not rows:
         raise DatasetError("a JSONL dataset needs at least one row")
     return rows
-
-
-def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate a JSONL file."""
-    with open(path, encoding="utf-8") as f:
-        return parse_jsonl(f)

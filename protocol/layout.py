@@ -66,10 +66,3 @@ def parse_batch_key(key: str) -> tuple[uuid.UUID, uuid.UUID, int]:
     if match is None:
         raise ValueError(f"not a batch key: {key!r}")
     return uuid.UUID(match["run"]), uuid.UUID(match["lease"]), int(match["fencing"])
-
-
-def parse_version_dir(component: str) -> int:
-    """The version of a 'v000012' key component."""
-    if not re.fullmatch(r"v\d{6,}", component):
-        raise ValueError(f"not a version component: {component!r}")
-    return int(component[1:])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,8 +19,6 @@ from server.errors import ErrorBody, FieldError, document_errors, install_error_
 from server.leases.fast_service import CallPaths
 from server.limits import BodySizeLimit
 from server.storage_factory import make_store
-
-log = logging.getLogger("asyncgrpo.server")
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool | None = None) -> FastAPI:

@@ -46,8 +46,3 @@ def save(path: Path, creds: Credentials) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-
-
-def forget(path: Path) -> None:
-    """Remove a token the server no longer accepts (revoked worker)."""
-    path.unlink(missing_ok=True)

@@ -41,7 +41,6 @@ class Heartbeat:
         self.cancel = cancel
         self.lost_reason: str | None = None
         self.current_version: int | None = None
-        self.beats = 0
         self._stop = threading.Event()
         self._deadline = time.monotonic() + ttl_s
         self._thread = threading.Thread(
@@ -80,7 +79,6 @@ class Heartbeat:
             if time.monotonic() > self._deadline:
                 self._lose("expired (no heartbeat within the TTL)")
             return
-        self.beats += 1
         self.current_version = answer.current_version
         if answer.abort:
             self._lose(f"aborted ({answer.reason})")

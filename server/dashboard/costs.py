@@ -29,10 +29,6 @@ class RunCost:
     def per_sample(self) -> float | None:
         return self.spent_usd / self.accepted_samples if self.accepted_samples else None
 
-    @property
-    def wasted_total(self) -> float:
-        return sum(self.wasted.values())
-
 
 @dataclass(frozen=True)
 class WorkerCost:

@@ -151,10 +151,6 @@ def spend_over_time(session: Session, run_id: uuid.UUID, bucket_s: int) -> list[
     )
 
 
-def epoch_now(session: Session) -> float:
-    return float(session.execute(select(epoch_seconds(db_now()))).scalar_one())
-
-
 # -- cost page ------------------------------------------------------------------------------
 
 

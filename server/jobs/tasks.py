@@ -48,13 +48,4 @@ def _make_task(job: str) -> Task:
 TASKS: dict[str, Task] = {job: _make_task(job) for job in JOBS}
 
 
-def send(job: str) -> None:
-    """Queue one run of a job (call only after your transaction committed)."""
-    TASKS[job].delay()
-
-
-def job_names() -> list[str]:
-    return list(TASKS)
-
-
-__all__: list[str] = ["TASKS", "context", "job_names", "send"]
+__all__: list[str] = ["TASKS", "context"]

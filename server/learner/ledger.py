@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -14,11 +13,6 @@ from server.learner import repository as repo
 from server.learner.schemas import EpochLedger, Ledger
 
 FINAL_STATES = ("consumed", "dropped")
-
-
-def ledger(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
-    """Counts by state, dropped by reason, per epoch, and whether the run's rows balance."""
-    return ledger_model(session, run_id).model_dump(mode="json")
 
 
 def ledger_model(session: Session, run_id: uuid.UUID) -> Ledger:

@@ -83,15 +83,6 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
     return _fenced(row)
 
 
-def learner_lease_live(session: Session, run_id: uuid.UUID) -> bool:
-    return (
-        session.execute(
-            select(Run.id).where(Run.id == run_id, Run.learner_expires_at > db_now())
-        ).first()
-        is not None
-    )
-
-
 def fence(
     session: Session, run_id: uuid.UUID, fencing: int, ttl_s: float, *, live_run: bool = True
 ) -> FencedRun | None:

@@ -35,8 +35,6 @@ from server.models import PromptRow, Run
 from server.runs import service as runs
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
-# Reasons that do not count as an attempt (a worker's voluntary release).
-FREE_REASONS = frozenset({"release", "released"})
 
 
 @dataclass(frozen=True)
@@ -45,10 +43,6 @@ class RequeueResult:
 
     requeued: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
-
-    @property
-    def left_in_flight(self) -> int:
-        return len(self.requeued) + len(self.dropped)
 
 
 def requeue(
@@ -206,38 +200,6 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
             .values(groups_in_flight=Run.groups_in_flight - len(in_flight))
         )
     return len(in_flight) + len(queued)
-
-
-def next_fencing(session: Session, run_id: uuid.UUID) -> int:
-    """A strictly higher fencing token for any grant on the run (worker lease or learner)."""
-    return int(
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id)
-            .values(fencing_seq=Run.fencing_seq + 1)
-            .returning(Run.fencing_seq)
-        ).scalar_one()
-    )
-
-
-def rows_of_lease(session: Session, lease_id: uuid.UUID) -> list[int]:
-    return list(
-        session.execute(
-            select(PromptRow.id).where(PromptRow.lease_id == lease_id).order_by(PromptRow.queue_pos)
-        ).scalars()
-    )
-
-
-def rows_of_batches(session: Session, batch_ids: Sequence[uuid.UUID]) -> list[int]:
-    if not batch_ids:
-        return []
-    return list(
-        session.execute(
-            select(PromptRow.id)
-            .where(PromptRow.batch_id.in_(list(batch_ids)))
-            .order_by(PromptRow.queue_pos)
-        ).scalars()
-    )
 
 
 # -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------

@@ -61,24 +61,9 @@ def revoke_scope(session: Session, kind: str, scope_id: uuid.UUID) -> int:
     return len(result.all())
 
 
-def revoke(session: Session, token_id: uuid.UUID) -> bool:
-    result = session.execute(
-        update(Token)
-        .where(Token.id == token_id, Token.revoked_at.is_(None))
-        .values(revoked_at=db_now())
-        .returning(Token.id)
-    )
-    return result.first() is not None
-
-
 def count_active(session: Session, kind: str) -> int:
     return session.execute(
         select(func.count())
         .select_from(Token)
         .where(Token.kind == kind, Token.revoked_at.is_(None))
     ).scalar_one()
-
-
-def list_kind(session: Session, kind: str) -> list[Token]:
-    query = select(Token).where(Token.kind == kind).order_by(Token.created_at)
-    return list(session.execute(query).scalars())

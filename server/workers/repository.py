@@ -36,10 +36,6 @@ def set_status(session: Session, worker_id: uuid.UUID, status: str, reason: str 
     return result.first() is not None
 
 
-def touch(session: Session, worker_id: uuid.UUID) -> None:
-    session.execute(update(Worker).where(Worker.id == worker_id).values(last_seen_at=db_now()))
-
-
 def price_table(session: Session) -> dict[str, float]:
     return {p.gpu_type: p.price_per_hour for p in session.execute(select(GpuPrice)).scalars()}
 

@@ -24,11 +24,10 @@ from protocol.batches import BatchMetadata, RolloutSample, write_batch
 from protocol.layout import batch_key
 from protocol.run_config import RunConfig
 from server.db import transaction
-from server.leases import queue
 from server.models import AdapterVersion, DatasetRow, Event, Lease, PromptRow, RolloutBatch, Run
 from tests.conftest import make_settings
 from tests.live_server import serve_in_thread
-from tests.server.learner.support import make_run, make_worker, record_accepted
+from tests.server.learner.support import make_run, make_worker, next_fencing, record_accepted
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(6)]
@@ -92,7 +91,7 @@ def _real_batch(
                 .limit(config.prompts_per_lease)
             ).scalars()
         )
-        fencing = queue.next_fencing(session, run_id)
+        fencing = next_fencing(session, run_id)
         lease = Lease(
             run_id=run_id,
             worker_id=worker_id,

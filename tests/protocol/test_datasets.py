@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from protocol import datasets
-from protocol.datasets import DatasetError, generate, load_jsonl, parse_jsonl, split_row
+from protocol.datasets import DatasetError, generate, parse_jsonl, split_row
 from protocol.rewards import numeric_match
 
 PATTERN = re.compile(r"^What is (\d{2}) \+ (\d{2})\? Answer with just the number\.$")
@@ -66,7 +66,6 @@ def test_parse_jsonl_rows(tmp_path: Path) -> None:
     ]
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    assert load_jsonl(path) == rows
     assert parse_jsonl(path.read_text()) == rows
 
 

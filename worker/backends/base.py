@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -49,13 +49,6 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
-
-
-@dataclass
-class GenerationStats:
-    seconds: float = 0.0
-    tokens: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(abc.ABC):

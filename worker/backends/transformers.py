@@ -83,7 +83,6 @@ class TransformersBackend(Backend):
         max_batch_sequences: int = 64,
         max_loaded_adapters: int = 4,
     ) -> None:
-        self.model_name = model
         self._tokenizer = load_tokenizer(model)
         self.model = load_model(model, dtype=DTYPES[dtype], device=device, num_threads=num_threads)
         self.device = device

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import threading
 import uuid
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 
     from worker.adapters import AdapterHandle
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -44,7 +42,6 @@ class VllmBackend(Backend):
 
     def __init__(self, model: str, settings: VllmSettings, *, dtype: str = "bfloat16") -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_space_gb))
-        self.model_name = model
         self.settings = settings
         self.path = resolve_model(model)
         self._tokenizer = load_tokenizer(model)

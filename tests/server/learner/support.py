@@ -15,7 +15,6 @@ from sqlalchemy import select, update
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.db_types import db_now_plus
-from server.leases import queue
 from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
 from server.runs.service import create_run
 from tests.conftest import mint_token
@@ -75,6 +74,18 @@ def make_worker(app: Any) -> tuple[uuid.UUID, str]:
     return worker_id, mint_token(app, "worker", name="w", scope_id=worker_id)
 
 
+def next_fencing(session: Any, run_id: uuid.UUID) -> int:
+    """A fencing token for a lease made by hand: the run's next one, as a grant takes it."""
+    return int(
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(fencing_seq=Run.fencing_seq + 1)
+            .returning(Run.fencing_seq)
+        ).scalar_one()
+    )
+
+
 def accepted_batch(
     app: Any, run_id: uuid.UUID, worker_id: uuid.UUID, version: int, n_prompts: int = 2
 ) -> uuid.UUID:
@@ -94,7 +105,7 @@ def accepted_batch(
         run = session.get(Run, run_id)
         assert run is not None
         group_size = int(run.config["group_size"])
-        fencing = queue.next_fencing(session, run_id)
+        fencing = next_fencing(session, run_id)
         lease = Lease(
             run_id=run_id,
             worker_id=worker_id,

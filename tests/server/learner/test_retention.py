@@ -101,3 +101,19 @@ def test_retention_keeps_the_final_version_and_latest_checkpoint(app, client) ->
     assert set(_retain(app, run.id)) == everything[1]
     assert _deleted_versions(app, run.id) == [1]
     assert all(app.state.store.head(k) is not None for v in (2, 3) for k in everything[v])
+
+
+def test_the_retention_job_applies_it_to_every_run(app, client) -> None:  # type: ignore[no-untyped-def]
+    """The scheduled job (server/jobs/runner.py, "retention") reaches every run's versions."""
+    from server.jobs.runner import JobContext, run_job
+
+    runs = [make_run(app, max_staleness=0) for _ in range(2)]
+    for run in runs:
+        fencing = attach(client, run)["fencing"]
+        for version in (1, 2, 3):
+            assert upload_and_publish(client, run, fencing, version).status_code == 200
+    context = JobContext(app.state.settings, app.state.sessionmaker, lambda: app.state.store)
+    expected = sum(len(_keys(app, run.id, 1)) for run in runs)
+    assert run_job("retention", context) == expected
+    assert [_deleted_versions(app, run.id) for run in runs] == [[1], [1]]
+    assert run_job("retention", context) == 0
