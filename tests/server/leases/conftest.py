@@ -1,9 +1,25 @@
+"""Fixtures of the lease tests.
+
+Every test that goes through the app (HTTP) takes `lease_path` (through `lease_app`, or
+directly) and so runs three times, the path in its id: `pg-event-loop` (Postgres, the common
+case on the event loop), `pg-portable` (Postgres with `worker_calls_on_event_loop` off) and
+`sqlite` (tests/server/leases/lease_paths.py). After each, `lease_app` checks that the
+path held: on pg-event-loop some calls were answered on the event loop, on the other two none.
+
+Tests that call the service, queue or repository functions directly on a session (no HTTP, so
+no path to choose: `any_session`) run on Postgres and SQLite only (`db_url`).
+"""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from sqlalchemy.orm import Session
+
+from tests.server.leases.lease_paths import ALL_PATHS, SQLITE, Answered, LeasePath
 
 
 @pytest.fixture
@@ -22,15 +38,27 @@ def any_session(db_url: str) -> Iterator[Session]:
     engine.dispose()
 
 
-@pytest.fixture
-def lease_app(db_url: str, tmp_path):  # type: ignore[no-untyped-def]
-    """The app on Postgres or SQLite with a local-folder bucket."""
-    from server.app import create_app
-    from tests.conftest import make_settings
+@pytest.fixture(params=ALL_PATHS)
+def lease_path(request: pytest.FixtureRequest) -> LeasePath:
+    """pg-event-loop, pg-portable or sqlite, on a fresh migrated database."""
+    database = "sqlite_url" if request.param == SQLITE else "pg_url"
+    return LeasePath(request.param, str(request.getfixturevalue(database)))
 
-    application = create_app(make_settings(db_url, tmp_path / "bucket"), migrate=True)
+
+@pytest.fixture
+def lease_app(lease_path: LeasePath, tmp_path: Path) -> Iterator[FastAPI]:
+    """The app on the test's lease path with a local-folder bucket."""
+    from server.app import create_app
+
+    application = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
     yield application
     application.state.engine.dispose()
+    Answered(application.state.call_paths, lease_path).check_the_path_held()
+
+
+@pytest.fixture
+def answered(lease_app: FastAPI, lease_path: LeasePath) -> Answered:
+    return Answered(lease_app.state.call_paths, lease_path)
 
 
 @pytest.fixture
@@ -42,7 +70,7 @@ def lease_client(lease_app):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def db(lease_app) -> Iterator[Session]:  # type: ignore[no-untyped-def]
+def db(lease_app: FastAPI) -> Iterator[Session]:
     """A session on the app's database for arranging and inspecting rows (commit to publish)."""
     session = lease_app.state.sessionmaker()
     yield session

@@ -21,6 +21,8 @@ from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
 from tests.conftest import make_settings, terminate_other_backends
 from tests.server.leases.helpers import batch_manifest, make_run, make_worker, snapshot
 
+pytestmark = pytest.mark.postgres
+
 BASE = "/api/v1/leases"
 
 
