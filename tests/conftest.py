@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,15 +48,24 @@ def pg_template(pg_admin: Engine) -> Iterator[str]:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-@pytest.fixture
-def pg_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
-    """A fresh migrated Postgres database for this test."""
+@contextmanager
+def cloned_database(pg_admin: Engine, pg_template: str) -> Iterator[str]:
+    """A fresh migrated Postgres database (a clone of the template), dropped on leaving."""
     name = f"agr_t_{uuid.uuid4().hex[:12]}"
     with pg_admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
-    yield _pg_url(name)
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    try:
+        yield _pg_url(name)
+    finally:
+        with pg_admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def pg_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
+    """A fresh migrated Postgres database for this test."""
+    with cloned_database(pg_admin, pg_template) as url:
+        yield url
 
 
 @pytest.fixture
