@@ -7,7 +7,8 @@ case on the event loop), `pg-portable` (Postgres with `worker_calls_on_event_loo
 path held: on pg-event-loop some calls were answered on the event loop, on the other two none.
 
 Tests that call the service, queue or repository functions directly on a session (no HTTP, so
-no path to choose: `any_session`) run on Postgres and SQLite only (`db_url`).
+no path to choose: `any_session`) run on Postgres and SQLite only (`db_url`). Tests that compare
+the two Postgres paths side by side take `servers` (Postgres only).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from tests.server.leases.lease_paths import ALL_PATHS, SQLITE, Answered, LeasePath
+from tests.server.leases.twins import Servers, twin_servers
 
 
 @pytest.fixture
@@ -36,6 +39,16 @@ def any_session(db_url: str) -> Iterator[Session]:
     session.rollback()
     session.close()
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def servers(
+    pg_admin: Engine, pg_template: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Servers]:
+    """The event-loop server and the portable one, each on its own database, for the module
+    (tests/server/leases/twins.py; a test empties them first)."""
+    with twin_servers(pg_admin, pg_template, tmp_path_factory.mktemp("twins")) as made:
+        yield made
 
 
 @pytest.fixture(params=ALL_PATHS)

@@ -22,104 +22,29 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
-from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text, update
+from sqlalchemy import update
 
 from protocol import layout
 from server.config import SecuritySettings
 from server.db_types import db_now, db_now_plus
-from server.leases import expiry
 from server.leases.paths import EVENT_LOOP, PORTABLE
 from server.models import Lease, Run, Token, Worker
-from server.models.base import Base
-from server.tokens import service as tokens
-from tests.conftest import cloned_database, make_settings
-from tests.server.leases.helpers import batch_manifest, make_run, make_worker
-from tests.server.leases.rows import id_labels, normalised_answer, normalised_rows, table_rows
+from tests.server.leases.helpers import batch_manifest
+from tests.server.leases.twins import BASE, Outcome, Sent, Servers, Side, bearer, empty, send
 
 pytestmark = pytest.mark.postgres
 
-BASE = "/api/v1/leases"
 DATA = b"the batch bytes, the same on both servers"
 FENCED_CALLS = ("heartbeat", "upload", "complete", "release")
 MAX_BLOB_BYTES = SecuritySettings().max_blob_bytes
 
 
-# -- one server, arranged ----------------------------------------------------------------------
-
-
-@dataclass
-class Side:
-    """One server on its own database. Both sides get the same arrangement, with the same run
-    and worker ids (derived from `namespace`), so that what they answer and write compares."""
-
-    app: FastAPI
-    client: TestClient
-    namespace: uuid.UUID
-
-    def fixed_id(self, name: str) -> uuid.UUID:
-        return uuid.uuid5(self.namespace, name)
-
-    def run(self, *, status: str = "running", **config: Any) -> uuid.UUID:
-        run_id = self.fixed_id("run")
-        with self.app.state.sessionmaker() as db:
-            make_run(db, status=status, run_id=run_id, name="run", **{"n_rows": 6, **config})
-            db.commit()
-        return run_id
-
-    def worker(self, name: str = "worker", **kw: Any) -> str:
-        with self.app.state.sessionmaker() as db:
-            _, token = make_worker(db, name=name, worker_id=self.fixed_id(name), **kw)
-            db.commit()
-        return token
-
-    def token(self, kind: str, scope_id: uuid.UUID | None = None) -> str:
-        with self.app.state.sessionmaker() as db:
-            plaintext = tokens.mint(db, kind, name=kind, scope_id=scope_id).plaintext
-            db.commit()
-        return plaintext
-
-    def execute(self, statement: Any) -> None:
-        with self.app.state.sessionmaker() as db:
-            db.execute(statement)
-            db.commit()
-
-    def sweep(self) -> None:
-        with self.app.state.sessionmaker() as db:
-            assert expiry.sweep_expired(db) == 1
-            db.commit()
-
-    def post(self, path: str, body: dict[str, Any], token: str) -> Any:
-        return self.client.post(path, json=body, headers=bearer(token))
-
-    def acquire(self, token: str) -> dict[str, Any]:
-        answer = self.post(f"{BASE}/acquire", {}, token)
-        assert answer.status_code == 200, answer.text
-        return dict(answer.json())
-
-    def call(self, call: str, lease: dict[str, Any], token: str, **body: Any) -> Any:
-        body = {"fencing": lease["fencing"], **body}
-        return self.post(f"{BASE}/{lease['lease_id']}/{call}", body, token)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-@dataclass(frozen=True)
-class Sent:
-    """The request a row sends once arranged."""
-
-    path: str
-    body: dict[str, Any]
-    headers: dict[str, str]
+# -- arrangements: a held lease ----------------------------------------------------------------
 
 
 Arrange = Callable[[Side], Sent]
@@ -554,61 +479,9 @@ TABLE = _table()
 # -- the test ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def servers(
-    pg_admin: Engine, pg_template: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, tuple[FastAPI, TestClient]]]:
-    """The event-loop server and the portable one, each on its own database for the module
-    (emptied before each row)."""
-    from server.app import create_app
-
-    made: dict[str, tuple[FastAPI, TestClient]] = {}
-    with ExitStack() as stack:
-        for path in (EVENT_LOOP, PORTABLE):
-            url = stack.enter_context(cloned_database(pg_admin, pg_template))
-            settings = make_settings(
-                url, tmp_path_factory.mktemp(path), worker_calls_on_event_loop=path == EVENT_LOOP
-            )
-            app = create_app(settings, migrate=True)
-            stack.callback(app.state.engine.dispose)
-            made[path] = (app, stack.enter_context(TestClient(app)))
-        yield made
-
-
-@dataclass
-class Outcome:
-    status: int
-    body: Any
-    paths: Counter[tuple[str, str]]
-    rows: dict[str, list[Any]]
-    changed: bool
-
-
-def _empty(engine: Engine) -> None:
-    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-
-
 def _outcome(side: Side, refusal: Refusal) -> Outcome:
-    _empty(side.app.state.engine)
-    sent = refusal.arrange(side)
-    with side.app.state.sessionmaker() as db:
-        before = table_rows(db)
-    counted_before = Counter(side.app.state.call_paths)
-    answer = side.client.post(sent.path, json=sent.body, headers=sent.headers)
-    paths = Counter(side.app.state.call_paths)
-    paths.subtract(counted_before)
-    with side.app.state.sessionmaker() as db:
-        after = table_rows(db)
-    body = answer.json() if answer.content else None
-    return Outcome(
-        status=answer.status_code,
-        body=normalised_answer(body, id_labels(after)),
-        paths=+paths,
-        rows=normalised_rows(after, before),
-        changed=after != before,
-    )
+    empty(side.app)
+    return send(side, refusal.arrange(side))
 
 
 def _has(body: Any, fields: dict[str, Any] | None) -> bool:
@@ -627,7 +500,7 @@ def _counted(refusal: Refusal, path: str | None) -> Counter[tuple[str, str]]:
 
 @pytest.mark.parametrize("refusal", [pytest.param(r, id=r.name) for r in TABLE])
 def test_the_event_loop_server_refuses_as_the_portable_one(
-    servers: dict[str, tuple[FastAPI, TestClient]], refusal: Refusal
+    servers: Servers, refusal: Refusal
 ) -> None:
     namespace = uuid.uuid4()  # the run's and workers' ids, the same on both servers
     outcome = {
