@@ -61,6 +61,21 @@ def cloned_database(pg_admin: Engine, pg_template: str) -> Iterator[str]:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+def empty_database(engine: Engine) -> None:
+    """Every table of the app emptied and every id sequence restarted: as freshly migrated, for
+    a tenth of a clone's cost (the template holds no rows; DELETE is cheaper than TRUNCATE on
+    tables this small)."""
+    import server.models  # noqa: F401 - every table on Base.metadata
+    from server.models.base import Base
+
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+        sequences = conn.execute(text("SELECT schemaname, sequencename FROM pg_sequences")).all()
+        for schema, sequence in sequences:
+            conn.execute(text(f'ALTER SEQUENCE "{schema}"."{sequence}" RESTART'))
+
+
 @pytest.fixture
 def pg_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
     """A fresh migrated Postgres database for this test."""

@@ -15,13 +15,12 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from server.leases import expiry
 from server.leases.paths import EVENT_LOOP, PORTABLE
-from server.models.base import Base
 from server.tokens import service as tokens
-from tests.conftest import cloned_database, make_settings
+from tests.conftest import cloned_database, empty_database, make_settings
 from tests.server.leases.helpers import make_run, make_worker
 from tests.server.leases.rows import id_labels, normalised_answer, normalised_rows, table_rows
 
@@ -48,10 +47,8 @@ def twin_servers(pg_admin: Engine, pg_template: str, bucket_root: Path) -> Itera
 
 
 def empty(app: FastAPI) -> None:
-    """Every table emptied, its id sequences restarted: as freshly migrated."""
-    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-    with app.state.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    """The server's database as freshly migrated."""
+    empty_database(app.state.engine)
 
 
 def bearer(token: str) -> dict[str, str]:
