@@ -58,10 +58,6 @@ class LeasePath:
         return settings
 
 
-def on_event_loop_count(call_paths: Mapping[tuple[str, str], int]) -> int:
-    return sum(n for (_, path), n in call_paths.items() if path == EVENT_LOOP)
-
-
 class Answered:
     """Which path answered an app's worker calls (app.state.call_paths, counted by
     server/leases/paths.py), against what the test's lease path promises."""
@@ -93,7 +89,7 @@ class Answered:
         (the parameter did not quietly run everything on the portable path); on the other two,
         none was."""
         answered = sum(self._call_paths.values())
-        on_event_loop = on_event_loop_count(self._call_paths)
+        on_event_loop = sum(n for (_, path), n in self._call_paths.items() if path == EVENT_LOOP)
         if self._lease_path.on_event_loop:
             assert on_event_loop > 0 or answered == 0, dict(self._call_paths)
         else:
