@@ -77,11 +77,12 @@ def _on_lease(call: str, lease: dict[str, Any], headers: dict[str, str], **body:
 
 @dataclass(frozen=True)
 class Answer:
-    """The status; fields the body must have (None: no body); the path the event-loop server
-    answers on (see the module docstring); whether every row must stay as it was."""
+    """The status; fields the JSON body must have (or the whole text of another body; None: no
+    body); the path the event-loop server answers on (see the module docstring); whether every
+    row must stay as it was."""
 
     status: int
-    fields: dict[str, Any] | None
+    fields: dict[str, Any] | str | None
     on_event_loop: str | None = PORTABLE
     changes_nothing: bool = True
 
@@ -292,6 +293,12 @@ def _with_an_expired_lease(side: Side) -> str:
     return token
 
 
+def _with_a_version_without_its_adapter(side: Side) -> str:
+    side.run()
+    side.execute(update(Run).values(current_version=1))  # no adapter_versions row for it
+    return side.worker()
+
+
 def _heartbeat(change: Callable[[Side], None], *, fencing_lost: bool = False) -> Arrange:
     """A held lease, then `change` (to the run or the lease) before it beats."""
 
@@ -386,6 +393,7 @@ class Refusal:
     name: str  # starts with the call
     arrange: Arrange
     expected: Answer
+    marks: tuple[pytest.MarkDecorator, ...] = ()
 
     @property
     def call(self) -> str:
@@ -459,6 +467,29 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
 ]  # fmt: skip
 
 
+# Where the event-loop path does not yet do what the portable one does: fixing it is outside
+# the path choice, in the grant statement (server/leases/repository.py).
+KNOWN_DIFFERENCES = [
+    Refusal(
+        "acquire-version-without-its-adapter-row",
+        _acquire_after(_with_a_version_without_its_adapter),
+        Answer(500, "Internal Server Error", EVENT_LOOP),
+        marks=(
+            pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="A run at a version with no adapter_versions row (a broken database: "
+                "versions are published with their row) cannot be leased: both paths answer "
+                "500 (service.lease_response). The portable path rolls the grant back; the "
+                "event-loop grant is one autocommitted statement, so its lease (active, rows "
+                "leased, groups in flight) stays until it expires, and every retry leaks "
+                "another until the rows are dropped after max_attempts.",
+            ),
+        ),
+    ),
+]
+
+
 def _table() -> list[Refusal]:
     rows = [
         Refusal(f"{call}-{name}", _credentials(call, credentials), _counted_as(call, answer))
@@ -470,7 +501,7 @@ def _table() -> list[Refusal]:
         for call in FENCED_CALLS
         for name, (condition, answer) in LEASE_CONDITIONS.items()
     ]
-    return rows + [Refusal(*row) for row in CALL_SPECIFIC]
+    return rows + [Refusal(*row) for row in CALL_SPECIFIC] + KNOWN_DIFFERENCES
 
 
 TABLE = _table()
@@ -484,9 +515,9 @@ def _outcome(side: Side, refusal: Refusal) -> Outcome:
     return send(side, refusal.arrange(side))
 
 
-def _has(body: Any, fields: dict[str, Any] | None) -> bool:
-    if fields is None:
-        return body is None
+def _has(body: Any, fields: dict[str, Any] | str | None) -> bool:
+    if not isinstance(fields, dict):
+        return body == fields
     return isinstance(body, dict) and all(body.get(k) == v for k, v in fields.items())
 
 
@@ -498,7 +529,7 @@ def _counted(refusal: Refusal, path: str | None) -> Counter[tuple[str, str]]:
     return Counter({(refusal.call, path): 1})
 
 
-@pytest.mark.parametrize("refusal", [pytest.param(r, id=r.name) for r in TABLE])
+@pytest.mark.parametrize("refusal", [pytest.param(r, id=r.name, marks=r.marks) for r in TABLE])
 def test_the_event_loop_server_refuses_as_the_portable_one(
     servers: Servers, refusal: Refusal
 ) -> None:

@@ -1,7 +1,8 @@
 """Two servers, each on its own Postgres database: one answering the worker calls' common case
 on the event loop, one with `worker_calls_on_event_loop` off (portable). The same arrangement on
 both (`Side`, with the same run and worker ids), then the same request: what each answered, on
-which path, and the rows before and after, made comparable (tests/server/leases/rows.py)."""
+which path, and the rows before and after, made comparable (tests/server/leases/rows.py).
+Their clients see a server error as a client would (a 500 answer), so that it compares too."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def twin_servers(pg_admin: Engine, pg_template: str, bucket_root: Path) -> Itera
             )
             app = create_app(settings, migrate=True)
             stack.callback(app.state.engine.dispose)
-            made[path] = (app, stack.enter_context(TestClient(app)))
+            client = TestClient(app, raise_server_exceptions=False)
+            made[path] = (app, stack.enter_context(client))
         yield made
 
 
@@ -120,9 +122,9 @@ class Sent:
 
 @dataclass
 class Outcome:
-    """What one request did: its status, its JSON answer as sent (`raw`) and made comparable
-    (`body`), the answers it added to call_paths, the rows after it made comparable, and
-    whether any row changed."""
+    """What one request did: its status, its answer as sent (`raw`: the JSON, the text of any
+    other body, None for none) and made comparable (`body`), the answers it added to
+    call_paths, the rows after it made comparable, and whether any row changed."""
 
     status: int
     raw: Any
@@ -141,7 +143,7 @@ def send(side: Side, sent: Sent) -> Outcome:
     paths.subtract(counted_before)
     with side.app.state.sessionmaker() as db:
         after = table_rows(db)
-    raw = answer.json() if answer.content else None
+    raw = _content(answer)
     return Outcome(
         status=answer.status_code,
         raw=raw,
@@ -150,3 +152,11 @@ def send(side: Side, sent: Sent) -> Outcome:
         rows=normalised_rows(after, before),
         changed=after != before,
     )
+
+
+def _content(answer: Any) -> Any:
+    if not answer.content:
+        return None
+    if answer.headers.get("content-type") == "application/json":
+        return answer.json()
+    return answer.text
