@@ -16,7 +16,7 @@ from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
-from server.leases.fast_service import CallPaths
+from server.leases.paths import CallPaths
 from server.limits import BodySizeLimit
 from server.storage_factory import make_store
 

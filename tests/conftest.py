@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,15 +48,39 @@ def pg_template(pg_admin: Engine) -> Iterator[str]:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-@pytest.fixture
-def pg_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
-    """A fresh migrated Postgres database for this test."""
+@contextmanager
+def cloned_database(pg_admin: Engine, pg_template: str) -> Iterator[str]:
+    """A fresh migrated Postgres database (a clone of the template), dropped on leaving."""
     name = f"agr_t_{uuid.uuid4().hex[:12]}"
     with pg_admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
-    yield _pg_url(name)
-    with pg_admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    try:
+        yield _pg_url(name)
+    finally:
+        with pg_admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def empty_database(engine: Engine) -> None:
+    """Every table of the app emptied and every id sequence restarted: as freshly migrated, for
+    a tenth of a clone's cost (the template holds no rows; DELETE is cheaper than TRUNCATE on
+    tables this small)."""
+    import server.models  # noqa: F401 - every table on Base.metadata
+    from server.models.base import Base
+
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+        sequences = conn.execute(text("SELECT schemaname, sequencename FROM pg_sequences")).all()
+        for schema, sequence in sequences:
+            conn.execute(text(f'ALTER SEQUENCE "{schema}"."{sequence}" RESTART'))
+
+
+@pytest.fixture
+def pg_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
+    """A fresh migrated Postgres database for this test."""
+    with cloned_database(pg_admin, pg_template) as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ autocommitted statement (fast_repository.py): heartbeat, upload and complete are
 trip each, acquire two, and no request thread is involved (bench/leases.py: the thread hops,
 the ORM and the BEGIN/COMMIT round trips were most of a lease cycle's cost).
 
-Anything else raises `Fallback` with nothing changed, and the call is answered by the portable
-path (service.py), which stays the reference for every rule and every refusal: a bad or
+Anything else raises `Fallback` with nothing changed, and paths.py hands the call to the
+portable path (service.py), which stays the reference for every rule and every refusal: a bad or
 revoked token, another worker's lease, a lost fencing token, a heartbeat that must abort, an
 oversized upload, a batch to reject, expired leases to sweep, a quarantined worker, a run whose
 config this process has not parsed yet.
@@ -15,7 +15,7 @@ config this process has not parsed yet.
 from __future__ import annotations
 
 import uuid
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 
 from anyio import to_thread
 from psycopg_pool import AsyncConnectionPool
@@ -40,10 +40,6 @@ from server.runs import service as runs
 
 class Fallback(Exception):
     """Not the common case: answer the call on the portable path."""
-
-
-class CallPaths(Counter[tuple[str, str]]):
-    """How many worker calls each path answered, by (call, path): exported on /metrics."""
 
 
 class LeaseRuns:

@@ -1,7 +1,8 @@
 """Test helpers: a run with its dataset and prompt rows, and registered workers.
 
 Runs are inserted the way server/runs/service.py create_run does (status, base_model, priority,
-config dump, DatasetRow rows, PromptRow rows for every epoch with queue_pos = epoch*N + i).
+config dump, DatasetRow rows, PromptRow rows for every epoch with queue_pos = epoch*N + i), and
+their config is parsed into this process's cache, as create_run leaves it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
 from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
+from server.runs import service as runs
 from server.tokens import service as tokens
 
 MODEL = "tiny-model"
@@ -43,10 +45,16 @@ def run_config(n_rows: int = 10, **overrides: Any) -> RunConfig:
 
 
 def make_run(
-    session: Session, config: RunConfig | None = None, *, status: str = "running", **kw: Any
+    session: Session,
+    config: RunConfig | None = None,
+    *,
+    status: str = "running",
+    run_id: uuid.UUID | None = None,
+    **kw: Any,
 ) -> Run:
     config = config or run_config(**kw)
     run = Run(
+        id=run_id or uuid.uuid4(),
         name=config.name,
         status=status,
         config=config.model_dump(mode="json"),
@@ -80,13 +88,24 @@ def make_run(
         for i, d in enumerate(dataset_rows)
     )
     session.flush()
+    runs.get_config(run)
     return run
 
 
 def make_worker(
-    session: Session, *, models: list[str] | None = None, status: str = "active", name: str = "w"
+    session: Session,
+    *,
+    models: list[str] | None = None,
+    status: str = "active",
+    name: str = "w",
+    worker_id: uuid.UUID | None = None,
 ) -> tuple[Worker, str]:
-    worker = Worker(name=name, models=models if models is not None else [MODEL], status=status)
+    worker = Worker(
+        id=worker_id or uuid.uuid4(),
+        name=name,
+        models=models if models is not None else [MODEL],
+        status=status,
+    )
     session.add(worker)
     session.flush()
     minted = tokens.mint(session, "worker", name=name, scope_id=worker.id)

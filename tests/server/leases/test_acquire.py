@@ -16,6 +16,7 @@ from server.leases.service import lease_seed
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.tokens import service as tokens
 from tests.server.leases.helpers import in_flight, make_run, make_worker
+from tests.server.leases.lease_paths import Answered
 
 ACQUIRE = "/api/v1/leases/acquire"
 
@@ -25,7 +26,7 @@ def _h(token: str) -> dict[str, str]:
 
 
 def test_lease_carries_front_rows_and_never_reference_columns(
-    lease_client: TestClient, db: Session
+    lease_client: TestClient, db: Session, answered: Answered
 ) -> None:
     run = make_run(db, n_rows=5, seed=7)
     worker, token = make_worker(db)
@@ -63,6 +64,7 @@ def test_lease_carries_front_rows_and_never_reference_columns(
     assert run.last_lease_at is not None
     db.refresh(worker)
     assert worker.last_seen_at is not None
+    answered.expect(on_event_loop={"acquire": 1})
 
 
 def test_lease_of_a_published_version_has_a_download_url(
@@ -101,7 +103,7 @@ def test_runs_that_are_not_running_hand_out_nothing(
 
 
 def test_quarantined_worker_and_unserved_models_get_nothing(
-    lease_client: TestClient, db: Session
+    lease_client: TestClient, db: Session, answered: Answered
 ) -> None:
     make_run(db)
     _, quarantined = make_worker(db, status="quarantined")
@@ -113,10 +115,12 @@ def test_quarantined_worker_and_unserved_models_get_nothing(
     narrowed = lease_client.post(ACQUIRE, json={"models": ["x"]}, headers=_h(serving))
     assert narrowed.status_code == 204
     assert lease_client.post(ACQUIRE, json={}, headers=_h(serving)).status_code == 200
+    # Only the quarantined worker is not the common case.
+    answered.expect(on_event_loop={"acquire": 3}, handed_over={"acquire": 1})
 
 
 def test_other_tokens_are_refused_and_unknown_fields_are_422(
-    lease_client: TestClient, db: Session
+    lease_client: TestClient, db: Session, answered: Answered
 ) -> None:
     run = make_run(db)
     _, token = make_worker(db)
@@ -133,6 +137,9 @@ def test_other_tokens_are_refused_and_unknown_fields_are_422(
     assert lease_client.post(path, json={"fencing": 1}, headers=_h(learner)).status_code == 403
     extra = lease_client.post(path, json={"fencing": 1, "x": 2}, headers=_h(token))
     assert extra.status_code == 422
+    # Another kind of token is refused by the portable path; no token at all before any query;
+    # a body with unknown fields before the endpoint (not counted).
+    answered.expect(on_event_loop={"acquire": 2}, handed_over={"acquire": 2, "heartbeat": 1})
 
 
 def test_priority_first_then_round_robin(lease_client: TestClient, db: Session) -> None:
@@ -150,7 +157,9 @@ def test_priority_first_then_round_robin(lease_client: TestClient, db: Session) 
     assert all(a != b for a, b in zip(rest, rest[1:], strict=False))  # alternating
 
 
-def test_admission_bound_answers_204(lease_client: TestClient, db: Session) -> None:
+def test_admission_bound_answers_204(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
     run = make_run(db, n_rows=20)  # bound (1 + 1) × 1 × 4 = 8 groups, 2 per lease
     _, token = make_worker(db)
     db.commit()
@@ -158,6 +167,7 @@ def test_admission_bound_answers_204(lease_client: TestClient, db: Session) -> N
     assert codes == [200, 200, 200, 200, 204, 204]
     db.refresh(run)
     assert run.groups_in_flight == in_flight(db, run.id) == 8
+    answered.expect(on_event_loop={"acquire": 6})  # the bound's 204 is the common case too
 
 
 def test_partial_last_lease_then_nothing(lease_client: TestClient, db: Session) -> None:

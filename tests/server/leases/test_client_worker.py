@@ -13,7 +13,6 @@ from protocol.schemas import BatchManifest
 from tests.server.leases.helpers import make_run, make_worker
 
 
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_worker_cycle_through_the_typed_client(
     lease_client: TestClient,
     lease_app,

@@ -14,22 +14,24 @@ import pytest
 from sqlalchemy import select
 
 from server.models import Lease, PromptRow, Run
-from tests.conftest import make_settings
 from tests.live_server import serve_in_thread
 from tests.server.leases.helpers import in_flight, make_run, make_worker
+from tests.server.leases.lease_paths import SQLITE, Answered, LeasePath
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
-def live(db_url: str, tmp_path: Path) -> Iterator[tuple[str, Any, int]]:
-    """The app served by uvicorn on 127.0.0.1 in a thread; yields (base_url, app, threads):
-    50 client threads on Postgres, 8 on SQLite (one writer at a time, by design)."""
+def live(lease_path: LeasePath, tmp_path: Path) -> Iterator[tuple[str, Any, int]]:
+    """The app on the test's lease path served by uvicorn on 127.0.0.1 in a thread; yields
+    (base_url, app, threads): 50 client threads on Postgres, 8 on SQLite (one writer at a time,
+    by design)."""
     from server.app import create_app
 
-    app = create_app(make_settings(db_url, tmp_path / "bucket"), migrate=True)
+    app = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
     with serve_in_thread(app) as base:
-        yield base, app, 50 if db_url.startswith("postgresql") else 8
+        yield base, app, 8 if lease_path.name == SQLITE else 50
+    Answered(app.state.call_paths, lease_path).check_the_path_held()
 
 
 def _acquire_all(base: str, tokens: list[str], calls: int, threads: int) -> list[httpx.Response]:
@@ -81,7 +83,9 @@ def test_500_concurrent_acquires_never_share_a_row(live: tuple[str, Any, int]) -
         assert db.get(Run, run_id).groups_in_flight == in_flight(db, run_id)  # type: ignore[union-attr]
 
 
-def test_100_concurrent_acquires_race_for_the_last_slots(live: tuple[str, Any, int]) -> None:
+def test_100_concurrent_acquires_race_for_the_last_slots(
+    live: tuple[str, Any, int], lease_path: LeasePath
+) -> None:
     base, app, threads = live
     with app.state.sessionmaker() as db:
         run = make_run(db, n_rows=40)  # bound 8 groups, 2 per lease
@@ -102,3 +106,4 @@ def test_100_concurrent_acquires_race_for_the_last_slots(live: tuple[str, Any, i
             )
         ).scalars()
         assert len(set(leased)) == 4
+    Answered(app.state.call_paths, lease_path).expect(on_event_loop={"acquire": 102})

@@ -20,6 +20,7 @@ from tests.server.leases.helpers import (
     make_worker,
     snapshot,
 )
+from tests.server.leases.lease_paths import Answered
 
 BASE = "/api/v1/leases"
 
@@ -72,7 +73,9 @@ def _expire(db: Session, lease_id: str) -> None:
     db.commit()
 
 
-def test_heartbeat_extends_by_the_runs_ttl(lease_client: TestClient, db: Session) -> None:
+def test_heartbeat_extends_by_the_runs_ttl(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
     make_run(db, n_rows=4, lease_ttl_s=300.0, heartbeat_interval_s=5.0)
     _, token = make_worker(db)
     db.commit()
@@ -91,10 +94,11 @@ def test_heartbeat_extends_by_the_runs_ttl(lease_client: TestClient, db: Session
     assert row is not None and row.last_heartbeat_at is not None
     remaining = (row.expires_at - db.execute(select(db_now())).scalar_one()).total_seconds()
     assert 290 < remaining <= 300
+    answered.expect(on_event_loop={"acquire": 1, "heartbeat": 1})
 
 
 def test_stale_heartbeat_aborts_and_requeues_at_the_front(
-    lease_client: TestClient, db: Session
+    lease_client: TestClient, db: Session, answered: Answered
 ) -> None:
     run = make_run(db, n_rows=6, max_staleness=1)
     _, token = make_worker(db)
@@ -117,6 +121,8 @@ def test_stale_heartbeat_aborts_and_requeues_at_the_front(
     assert run.groups_in_flight == in_flight(db, run.id) == 0
     db.commit()
     assert _call(lease_client, token, lease, "heartbeat").status_code == 409
+    # The abort and the 409 are the portable path's.
+    answered.expect(on_event_loop={"acquire": 1, "heartbeat": 1}, handed_over={"heartbeat": 2})
 
 
 def test_paused_run_aborts_without_counting_an_attempt(
@@ -156,7 +162,9 @@ def test_another_workers_lease_is_404_and_changes_nothing(
     assert snapshot(db, run.id) == before
 
 
-def test_upload_then_complete_accepts(lease_client: TestClient, lease_app, db: Session) -> None:  # type: ignore[no-untyped-def]
+def test_upload_then_complete_accepts(  # type: ignore[no-untyped-def]
+    lease_client: TestClient, lease_app, db: Session, answered: Answered
+) -> None:
     run = make_run(db, n_rows=4)
     worker, token = make_worker(db)
     db.commit()
@@ -185,6 +193,9 @@ def test_upload_then_complete_accepts(lease_client: TestClient, lease_app, db: S
     db.commit()
     again = _call(lease_client, token, lease, "complete", manifest=batch_manifest(lease, data))
     assert again.status_code == 409
+    answered.expect(
+        on_event_loop={"acquire": 1, "upload": 1, "complete": 1}, handed_over={"complete": 1}
+    )
 
 
 def _rejected(
@@ -205,8 +216,9 @@ def _rejected(
 
 def test_complete_without_the_object_is_rejected_and_requeued(
     lease_client: TestClient,
-    lease_app,
-    db: Session,  # type: ignore[no-untyped-def]
+    lease_app,  # type: ignore[no-untyped-def]
+    db: Session,
+    answered: Answered,
 ) -> None:
     answer, ids, run = _rejected(lease_client, lease_app, db, put=None)
     assert (answer["state"], answer["reject_reason"]) == ("rejected", "missing_object")
@@ -214,6 +226,7 @@ def test_complete_without_the_object_is_rejected_and_requeued(
     assert _row_states(db, ids) == [("queued", 1), ("queued", 1)]
     db.refresh(run)
     assert run.groups_in_flight == 0
+    answered.expect(on_event_loop={"acquire": 1}, handed_over={"complete": 1})
 
 
 def test_complete_with_a_wrong_size_or_count_is_rejected(
@@ -243,7 +256,9 @@ def test_complete_naming_another_key_is_422_and_changes_nothing(
     assert snapshot(db, run.id) == before
 
 
-def test_release_puts_rows_back_without_an_attempt(lease_client: TestClient, db: Session) -> None:
+def test_release_puts_rows_back_without_an_attempt(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
     run = make_run(db, n_rows=6)
     _, token = make_worker(db)
     db.commit()
@@ -256,12 +271,14 @@ def test_release_puts_rows_back_without_an_attempt(lease_client: TestClient, db:
     assert _call(lease_client, token, lease, "release").status_code == 409
     again = _acquire(lease_client, token)
     assert [p["prompt_row_id"] for p in again["prompts"]] == ids
+    answered.expect(on_event_loop={"acquire": 2})  # release is always portable, not counted
 
 
 def test_expired_and_reissued_lease_fences_out_the_old_holder(
     lease_client: TestClient,
-    lease_app,
-    db: Session,  # type: ignore[no-untyped-def]
+    lease_app,  # type: ignore[no-untyped-def]
+    db: Session,
+    answered: Answered,
 ) -> None:
     run = make_run(db, n_rows=6)
     _, old_token = make_worker(db, name="old")
@@ -292,6 +309,11 @@ def test_expired_and_reissued_lease_fences_out_the_old_holder(
     assert done.json()["state"] == "accepted"
     ids = [p["prompt_row_id"] for p in new["prompts"]]
     assert _row_states(db, ids) == [("accepted", 1), ("accepted", 1)]
+    answered.expect(
+        # The second acquire sweeps the expired lease; the old holder's calls are all refused.
+        on_event_loop={"acquire": 1, "heartbeat": 1, "complete": 1},
+        handed_over={"acquire": 1, "heartbeat": 1, "upload": 1, "complete": 1},
+    )
 
 
 def test_rows_are_dropped_after_max_attempts(lease_client: TestClient, db: Session) -> None:

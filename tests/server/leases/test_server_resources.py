@@ -12,9 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import make_settings
 from tests.live_server import serve_in_thread
 from tests.server.leases.helpers import make_run, make_worker
+from tests.server.leases.lease_paths import (
+    PG_EVENT_LOOP,
+    POSTGRES_PATHS,
+    Answered,
+    LeasePath,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,13 +28,18 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+# Each poll waits out its 10 s: on the event-loop path only (the long-poll's wait is the same
+# code on every path: server/leases/router.py).
+@pytest.mark.parametrize(
+    "lease_path", [pytest.param(PG_EVENT_LOOP, marks=pytest.mark.postgres)], indirect=True
+)
 def test_idle_long_polls_leave_the_only_thread_free(
-    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lease_path: LeasePath, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from server.app import create_app
     from server.leases import fast_service, service
 
-    settings = make_settings(pg_url, tmp_path / "bucket", server_threads=1, lease_long_poll_s=10)
+    settings = lease_path.settings(tmp_path / "bucket", server_threads=1, lease_long_poll_s=10)
     app = create_app(settings, migrate=True)
     with app.state.sessionmaker() as db:
         _, token = make_worker(db)  # no run: every acquire waits out its long-poll
@@ -69,11 +79,12 @@ def test_idle_long_polls_leave_the_only_thread_free(
             assert client.get("/healthz").status_code == 200
             assert not any(p.done() for p in polls)
             assert [p.result().status_code for p in polls] == [204, 204, 204]
+    Answered(app.state.call_paths, lease_path).expect(on_event_loop={"acquire": len(tries)})
 
 
-@pytest.mark.parametrize("on_event_loop", [False, True], ids=["portable", "event_loop"])
+@pytest.mark.parametrize("lease_path", POSTGRES_PATHS, indirect=True)
 def test_more_requests_than_connections_queue_without_deadlock(
-    pg_url: str, tmp_path: Path, on_event_loop: bool
+    lease_path: LeasePath, tmp_path: Path
 ) -> None:
     """2 connections, 8 threads, 48 concurrent heartbeats. Portable path: each one
     authenticates in one thread-pool hop and runs in another; an auth transaction kept open
@@ -82,14 +93,12 @@ def test_more_requests_than_connections_queue_without_deadlock(
     path: the 48 queue for the async pool's 2 connections."""
     from server.app import create_app
 
-    settings = make_settings(
-        pg_url,
+    settings = lease_path.settings(
         tmp_path / "bucket",
         server_threads=8,
         database_pool_size=2,
         database_max_overflow=0,
         database_async_pool_size=2,
-        worker_calls_on_event_loop=on_event_loop,
     )
     app = create_app(settings, migrate=True)
     with app.state.sessionmaker() as db:
@@ -109,5 +118,4 @@ def test_more_requests_than_connections_queue_without_deadlock(
             with ThreadPoolExecutor(48) as pool:
                 codes = list(pool.map(beat, range(48)))
     assert codes == [200] * 48
-    path = "event_loop" if on_event_loop else "portable"
-    assert app.state.call_paths[("heartbeat", path)] == 48
+    Answered(app.state.call_paths, lease_path).expect(on_event_loop={"acquire": 1, "heartbeat": 48})
