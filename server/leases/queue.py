@@ -226,6 +226,8 @@ WITH picked AS (
     WHERE id = :run_id AND status = 'running'
       AND (SELECT count(*) FROM picked) > 0
       AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
+      AND (current_version = 0 OR EXISTS (SELECT 1 FROM adapter_versions
+                                          WHERE run_id = :run_id AND version = current_version))
     RETURNING fencing_seq, current_version, tokenizer_fingerprint,
               (SELECT count(*) FROM picked) AS n_rows
 ), lease AS (
@@ -337,5 +339,6 @@ def grant_params(
 
 def grant_in_one_statement(session: Session, params: dict[str, Any]) -> Granted | None:
     """Lease up to n queued rows of the run to the worker, or None (no queued row, the run is
-    not running, or the admission bound refuses)."""
+    not running, the admission bound refuses, or the current version has no adapter row to
+    hand out)."""
     return granted_from_rows(list(session.execute(_GRANT, params).all()))

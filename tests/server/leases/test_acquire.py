@@ -191,3 +191,22 @@ def test_long_poll_waits_then_answers_204(lease_app, db: Session) -> None:  # ty
         elapsed = time.monotonic() - start
     assert response.status_code == 204
     assert 0.55 <= elapsed < 3.0  # capped by the server's lease_long_poll_s
+
+
+def test_a_version_without_its_adapter_row_grants_nothing(
+    lease_client: TestClient, db: Session
+) -> None:
+    """A run at a version whose adapter row is missing (a broken database) has nothing a lease
+    could carry: 204 and nothing changed, on every path (it was a 500, and the event-loop grant
+    had already committed its lease)."""
+    run = make_run(db, n_rows=4)
+    _worker, token = make_worker(db)
+    db.execute(update(Run).where(Run.id == run.id).values(current_version=1))
+    db.commit()
+    assert lease_client.post(ACQUIRE, json={}, headers=_h(token)).status_code == 204
+    db.expire_all()
+    assert db.execute(select(Lease.id)).first() is None
+    assert in_flight(db, run.id) == 0
+    assert db.execute(select(Run.groups_in_flight).where(Run.id == run.id)).scalar_one() == 0
+    states = db.execute(select(PromptRow.state).where(PromptRow.run_id == run.id)).scalars()
+    assert set(states) == {"queued"}

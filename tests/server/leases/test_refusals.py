@@ -16,8 +16,7 @@ Which path the event-loop server answers a row on (`on_event_loop`):
 - None: refused before the endpoint (request validation), or release, which has no
   event-loop path: not counted on either server.
 
-Where the event-loop path is known to differ, the row is listed apart (KNOWN_DIFFERENCES) as a
-strict xfail with the reason.
+No difference between the paths is known: a row that finds one fails.
 """
 
 from __future__ import annotations
@@ -470,27 +469,13 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
 ]  # fmt: skip
 
 
-# Where the event-loop path does not yet do what the portable one does: fixing it is outside
-# the path choice, in the grant statement (server/leases/repository.py).
-KNOWN_DIFFERENCES = [
-    Refusal(
-        "acquire-version-without-its-adapter-row",
-        _acquire_after(_with_a_version_without_its_adapter),
-        Answer(500, "Internal Server Error", EVENT_LOOP),
-        marks=(
-            pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="A run at a version with no adapter_versions row (a broken database: "
-                "versions are published with their row) cannot be leased: both paths answer "
-                "500 (service.lease_response). The portable path rolls the grant back; the "
-                "event-loop grant is one autocommitted statement, so its lease (active, rows "
-                "leased, groups in flight) stays until it expires, and every retry leaks "
-                "another until the rows are dropped after max_attempts.",
-            ),
-        ),
-    ),
-]
+# A run at a version with no adapter_versions row (a broken database: versions are published
+# with their row) has nothing a lease could carry: no grant on either path, nothing changed.
+UNPUBLISHED_VERSION = Refusal(
+    "acquire-version-without-its-adapter-row",
+    _acquire_after(_with_a_version_without_its_adapter),
+    NOTHING_TO_GRANT,
+)
 
 
 def _table() -> list[Refusal]:
@@ -504,7 +489,7 @@ def _table() -> list[Refusal]:
         for call in FENCED_CALLS
         for name, (condition, answer) in LEASE_CONDITIONS.items()
     ]
-    return rows + [Refusal(*row) for row in CALL_SPECIFIC] + KNOWN_DIFFERENCES
+    return rows + [Refusal(*row) for row in CALL_SPECIFIC] + [UNPUBLISHED_VERSION]
 
 
 TABLE = _table()
