@@ -7,7 +7,7 @@ import time
 from sqlalchemy import select
 
 from server.db import transaction
-from server.models import Event, RolloutBatch, Worker
+from server.models import Event, RolloutBatch, WebhookDelivery, Worker
 from tests.server.learner.support import (
     accepted_batch,
     attach,
@@ -68,7 +68,8 @@ def test_reject_requeues_rows_and_counts_against_the_worker(app, client) -> None
 
 
 def test_spot_check_above_threshold_quarantines_the_worker(app, client) -> None:
-    run = make_run(app, alarms={"spot_check_mismatch": 0.05})
+    hook = "http://127.0.0.1:9/hook"
+    run = make_run(app, alarms={"spot_check_mismatch": 0.05, "webhook_url": hook})
     fencing = attach(client, run)["fencing"]
     worker_id, _ = make_worker(app)
     batch = accepted_batch(app, run.id, worker_id, version=0)
@@ -101,9 +102,12 @@ def test_spot_check_above_threshold_quarantines_the_worker(app, client) -> None:
         assert worker.spot_checks == 3
         assert abs((worker.spot_check_mismatch or 0) - (0.01 + 0.03 + 0.5) / 3) < 1e-9
         events = list(session.execute(select(Event)).scalars())
+        # Raised like every event (server/events): queued for the run's webhook too.
+        deliveries = session.execute(select(WebhookDelivery.event_id, WebhookDelivery.url)).all()
     assert [(e.kind, e.worker_id, e.run_id) for e in events] == [
         ("worker_quarantined", worker_id, run.id)
     ]
+    assert [tuple(d) for d in deliveries] == [(events[0].id, hook)]
     again = check(0.6)
     assert again["quarantined"] is False and again["worker_status"] == "quarantined"
     other_worker, _ = make_worker(app)
