@@ -25,6 +25,7 @@ from protocol.schemas import (
     HeartbeatResponse,
     Lease,
     LeaseAcquireRequest,
+    ReleaseReason,
     ReleaseRequest,
     ReleaseResponse,
     UploadRequest,
@@ -319,9 +320,11 @@ class AsyncGrpoClient:
         body = CompleteRequest(fencing=lease.fencing, manifest=manifest)
         return self._lease_call(CompleteResponse, lease, "complete", body)
 
-    def release_lease(self, lease: Lease, *, timeout_s: float | None = None) -> ReleaseResponse:
+    def release_lease(
+        self, lease: Lease, *, reason: ReleaseReason | None = None, timeout_s: float | None = None
+    ) -> ReleaseResponse:
         """Prompts back to the front of the queue now (e.g. a spot preemption notice)."""
-        body = ReleaseRequest(fencing=lease.fencing)
+        body = ReleaseRequest(fencing=lease.fencing, reason=reason)
         return self._lease_call(ReleaseResponse, lease, "release", body, timeout_s)
 
     # -- learner calls ---------------------------------------------------------------------------

@@ -148,8 +148,22 @@ class CompleteResponse(BaseModel):
     reject_reason: str | None = Field(None, description="Why it was rejected.")
 
 
+# Why a worker gives a lease back. Only an engine fault counts an attempt on the prompts (a
+# prompt that kills engines every time is dropped after max_attempts); the others are the
+# worker's own business (docs/architecture.md, "Units of work": the queue).
+ReleaseReason = Literal["shutdown", "unservable", "adapter_invalid", "engine_fault"]
+ATTEMPT_COUNTING_RELEASES = frozenset({"engine_fault"})
+
+
 class ReleaseRequest(FencedRequest):
     """Give the prompts back now (e.g. a spot preemption notice)."""
+
+    reason: ReleaseReason | None = Field(
+        None,
+        description="Why: shutdown (preemption), unservable (model or tokenizer not served), "
+        "adapter_invalid, or engine_fault (the engine died generating it: counts an attempt on "
+        "its prompts). Omitted: a plain release.",
+    )
 
 
 class ReleaseResponse(BaseModel):

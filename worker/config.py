@@ -94,6 +94,16 @@ class WorkerSettings(BaseSettings):
         description="On SIGTERM, time allowed to stop generating and release the lease; the "
         "process exits within about this + 1.5 s.",
     )
+    engine_fault_limit: int = Field(
+        3,
+        ge=1,
+        description="The engine may die (vLLM's EngineDeadError, out of memory) this many times "
+        "within engine_fault_window_s before the worker gives up and exits; each death releases "
+        "the lease (reason engine_fault: an attempt counted) and restarts the engine.",
+    )
+    engine_fault_window_s: float = Field(
+        600.0, gt=0, description="The window in which engine_fault_limit deaths end the worker."
+    )
     max_leases: int | None = Field(
         None, ge=1, description="Exit after this many finished leases (tests, demos)."
     )

@@ -9,6 +9,7 @@ the loop.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import random
@@ -26,12 +27,18 @@ import httpx
 from protocol.adapters import AdapterMismatch
 from protocol.batches import BatchFileInfo, BatchMetadata, RolloutSample, write_batch
 from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
-from protocol.schemas import BatchManifest, Lease
+from protocol.schemas import BatchManifest, Lease, ReleaseReason
 from protocol.storage import ObjectExists, PresignedPut, StoreError
 from protocol.transfer import ChecksumMismatch, upload_presigned
 from worker import credentials
 from worker.adapters import AdapterCache
-from worker.backends.base import Backend, Completion, GenerationCancelled, SamplingSpec
+from worker.backends.base import (
+    Backend,
+    Completion,
+    EngineFault,
+    GenerationCancelled,
+    SamplingSpec,
+)
 from worker.config import WorkerSettings
 from worker.heartbeat import Heartbeat
 from worker.prompts import PromptEncoder
@@ -57,6 +64,26 @@ class LeaseLost(Exception):
     """A fenced call answered 409/404, or the heartbeat saw the lease end."""
 
 
+class EngineFailing(SystemExit):
+    """The engine died engine_fault_limit times within engine_fault_window_s: the worker stops
+    (a supervisor, or the spot fleet, may start a fresh one)."""
+
+
+class FaultWindow:
+    """Engine deaths within a sliding window of monotonic time."""
+
+    def __init__(self, limit: int, window_s: float) -> None:
+        self.limit, self.window_s = limit, window_s
+        self.times: collections.deque[float] = collections.deque()
+
+    def record(self, now: float) -> bool:
+        """Count a death now; True when the limit is reached within the window."""
+        self.times.append(now)
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        return len(self.times) >= self.limit
+
+
 @dataclass
 class LeaseRecord:
     lease_id: uuid.UUID
@@ -67,6 +94,7 @@ class LeaseRecord:
     n_samples: int = 0
     n_tokens: int = 0
     generation_seconds: float = 0.0
+    engine_fault: str | None = None  # why the engine died generating this lease
 
 
 class Backoff:
@@ -110,6 +138,7 @@ class WorkerLoop:
         self._cancel = threading.Event()
         self._release_lock = threading.Lock()
         self._released: set[uuid.UUID] = set()
+        self._faults = FaultWindow(settings.engine_fault_limit, settings.engine_fault_window_s)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -219,10 +248,32 @@ class WorkerLoop:
             record = self.process(lease)
             self.history.append(record)
             log.info("lease %s: %s %s", record.lease_id, record.outcome, record.reason or "")
+            if record.engine_fault is not None:
+                self._restart_engine(record.engine_fault)
             if record.outcome == Outcome.released:
                 self._sleep(idle.next_delay())  # a lease we cannot serve: do not spin on it
             else:
                 idle.reset()
+
+    def _restart_engine(self, why: str) -> None:
+        """After an engine death: stop when deaths come too often, else restart it with backoff
+        (a restart that fails is one more death)."""
+        s = self.settings
+        backoff = Backoff(1.0, s.retry_max_s)
+        while True:
+            if self._faults.record(time.monotonic()):
+                raise EngineFailing(
+                    f"the engine died {s.engine_fault_limit} times within "
+                    f"{s.engine_fault_window_s:g} s (last: {why}); the worker stops"
+                )
+            self._sleep(backoff.next_delay())
+            try:
+                self.backend.restart()
+            except EngineFault as exc:
+                why = str(exc)
+                continue
+            log.warning("engine restarted after: %s", why)
+            return
 
     # -- one lease ------------------------------------------------------------------------------
 
@@ -231,7 +282,7 @@ class WorkerLoop:
         record = LeaseRecord(lease.lease_id, lease.run_id, lease.adapter_version, Outcome.lost)
         refusal = self._refusal(lease)
         if refusal is not None:
-            record.outcome, record.reason = self._give_back(lease, refusal), refusal
+            record.outcome, record.reason = self._give_back(lease, "unservable"), refusal
             return record
         self._current, self._cancel = lease, threading.Event()
         if self.stop_event.is_set():
@@ -253,6 +304,11 @@ class WorkerLoop:
             )
             record.outcome = self._give_back(lease, "adapter_invalid")
             record.reason = f"adapter_invalid: {exc}"
+        except EngineFault as exc:
+            log.error("lease %s: the engine died: %s", lease.lease_id, exc)
+            record.outcome = self._give_back(lease, "engine_fault")
+            record.reason = f"engine_fault: {exc}"
+            record.engine_fault = str(exc)
         except (GenerationCancelled, LeaseLost, ConflictError, NotFoundError) as exc:
             record.outcome = Outcome.lost
             record.reason = beat.lost_reason or type(exc).__name__
@@ -273,18 +329,18 @@ class WorkerLoop:
             return "tokenizer fingerprint mismatch"
         return None
 
-    def _give_back(self, lease: Lease, reason: str) -> Outcome:
+    def _give_back(self, lease: Lease, reason: ReleaseReason) -> Outcome:
         log.info("releasing lease %s: %s", lease.lease_id, reason)
-        return Outcome.released if self._release(lease) else Outcome.stopped
+        return Outcome.released if self._release(lease, reason) else Outcome.stopped
 
-    def _release(self, lease: Lease, timeout_s: float | None = None) -> bool:
+    def _release(self, lease: Lease, reason: ReleaseReason, timeout_s: float | None = None) -> bool:
         """Release once (fenced); True when the server took the prompts back."""
         with self._release_lock:
             if lease.lease_id in self._released:
                 return True
             client = self._new_client(self.client.token if self.client else None, max_retries=1)
             try:
-                client.release_lease(lease, timeout_s=timeout_s or 3.0)
+                client.release_lease(lease, reason=reason, timeout_s=timeout_s or 3.0)
             except LOST:
                 return False  # already ended (expired, aborted, completed)
             except (ApiError, httpx.HTTPError) as exc:
@@ -301,7 +357,7 @@ class WorkerLoop:
         if lease is not None:
             self._cancel.set()
             log.info("releasing lease %s: %s", lease.lease_id, reason)
-            self._release(lease, timeout_s=timeout_s or self.settings.shutdown_grace_s)
+            self._release(lease, "shutdown", timeout_s=timeout_s or self.settings.shutdown_grace_s)
 
     def _produce(self, lease: Lease, record: LeaseRecord) -> None:
         started = time.monotonic()

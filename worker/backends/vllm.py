@@ -14,17 +14,24 @@ and go in as `TokensPrompt`, so vLLM never re-templates them. Each (run, version
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lm.models import load_tokenizer, resolve_model
-from worker.backends.base import Backend, Completion, GenerationCancelled, SamplingSpec
+from worker.backends.base import (
+    Backend,
+    Completion,
+    EngineFault,
+    GenerationCancelled,
+    SamplingSpec,
+)
 from worker.config import VllmSettings
 
 if TYPE_CHECKING:
@@ -34,6 +41,17 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CPU_BATCHED_TOKENS = 2048  # vLLM's own CPU default
+
+
+@contextlib.contextmanager
+def _engine_faults() -> Iterator[None]:
+    """vLLM's engine death (its core process gone or failed) as the backend's EngineFault."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        yield
+    except EngineDeadError as exc:
+        raise EngineFault(f"vLLM engine died: {exc}") from exc
 
 
 def _platform_args(max_model_len: int) -> dict[str, Any]:
@@ -68,6 +86,7 @@ class VllmBackend(Backend):
         self._thread.start()
         self._lora_ids = itertools.count(1)
         self._loras: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._dtype = dtype
         self.engine: Any = self._call(self._start(dtype))
 
     @property
@@ -177,15 +196,25 @@ class VllmBackend(Backend):
         future: Future[list[Any]] = asyncio.run_coroutine_threadsafe(
             self._generate(request_ids, prompts, group_size, sampling, adapter), self._loop
         )
-        while True:
-            if cancel.wait(0.05):
-                self._call(self.engine.abort(request_ids))
-                future.cancel()
-                raise GenerationCancelled()
-            if future.done():
-                break
-        outputs = future.result()
+        with _engine_faults():
+            while True:
+                if cancel.wait(0.05):
+                    self._call(self.engine.abort(request_ids))
+                    future.cancel()
+                    raise GenerationCancelled()
+                if future.done():
+                    break
+            outputs = future.result()
         return [c for p, out in enumerate(outputs) for c in self._completions(p, out)]
+
+    def restart(self) -> None:
+        """A fresh AsyncLLM in place of a dead one; its adapters are loaded again on use."""
+        old, self.engine = self.engine, None
+        if old is not None:
+            with contextlib.suppress(Exception):  # a dead engine may fail to shut down
+                old.shutdown()
+        self._loras.clear()
+        self.engine = self._call(self._start(self._dtype))
 
     @staticmethod
     def _completions(prompt_index: int, output: Any) -> list[Completion]:

@@ -274,6 +274,57 @@ def test_release_puts_rows_back_without_an_attempt(
     answered.expect(on_event_loop={"acquire": 2})  # release is always portable, not counted
 
 
+def test_release_with_a_reason_records_it_and_engine_faults_count_attempts(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
+    """A worker says why it gives a lease back; only an engine fault counts an attempt, so a
+    prompt that kills engines every time is dropped after max_attempts (3 here) and its epoch
+    still closes."""
+    run = make_run(db, n_rows=2)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    ids = [p["prompt_row_id"] for p in lease["prompts"]]
+    assert _call(lease_client, token, lease, "release", reason="shutdown").status_code == 200
+    assert _row_states(db, ids) == [("queued", 0), ("queued", 0)]
+    for attempt in (1, 2, 3):
+        lease = _acquire(lease_client, token)
+        assert [p["prompt_row_id"] for p in lease["prompts"]] == ids
+        answer = _call(lease_client, token, lease, "release", reason="engine_fault")
+        assert answer.status_code == 200, answer.text
+        if attempt < 3:
+            assert _row_states(db, ids) == [("queued", attempt)] * 2
+    db.expire_all()
+    leases = db.execute(
+        select(Lease.end_reason).where(Lease.run_id == run.id).order_by(Lease.fencing)
+    ).scalars()
+    assert list(leases) == ["shutdown", "engine_fault", "engine_fault", "engine_fault"]
+    rows = db.execute(
+        select(PromptRow.state, PromptRow.attempts, PromptRow.drop_reason).where(
+            PromptRow.id.in_(ids)
+        )
+    ).all()
+    db.commit()
+    assert [tuple(r) for r in rows] == [("dropped", 3, "engine_fault_exhausted")] * 2
+    assert in_flight(db, run.id) == 0
+    answered.expect(on_event_loop={"acquire": 4})
+
+
+def test_release_refuses_an_unknown_reason(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
+    run = make_run(db, n_rows=2)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    before = snapshot(db, run.id)
+    answer = _call(lease_client, token, lease, "release", reason="bored")
+    assert answer.status_code == 422
+    assert answer.json()["errors"][0]["field"] == "reason"
+    assert snapshot(db, run.id) == before
+    answered.expect(on_event_loop={"acquire": 1})
+
+
 def test_expired_and_reissued_lease_fences_out_the_old_holder(
     lease_client: TestClient,
     lease_app,  # type: ignore[no-untyped-def]
