@@ -48,8 +48,9 @@ def gone(pid: int) -> bool:
 @pytest.mark.timeout(180)
 def test_ctrl_c_stops_every_process(tmp_path: Path, small_model_dir: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
+    # Far more versions than can be trained before the Ctrl-C: the demo must not end first.
     demo = subprocess.Popen(
-        [sys.executable, "-m", "asyncgrpo.cli", "demo", "--workers", "2", "--versions", "1",
+        [sys.executable, "-m", "asyncgrpo.cli", "demo", "--workers", "2", "--versions", "50",
          "--dir", str(tmp_path / "demo")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
