@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -23,8 +23,11 @@ from protocol.schemas import (
     CompleteResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    HeartbeatsRequest,
+    HeartbeatsResponse,
     Lease,
     LeaseAcquireRequest,
+    LeaseBeat,
     ReleaseReason,
     ReleaseRequest,
     ReleaseResponse,
@@ -310,6 +313,19 @@ class AsyncGrpoClient:
         return self._lease_call(
             HeartbeatResponse, lease, "heartbeat", HeartbeatRequest(fencing=lease.fencing)
         )
+
+    def heartbeat_leases(self, leases: Sequence[Lease]) -> HeartbeatsResponse:
+        """Heartbeats of several held leases in one call; each answered on its own (a lost
+        lease is a 404 or 409 entry, not an exception)."""
+        body = HeartbeatsRequest(
+            leases=[LeaseBeat(lease_id=lease.lease_id, fencing=lease.fencing) for lease in leases]
+        )
+        result = self._model(
+            HeartbeatsResponse, "POST", "/api/v1/leases/heartbeat", json=self._body(body)
+        )
+        if result is None:
+            raise ApiError(204, "unexpected empty answer")
+        return result
 
     def upload_url(self, lease: Lease, *, size: int, sha256: str) -> UploadResponse:
         """A presigned PUT for the lease's batch key, bound to this size and sha256."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # Column ranges the database can store (BIGINT, INTEGER): larger numbers are 422, not a 500.
@@ -111,6 +111,48 @@ class HeartbeatResponse(BaseModel):
     abort: bool = Field(description="True: the lease was aborted; drop the work.")
     ttl_s: float = Field(description="The lease now expires this long from now.")
     reason: str | None = Field(None, description="Why the lease was aborted.")
+
+
+MAX_HEARTBEATS = 512  # leases in one batch heartbeat
+
+
+class LeaseBeat(_Request):
+    """One lease of a batch heartbeat."""
+
+    lease_id: uuid.UUID = Field(description="A lease this worker holds.")
+    fencing: int = Field(ge=0, le=BIGINT_MAX, description="The lease's fencing token.")
+
+
+class HeartbeatsRequest(_Request):
+    """Heartbeats of several held leases in one call; each is answered on its own."""
+
+    leases: list[LeaseBeat] = Field(
+        min_length=1, max_length=MAX_HEARTBEATS, description="The leases to keep alive."
+    )
+
+    @field_validator("leases")
+    @classmethod
+    def _unique(cls, leases: list[LeaseBeat]) -> list[LeaseBeat]:
+        seen: set[uuid.UUID] = set()
+        for beat in leases:
+            if beat.lease_id in seen:
+                raise ValueError(f"lease {beat.lease_id} is listed twice")
+            seen.add(beat.lease_id)
+        return leases
+
+
+class LeaseBeatAnswer(BaseModel):
+    """What one lease's heartbeat answered: 200 with the heartbeat, or 404 (not a lease of this
+    worker) or 409 (its fencing token, state or expiry no longer holds) with the detail."""
+
+    lease_id: uuid.UUID = Field(description="The lease.")
+    status: int = Field(description="200, 404 or 409, as the single heartbeat would answer.")
+    heartbeat: HeartbeatResponse | None = Field(None, description="The answer when 200.")
+    detail: str | None = Field(None, description="Why not, when 404 or 409.")
+
+
+class HeartbeatsResponse(BaseModel):
+    results: list[LeaseBeatAnswer] = Field(description="One answer per lease, in request order.")
 
 
 class UploadRequest(FencedRequest):

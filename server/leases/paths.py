@@ -21,12 +21,17 @@ from protocol.schemas import (
     CompleteResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    HeartbeatsRequest,
+    HeartbeatsResponse,
     Lease,
     LeaseAcquireRequest,
+    LeaseBeat,
+    LeaseBeatAnswer,
     UploadRequest,
     UploadResponse,
 )
 from server.deps import Credentials, as_worker, bearer_digest
+from server.errors import FencingLost, NotFound
 from server.leases import fast_service as fast
 from server.leases import service
 from server.models import Worker
@@ -94,6 +99,38 @@ async def heartbeat(
         lambda pool, digest: fast.heartbeat(pool, digest, lease_id, body),
         lambda session, worker: service.heartbeat(session, worker, lease_id, body),
     )
+
+
+async def heartbeats(
+    request: Request, credentials: Credentials, body: HeartbeatsRequest
+) -> HeartbeatsResponse:
+    """Several leases' heartbeats, each answered on its own, in lease-id order: on the event
+    loop each is the single heartbeat (its own statement, or handed to the portable path);
+    without an async pool, one transaction with a savepoint per lease (service.heartbeats).
+    Each lease counts as one heartbeat call on the path that answered it."""
+    state = request.app.state
+    if state.pg_pool is None:
+        try:
+            return await as_worker(
+                request,
+                credentials,
+                lambda session, worker: service.heartbeats(session, worker, body),
+            )
+        finally:
+            state.call_paths[("heartbeat", PORTABLE)] += len(body.leases)
+    answers: dict[uuid.UUID, LeaseBeatAnswer] = {}
+    for beat in sorted(body.leases, key=lambda b: b.lease_id):
+        answers[beat.lease_id] = await _one_beat(request, credentials, beat)
+    return HeartbeatsResponse(results=[answers[b.lease_id] for b in body.leases])
+
+
+async def _one_beat(request: Request, credentials: Credentials, beat: LeaseBeat) -> LeaseBeatAnswer:
+    single = HeartbeatRequest(fencing=beat.fencing)
+    try:
+        answer = await heartbeat(request, credentials, beat.lease_id, single)
+    except (NotFound, FencingLost) as refused:
+        return service.refused_beat(beat.lease_id, refused)
+    return LeaseBeatAnswer(lease_id=beat.lease_id, status=200, heartbeat=answer)
 
 
 async def upload(

@@ -18,6 +18,8 @@ from protocol.schemas import (
     CompleteResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    HeartbeatsRequest,
+    HeartbeatsResponse,
     Lease,
     LeaseAcquireRequest,
     ReleaseRequest,
@@ -57,6 +59,16 @@ async def acquire(
     if lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return lease
+
+
+@router.post("/heartbeat", response_model=HeartbeatsResponse)
+async def heartbeats(
+    body: HeartbeatsRequest, request: Request, credentials: Credentials
+) -> HeartbeatsResponse:
+    """Heartbeats of up to 512 held leases in one call, each answered on its own (200 with the
+    heartbeat, or 404 / 409 as its single heartbeat would answer): a worker holding many
+    leases makes one call per interval. Leases are processed in lease-id order."""
+    return await paths.heartbeats(request, credentials, body)
 
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse)

@@ -24,8 +24,11 @@ from protocol.schemas import (
     CompleteResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    HeartbeatsRequest,
+    HeartbeatsResponse,
     Lease,
     LeaseAcquireRequest,
+    LeaseBeatAnswer,
     LeasePrompt,
     ReleaseRequest,
     ReleaseResponse,
@@ -246,6 +249,36 @@ def heartbeat(
 ) -> HeartbeatResponse:
     """Extend the lease by the run's TTL, or abort it (and re-queue its rows) when its batch can
     no longer be admissible or the run no longer runs."""
+    answer = _beat(session, worker, lease_id, body.fencing)
+    repo.touch_worker(session, worker.id)
+    return answer
+
+
+def heartbeats(session: Session, worker: Worker, body: HeartbeatsRequest) -> HeartbeatsResponse:
+    """Each lease's heartbeat on its own, in a savepoint: one lost lease (404, 409) changes
+    nothing of it and does not stop the others. Leases are taken in lease-id order, so two
+    such requests never lock in a cycle, and the worker row is touched once, last (the lock
+    order of every call: leases first, the worker row last)."""
+    answers: dict[uuid.UUID, LeaseBeatAnswer] = {}
+    for beat in sorted(body.leases, key=lambda b: b.lease_id):
+        try:
+            with session.begin_nested():
+                answer = _beat(session, worker, beat.lease_id, beat.fencing)
+            answers[beat.lease_id] = LeaseBeatAnswer(
+                lease_id=beat.lease_id, status=200, heartbeat=answer
+            )
+        except (NotFound, FencingLost) as refused:
+            answers[beat.lease_id] = refused_beat(beat.lease_id, refused)
+    repo.touch_worker(session, worker.id)
+    return HeartbeatsResponse(results=[answers[b.lease_id] for b in body.leases])
+
+
+def refused_beat(lease_id: uuid.UUID, refused: NotFound | FencingLost) -> LeaseBeatAnswer:
+    return LeaseBeatAnswer(lease_id=lease_id, status=refused.status_code, detail=refused.message)
+
+
+def _beat(session: Session, worker: Worker, lease_id: uuid.UUID, fencing: int) -> HeartbeatResponse:
+    """The heartbeat's rule, without touching the worker row."""
     lease = _lease(session, lease_id, worker)
     config = runs.config_of(session, lease.run_id)
     ttl_s = config.lease_ttl_s
@@ -257,14 +290,12 @@ def heartbeat(
     ):
         reason = "stale"
     if reason is None:
-        _fence(session, lease_id, worker, body.fencing, **repo.extend_values(ttl_s))
-        repo.touch_worker(session, worker.id)
+        _fence(session, lease_id, worker, fencing, **repo.extend_values(ttl_s))
         return HeartbeatResponse(current_version=lease.current_version, abort=False, ttl_s=ttl_s)
-    _fence(session, lease_id, worker, body.fencing, **repo.end_values("aborted", reason))
+    _fence(session, lease_id, worker, fencing, **repo.end_values("aborted", reason))
     rows = repo.leased_rows(session, lease_id)
     # A stale lease counts an attempt; a run that stopped running (paused, cancelled…) does not.
     queue.requeue(session, lease.run_id, rows, "aborted", count_attempt=reason == "stale")
-    repo.touch_worker(session, worker.id)
     return HeartbeatResponse(
         current_version=lease.current_version, abort=True, ttl_s=0.0, reason=reason
     )

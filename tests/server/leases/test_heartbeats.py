@@ -1,0 +1,146 @@
+"""POST /api/v1/leases/heartbeat: several held leases' heartbeats in one call, each answered on
+its own as its single heartbeat would answer (docs/architecture.md, "Protocol": worker calls).
+On every lease path; the event-loop and portable servers compared whole at the end."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from server.leases.paths import EVENT_LOOP, PORTABLE
+from server.models import Lease, PromptRow, Run
+from tests.server.leases.helpers import make_run, make_worker
+from tests.server.leases.lease_paths import Answered
+from tests.server.leases.twins import BASE, Sent, Servers, Side, empty, send
+
+BEATS = f"{BASE}/heartbeat"
+
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _acquire(client: TestClient, token: str) -> dict[str, Any]:
+    answer = client.post(f"{BASE}/acquire", json={}, headers=_h(token))
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def _beat(lease: dict[str, Any], fencing_shift: int = 0) -> dict[str, Any]:
+    return {"lease_id": lease["lease_id"], "fencing": lease["fencing"] + fencing_shift}
+
+
+def _expiry(db: Session, lease: dict[str, Any]) -> Any:
+    db.expire_all()
+    value = db.execute(
+        select(Lease.expires_at).where(Lease.id == uuid.UUID(lease["lease_id"]))
+    ).scalar_one()
+    db.commit()
+    return value
+
+
+def test_each_lease_is_answered_on_its_own(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
+    first = make_run(db, n_rows=6)
+    _, token = make_worker(db, name="mine")
+    _, other_token = make_worker(db, name="other")
+    db.commit()
+    fine, lost = _acquire(lease_client, token), _acquire(lease_client, token)
+    others = _acquire(lease_client, other_token)
+    second = make_run(db, n_rows=2)
+    db.commit()
+    paused = _acquire(lease_client, token)
+    assert paused["run_id"] == str(second.id) and fine["run_id"] == str(first.id)
+    db.execute(update(Run).where(Run.id == second.id).values(status="paused"))
+    db.commit()
+    before = _expiry(db, fine)
+    unknown = {"lease_id": str(uuid.uuid4()), "fencing": 1}
+
+    body = [_beat(paused), unknown, _beat(others), _beat(lost, 1), _beat(fine)]
+    answer = lease_client.post(BEATS, json={"leases": body}, headers=_h(token))
+
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["lease_id"] for r in results] == [b["lease_id"] for b in body]  # request order
+    assert [r["status"] for r in results] == [200, 404, 404, 409, 200]
+    assert results[0]["heartbeat"] == {
+        "current_version": 0, "abort": True, "ttl_s": 0.0, "reason": "run_paused"
+    }  # fmt: skip
+    assert results[4]["heartbeat"]["abort"] is False and results[4]["detail"] is None
+    assert results[1]["detail"] == results[2]["detail"] == "lease not found"
+    assert "lease lost" in results[3]["detail"] and results[3]["heartbeat"] is None
+    assert _expiry(db, fine) > before
+    states = dict(
+        db.execute(
+            select(Lease.id, Lease.state).where(
+                Lease.id.in_([uuid.UUID(x["lease_id"]) for x in (fine, lost, others, paused)])
+            )
+        ).all()
+    )
+    assert [states[uuid.UUID(x["lease_id"])] for x in (fine, lost, others, paused)] == [
+        "active", "active", "active", "aborted"
+    ]  # fmt: skip
+    requeued = db.execute(select(PromptRow.state).where(PromptRow.run_id == second.id)).scalars()
+    assert set(requeued) == {"queued"}
+    db.commit()
+    answered.expect(on_event_loop={"acquire": 4, "heartbeat": 1}, handed_over={"heartbeat": 4})
+
+
+def test_bad_lists_are_refused_whole(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
+    make_run(db, n_rows=2)
+    _, token = make_worker(db)
+    db.commit()
+    lease = _acquire(lease_client, token)
+    one = _beat(lease)
+    for leases, field in [
+        ([], "leases"),
+        ([one, dict(one)], "leases"),
+        ([{"lease_id": str(uuid.uuid4()), "fencing": 0}] * 513, "leases"),
+        ([{**one, "extra": 1}], "leases.0.extra"),
+        ([{"lease_id": "nope", "fencing": 0}], "leases.0.lease_id"),
+        ([{"lease_id": one["lease_id"], "fencing": -1}], "leases.0.fencing"),
+    ]:
+        answer = lease_client.post(BEATS, json={"leases": leases}, headers=_h(token))
+        assert answer.status_code == 422, (field, answer.text)
+        assert answer.json()["errors"][0]["field"] == field, answer.text
+    assert lease_client.post(BEATS, json={"leases": [one]}).status_code == 401
+    assert (
+        lease_client.post(BEATS, json={"leases": [one]}, headers=_h("agr_wkr_x")).status_code == 401
+    )
+    answered.expect(on_event_loop={"acquire": 1, "heartbeat": 1}, handed_over={"heartbeat": 1})
+
+
+def test_the_event_loop_server_answers_a_batch_as_the_portable_one(servers: Servers) -> None:
+    """The same mixed batch on both Postgres paths: the same whole answer and the same rows."""
+    namespace = uuid.uuid4()
+
+    def arrange(side: Side) -> Sent:
+        empty(side.app)
+        side.run(n_rows=8)
+        token, other = side.worker(), side.worker("other")
+        fine, lost, stale = (side.acquire(token) for _ in range(3))
+        others = side.acquire(other)
+        side.execute(update(Lease).where(Lease.id == uuid.UUID(stale["lease_id"])).values(
+            adapter_version=-5))  # fmt: skip
+        leases = [_beat(stale), _beat(others), _beat(lost, 7), _beat(fine)]
+        return Sent(BEATS, {"leases": leases}, _h(token))
+
+    outcome = {
+        path: send(Side(app, client, namespace), arrange(Side(app, client, namespace)))
+        for path, (app, client) in servers.items()
+    }
+    portable, event_loop = outcome[PORTABLE], outcome[EVENT_LOOP]
+    assert portable.status == 200, portable.body
+    assert [r["status"] for r in portable.raw["results"]] == [200, 404, 409, 200]
+    assert portable.raw["results"][0]["heartbeat"]["reason"] == "stale"
+    assert (event_loop.status, event_loop.body) == (portable.status, portable.body)
+    assert event_loop.rows == portable.rows
+    assert event_loop.paths == {("heartbeat", EVENT_LOOP): 1, ("heartbeat", PORTABLE): 3}
+    assert portable.paths == {("heartbeat", PORTABLE): 4}
