@@ -35,6 +35,7 @@ AUTHENTICATED_IN_HANDLER = {
         ("POST", f"/api/v1/leases{path}"): "worker"
         for path in (
             "/acquire",
+            "/heartbeat",
             "/{lease_id}/heartbeat",
             "/{lease_id}/upload",
             "/{lease_id}/complete",
