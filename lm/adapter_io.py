@@ -7,12 +7,20 @@ reads the local folder and computes its manifest (protocol.adapters).
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from protocol.adapters import REQUIRED_FILES, AdapterManifest, manifest_of, verify_folder
+from protocol.adapters import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    REQUIRED_FILES,
+    AdapterManifest,
+    manifest_of,
+    verify_folder,
+)
 
 
 def save_adapter_version(peft_model: Any, out_dir: Path) -> AdapterManifest:
@@ -56,3 +64,47 @@ def load_adapter_version(
     if not is_trainable:
         model.eval()
     return model
+
+
+def same_adapter_shape(a: Path, b: Path) -> bool:
+    """Two version folders whose adapters have the same configuration (rank, alpha, target
+    modules, …): the weights of one fit the modules built for the other."""
+    config_a = json.loads((Path(a) / ADAPTER_CONFIG).read_text())
+    config_b = json.loads((Path(b) / ADAPTER_CONFIG).read_text())
+    return bool(config_a == config_b)
+
+
+def write_adapter_weights(peft_model: Any, folder: Path, adapter_name: str) -> None:
+    """Copy a version folder's LoRA weights into an adapter the model already has (built for a
+    version of the same shape, `same_adapter_shape`): about the cost of a copy of the bytes,
+    where building a new adapter re-creates its modules. Every LoRA parameter of
+    `adapter_name` is written exactly once, or nothing is (ValueError)."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    targets = _slot_parameters(peft_model, adapter_name, state)
+    with torch.no_grad():
+        for key, tensor in state.items():
+            targets[key].copy_(tensor)
+
+
+def _slot_parameters(peft_model: Any, adapter_name: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's parameter for each saved key. PEFT saves `….lora_A.weight` for the
+    parameter `….lora_A.<adapter>.weight` (and `….<name>` for `….<name>.<adapter>`)."""
+    params = dict(peft_model.named_parameters())
+    slot = {n for n in params if "lora_" in n and f".{adapter_name}." in n + "."}
+    found: dict[str, Any] = {}
+    for key, tensor in state.items():
+        head, _, last = key.rpartition(".")
+        for name in (f"{head}.{adapter_name}.{last}", f"{key}.{adapter_name}"):
+            if name in slot and params[name].shape == tensor.shape:
+                found[key] = params[name]
+                break
+    written = {id(p) for p in found.values()}
+    if len(found) != len(state) or written != {id(params[n]) for n in slot}:
+        raise ValueError(
+            f"the weights do not fit adapter {adapter_name!r}: {len(state)} saved tensors, "
+            f"{len(found)} matched, {len(slot)} parameters in the adapter"
+        )
+    return found

@@ -83,3 +83,36 @@ def test_load_verifies_the_manifest_and_scores_with_or_without_adapter(
     (folder / ADAPTER_WEIGHTS).write_bytes(b"\x00" * 16)
     with pytest.raises(AdapterMismatch):
         load_adapter_version(copy.deepcopy(small_model), folder, manifest=manifest)
+
+
+def test_weights_written_into_an_adapter_of_the_same_shape(
+    lora_model: Any, small_model: Any, small_tokenizer: Any, tmp_path: Path
+) -> None:
+    """write_adapter_weights turns an adapter built for one version into another of the same
+    shape: the same outputs as loading that version afresh. Another shape is refused."""
+    from lm.adapter_io import same_adapter_shape, write_adapter_weights
+
+    save_adapter_version(lora_model, tmp_path / "v1")
+    second_model = copy.deepcopy(lora_model)
+    with torch.no_grad():
+        for name, param in second_model.named_parameters():
+            if "lora_A" in name:
+                param.mul_(-2.0)
+    save_adapter_version(second_model, tmp_path / "v2")
+    assert same_adapter_shape(tmp_path / "v1", tmp_path / "v2")
+
+    slot = load_adapter_version(copy.deepcopy(small_model), tmp_path / "v1")
+    before = _logits(slot, small_tokenizer)
+    write_adapter_weights(slot, tmp_path / "v2", "default")
+    fresh = load_adapter_version(copy.deepcopy(small_model), tmp_path / "v2")
+    assert torch.allclose(_logits(slot, small_tokenizer), _logits(fresh, small_tokenizer))
+    assert not torch.allclose(before, _logits(slot, small_tokenizer))
+
+    wider = get_peft_model(
+        copy.deepcopy(small_model),
+        LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+    )
+    save_adapter_version(wider, tmp_path / "r8")
+    assert not same_adapter_shape(tmp_path / "v1", tmp_path / "r8")
+    with pytest.raises(ValueError, match="do not fit"):
+        write_adapter_weights(slot, tmp_path / "r8", "default")

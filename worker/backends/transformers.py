@@ -9,15 +9,18 @@ temperature — never from `output_scores` — so it describes the distribution 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from lm.adapter_io import same_adapter_shape, write_adapter_weights
 from lm.models import load_model, load_tokenizer
 from worker.backends.base import (
     Backend,
@@ -98,8 +101,13 @@ class TransformersBackend(Backend):
         pad = self._tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
         self.peft: Any = None  # peft.PeftModel once the first adapter is loaded
+        # (run, version) -> the adapter slot holding it, least recently used first; a slot is
+        # one PEFT adapter, and its folder says what shape of weights it holds.
         self._loaded: OrderedDict[tuple[str, int], str] = OrderedDict()
-        self.adapter_loads = 0
+        self._slot_folders: dict[str, Path] = {}
+        self._slot_ids = itertools.count()
+        self.adapter_loads = 0  # versions made ready
+        self.adapter_writes = 0  # of them, written into an existing slot (no new adapter)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -112,26 +120,42 @@ class TransformersBackend(Backend):
         return f"r{handle.run_id.replace('-', '')}_v{handle.version}"
 
     def _load_adapter(self, handle: AdapterHandle) -> str:
-        name = self.adapter_name(handle)
-        if handle.key in self._loaded:
+        """The slot holding this (run, version), made ready if needed: when the slots are full,
+        the least recently used one takes the new weights by a copy (same shape), or is
+        rebuilt for them."""
+        slot = self._loaded.get(handle.key)
+        if slot is not None:
             self._loaded.move_to_end(handle.key)
-            return name
+            return slot
+        if len(self._loaded) >= self.max_loaded_adapters:
+            _old_key, slot = self._loaded.popitem(last=False)
+            if same_adapter_shape(self._slot_folders[slot], handle.path):
+                write_adapter_weights(self.peft, handle.path, slot)
+                self.adapter_writes += 1
+            else:
+                self.peft.delete_adapter(slot)
+                slot = self._build_slot(handle.path)
+        else:
+            slot = self._build_slot(handle.path)
+        self._slot_folders[slot] = handle.path
+        self._loaded[handle.key] = slot
+        self.adapter_loads += 1
+        log.info("loaded adapter %s from %s", self.adapter_name(handle), handle.path)
+        return slot
+
+    def _build_slot(self, folder: Path) -> str:
+        """A new PEFT adapter built from a version folder."""
         from peft import PeftModel
 
+        slot = f"slot{next(self._slot_ids)}"
         if self.peft is None:
             self.peft = PeftModel.from_pretrained(
-                self.model, str(handle.path), adapter_name=name, is_trainable=False
+                self.model, str(folder), adapter_name=slot, is_trainable=False
             )
             self.peft.eval()
         else:
-            while len(self._loaded) >= self.max_loaded_adapters:
-                _old_key, old_name = self._loaded.popitem(last=False)
-                self.peft.delete_adapter(old_name)
-            self.peft.load_adapter(str(handle.path), adapter_name=name, is_trainable=False)
-        self._loaded[handle.key] = name
-        self.adapter_loads += 1
-        log.info("loaded adapter %s from %s", name, handle.path)
-        return name
+            self.peft.load_adapter(str(folder), adapter_name=slot, is_trainable=False)
+        return slot
 
     @contextlib.contextmanager
     def _selected(self, adapter: AdapterHandle | None) -> Iterator[Any]:
