@@ -142,6 +142,7 @@ def test_256_seeded_sequences_in_one_call_keep_the_engine_alive(vllm_result: Any
 @pytest.mark.timeout(1200)
 def test_a_killed_engine_is_an_engine_fault_and_restarts(vllm_result: Any) -> None:
     death = vllm_result["death"]
+    assert death["killed"] >= 1
     assert death["fault"] is not None and "vLLM engine died" in death["fault"]
-    assert death["fault_s"] < 30.0  # not the 400 tokens it was asked for
+    assert death["fault_s"] < 30.0  # an error, not a hang
     assert death["after_restart"] == len(vllm_result["prompt_ids"]) * 2
