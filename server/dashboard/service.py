@@ -22,8 +22,9 @@ from server.jobs.common import db_time
 from server.learner import telemetry
 from server.learner.ledger import ledger_model
 from server.models import Run
-from server.runs import lifecycle, waste
+from server.runs import lifecycle
 from server.runs import service as runs
+from server.runs.waste import stale_waste_series
 
 DRIFT_KINDS = ("stale_waste", "clip_fraction")
 DRIFT_MEANING = {
@@ -178,7 +179,7 @@ def _buckets(session: Session, run_id: uuid.UUID) -> int:
 def waste_chart(session: Session, run_id: uuid.UUID, bucket_s: int) -> dict[str, Any]:
     """Stale waste per interval and rejected samples per reason per interval (the figure of
     server/runs/waste.py, bucketed)."""
-    series = waste.stale_waste_series(session, run_id, bucket_s)
+    series = stale_waste_series(session, run_id, bucket_s)
     keys = sorted(series.generated)
     names = sorted(series.rejected)
     return {
