@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench import report  # noqa: E402
+
 MODEL = "smollm2-135m-instruct"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -96,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 128])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="Print one JSON object last.")
+    report.add_json_flag(parser)
     args = parser.parse_args()
     import torch
 
@@ -115,8 +117,7 @@ def main() -> None:
             f"{r['rank']:>5} {r['mb']:>7.1f} {r['build_s']:>8.3f} {r['write_s']:>8.3f} "
             f"{r['copy_s']:>7.3f} {r['build_over_write']:>11.1f} {r['write_over_copy']:>10.2f}"
         )
-    if args.json:
-        print(json.dumps({"ranks": {str(r["rank"]): r for r in rows}}))
+    report.emit(args, {"ranks": {str(r["rank"]): r for r in rows}})
 
 
 if __name__ == "__main__":

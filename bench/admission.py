@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
+from bench import common, report  # noqa: E402
 
 
 def main() -> None:
@@ -42,6 +42,7 @@ def main() -> None:
         help="Throttle the learner to this share of wall time, so that the workers outpace it "
         "(the case admission control is for); 1 leaves it unthrottled.",
     )
+    report.add_json_flag(parser)
     args = parser.parse_args()
     layout = common.Layout(
         slow_duty=args.slow_duty,
@@ -58,13 +59,19 @@ def main() -> None:
         for s, on in settings
     ]
     figures = common.sweep(configs, layout)
-    rows = [
-        [
-            s, "on" if on else "off", f.versions, f.generated, f.stale_rejected, f.aborted,
-            f.stale_waste, f.wasted_worker_s, f.worker_s, f.samples_per_hour,
-        ]
+    records = [
+        {
+            "max_staleness": s, "admission_control": on, "versions": f.versions,
+            "generated": f.generated, "stale_rejected": f.stale_rejected,
+            "aborted_stale": f.aborted, "stale_waste": f.stale_waste,
+            "wasted_worker_s": f.wasted_worker_s, "worker_s": f.worker_s,
+            "samples_per_hour": f.samples_per_hour,
+        }
         for (s, on), f in zip(settings, figures, strict=True)
     ]  # fmt: skip
+    rows = [[*r.values()] for r in records]
+    for row in rows:
+        row[1] = "on" if row[1] else "off"
     common.print_table(
         f"Admission control ({common.CONTENDED}; {common.load_average()})",
         [
@@ -82,6 +89,7 @@ def main() -> None:
         rows,
     )
     print(layout.describe())
+    report.emit(args, {"runs": records, "load": common.load_average()})
 
 
 if __name__ == "__main__":

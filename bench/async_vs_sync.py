@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common  # noqa: E402
+from bench import common, report  # noqa: E402
 
 
 def main() -> None:
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=8)
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 2, 4])
     parser.add_argument("--slow-duty", type=float, default=1 / 3)
+    report.add_json_flag(parser)
     args = parser.parse_args()
     layout = common.Layout(slow_duty=args.slow_duty)
     configs = [
@@ -44,13 +45,20 @@ def main() -> None:
     ]
     figures = common.sweep(configs, layout)
     base = figures[0].samples_per_hour if figures and args.staleness[0] == 0 else None
-    rows = []
-    for s, f in zip(args.staleness, figures, strict=True):
-        ratio = f"{f.samples_per_hour / base:.2f}×" if base else "—"
-        rows.append([
-            s, f.versions, f.window_s, f.samples, f.samples_per_hour, ratio,
-            f.reward_per_minute, f.reward_mean, f.stale_waste,
-        ])  # fmt: skip
+    records = [
+        {
+            "max_staleness": s, "versions": f.versions, "window_s": f.window_s,
+            "samples": f.samples, "samples_per_hour": f.samples_per_hour,
+            "ratio_vs_sync": f.samples_per_hour / base if base else None,
+            "reward_per_minute": f.reward_per_minute, "reward_mean": f.reward_mean,
+            "stale_waste": f.stale_waste,
+        }
+        for s, f in zip(args.staleness, figures, strict=True)
+    ]  # fmt: skip
+    rows = [list(r.values()) for r in records]
+    for row, record in zip(rows, records, strict=True):
+        ratio = record["ratio_vs_sync"]
+        row[5] = "—" if ratio is None else f"{ratio:.2f}×"
     common.print_table(
         f"Async vs sync GRPO, two workers (one throttled) ({common.CONTENDED}; "
         f"{common.load_average()})",
@@ -69,6 +77,7 @@ def main() -> None:
     )
     print(layout.describe())
     print("Published: AReaL 2.77× over synchronous RL; PipelineRL ~2× (large GPU clusters).")
+    report.emit(args, {"runs": records, "load": common.load_average()})
 
 
 if __name__ == "__main__":

@@ -30,9 +30,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import report  # noqa: E402
 from protocol.storage import ObjectStore, sha256_file
 from protocol.storage_local import LocalStore
 from protocol.storage_s3 import S3Store
@@ -174,6 +178,15 @@ def median_sample(run: Callable[[int], Sample], repeats: int) -> Sample:
     )
 
 
+def figure(name: str, mb: int, s: Sample, copy_s: float) -> dict[str, Any]:
+    """One path at one size, as the --json line carries it."""
+    total = s.up_s + s.down_s
+    return {
+        "path": name, "mb": mb, "up_s": s.up_s, "down_s": s.down_s, "round_trip_s": total,
+        "round_trip_mb_per_s": mb / total, "vs_copy": total / copy_s,
+    }  # fmt: skip
+
+
 def row(name: str, mb: int, s: Sample, copy_s: float) -> str:
     total = s.up_s + s.down_s
     up = f"{mb / s.up_s:8.1f}" if s.up_s else "       -"
@@ -186,7 +199,8 @@ def row(name: str, mb: int, s: Sample, copy_s: float) -> str:
 
 def bench_size(
     mb: int, s3: S3Store, local: LocalStore, http: httpx.Client, work: Path, repeats: int
-) -> list[str]:
+) -> list[tuple[str, int, Sample, float]]:
+    """(path, MB, median sample, plain-copy seconds) per path at this size."""
     src = work / f"payload-{mb}.bin"
     src.write_bytes(os.urandom(mb * MB))
     dest = work / "out.bin"
@@ -196,36 +210,38 @@ def bench_size(
         "s3 boto3": lambda i: boto3_round_trip(s3, src, dest, f"b/{mb}/b{i}"),
         "local /blobs": lambda i: presigned_round_trip(local, http, src, dest, f"b/{mb}/l{i}"),
     }
-    lines = [row("plain copy", mb, copy, copy.up_s)]
+    measured = [("plain copy", mb, copy, copy.up_s)]
     for name, run in runs.items():
-        lines.append(row(name, mb, median_sample(run, repeats), copy.up_s))
+        measured.append((name, mb, median_sample(run, repeats), copy.up_s))
     src.unlink()
-    return lines
+    return measured
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[5, 40, 80], help="MB")
     parser.add_argument("--repeats", type=int, default=3)
+    report.add_json_flag(parser)
     args = parser.parse_args()
     header = (
         "| path           |   MB | up MB/s  | down MB/s| rt MB/s  |  up ms   | down ms  |"
         "  rt ms   | vs copy |\n|" + "|".join(["---"] * 9) + "|"
     )
-    lines = [header]
+    measured: list[tuple[str, int, Sample, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-bucket-") as tmp:
         work = Path(tmp)
         http = httpx.Client(timeout=httpx.Timeout(60.0, read=300.0, write=300.0))
         with moto_s3(work) as s3, control_plane(work) as local:
             for mb in args.sizes:
-                lines.extend(bench_size(mb, s3, local, http, work, args.repeats))
+                measured.extend(bench_size(mb, s3, local, http, work, args.repeats))
                 print(f"  {mb} MB done", file=sys.stderr, flush=True)
         http.close()
     print(
         f"\nmedian of {args.repeats}; rt = upload + download round trip; "
         f"vs copy = rt time / one plain copy (fsynced) of the same bytes\n"
     )
-    print("\n".join(lines))
+    print("\n".join([header, *(row(*m) for m in measured)]))
+    report.emit(args, {"repeats": args.repeats, "paths": [figure(*m) for m in measured]})
 
 
 if __name__ == "__main__":

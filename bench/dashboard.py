@@ -26,6 +26,7 @@ from sqlalchemy import create_engine, insert, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import report  # noqa: E402
 from protocol.run_config import RunConfig  # noqa: E402
 from server.db import transaction  # noqa: E402
 from server.models import Lease, MetricPoint, Worker  # noqa: E402
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=10_000)
     parser.add_argument("--leases", type=int, default=1_000)
     parser.add_argument("--repeats", type=int, default=30)
+    report.add_json_flag(parser)
     args = parser.parse_args()
 
     from fastapi.testclient import TestClient
@@ -147,6 +149,7 @@ def main() -> None:
                 csrf = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
                 client.post("/login", data={"token": admin_token, "csrf_token": csrf})
                 print(f"run page with {args.points:,} metric points and {args.leases:,} leases")
+                pages: dict[str, dict[str, float]] = {}
                 for label, path in (
                     ("run page", f"/runs/{run_id}"),
                     ("live fragment", f"/runs/{run_id}/live"),
@@ -154,11 +157,17 @@ def main() -> None:
                     ("runs list", "/runs"),
                 ):
                     median, p90 = _time(client, path, args.repeats)
+                    pages[label] = {"median_ms": median, "p90_ms": p90}
                     print(f"  {label:14s} median {median:7.1f} ms   p90 {p90:7.1f} ms")
                     if label == "run page":
                         verdict = "meets" if median < TARGET_MS else "MISSES"
                         print(f"  -> {verdict} the {TARGET_MS:.0f} ms target")
             app.state.engine.dispose()
+        report.emit(
+            args,
+            {"points": args.points, "leases": args.leases, "repeats": args.repeats,
+             "target_ms": TARGET_MS, "pages": pages},
+        )  # fmt: skip
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -23,6 +23,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # a plain script: the repository root, not bench/, on the path
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # (bench/learner.py shadows learner/)
 
+from bench import report  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    report.add_json_flag(parser)
     args = parser.parse_args()
 
     import torch
@@ -113,6 +116,23 @@ def main() -> None:
     label = "CONTENDED" if load > cores else "uncontended"
     print(
         f"load average (1 min) up to {load:.1f} on {cores} cores: {label}; threads {args.threads}"
+    )
+    report.emit(
+        args,
+        {
+            "sequences": plan.n_completions,
+            "completion_tokens": tokens,
+            "micro_batches": len(micro),
+            "plain_s": t_plain,
+            "ours_s": t_ours,
+            "plain_tokens_per_s": tokens / t_plain,
+            "ours_tokens_per_s": tokens / t_ours,
+            "learner_efficiency": t_plain / t_ours,
+            "peak_rss_gb": peak_gb,
+            "load_1min": load,
+            "cores": cores,
+            "threads": args.threads,
+        },  # fmt: skip
     )
 
 

@@ -21,8 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.cluster import Cluster, ClusterConfig
-from asyncgrpo.demo import STOPPED, Snapshot, poll
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from asyncgrpo.cluster import Cluster, ClusterConfig  # noqa: E402
+from asyncgrpo.demo import STOPPED, Snapshot, poll  # noqa: E402
+from bench import report  # noqa: E402
 
 TARGET_GAIN = 0.3
 
@@ -70,7 +73,7 @@ def first_last(rewards: dict[int, float], n: int = 5) -> tuple[float, float] | N
     return first, last
 
 
-def report(rewards: dict[int, float], wall_s: float, out: Any) -> bool:
+def print_rewards(rewards: dict[int, float], wall_s: float, out: Any) -> bool:
     """Print the per-version table and the first-5 / last-5 figures; True when the gain holds."""
     print("\nversion  reward_mean", file=out)
     for version, value in sorted(rewards.items()):
@@ -134,6 +137,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-min", type=float, default=90.0)
     parser.add_argument("--work-dir", type=Path, default=None)
+    report.add_json_flag(parser)
     args = parser.parse_args()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-learning-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -175,8 +179,20 @@ def main() -> int:
             return 1
         rewards = snap.reward_by_version()
         wall = time.monotonic() - started
-        ok = report(rewards, wall, sys.stdout)
-        report(rewards, wall, log)
+        ok = print_rewards(rewards, wall, sys.stdout)
+        print_rewards(rewards, wall, log)
+        first_last_5 = first_last(rewards)
+        report.emit(
+            args,
+            {
+                "reward_by_version": {str(v): r for v, r in sorted(rewards.items())},
+                "first_5": first_last_5[0] if first_last_5 else None,
+                "last_5": first_last_5[1] if first_last_5 else None,
+                "target_gain": TARGET_GAIN,
+                "gain_met": ok,
+                "wall_s": wall,
+            },  # fmt: skip
+        )
     return 0 if ok and len(rewards) >= 30 else 1
 
 

@@ -42,6 +42,8 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import report  # noqa: E402
+
 PG = os.environ.get("ASYNCGRPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 SECRET = "bench-secret-" + "x" * 32
 DATA = b"x" * 2048
@@ -262,6 +264,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="Runs per point (medians).")
     parser.add_argument("--skip-portable", action="store_true",
                         help="Do not measure the portable (thread-pool) path.")  # fmt: skip
+    report.add_json_flag(parser)
     args = parser.parse_args()
     name = f"agr_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
@@ -274,7 +277,9 @@ def main() -> None:
         run_id, tokens = setup(db_url, bucket, args.rows, max(args.workers))
         dsn = db_url.replace("postgresql+psycopg", "postgresql")
         with psycopg.connect(dsn) as c:
-            owners = dict(c.execute("SELECT digest, scope_id::text FROM tokens").fetchall())
+            owners: dict[str, str] = dict(
+                c.execute("SELECT digest, scope_id::text FROM tokens").fetchall()
+            )
         from server.tokens.service import digest
 
         workers = [(digest(token), owners[digest(token)]) for token in tokens]
@@ -299,6 +304,15 @@ def main() -> None:
             api, portable, raw = m["event loop"], m["portable"], m["raw SQL"]
             print(f"  {n:>7}  {api:>12.0f}  {portable:>13.0f}  {raw:>16.0f}  {api / raw:>11.2f}"
                   f"  {api / portable:>12.2f}")  # fmt: skip
+        report.emit(args, {
+            "seconds": args.seconds, "repeats": args.repeats,
+            "uvicorn_workers": args.uvicorn_workers,
+            "points": [{"workers": n, "event_loop_cycles_per_s": m["event loop"],
+                        "portable_cycles_per_s": m["portable"],
+                        "raw_sql_cycles_per_s": m["raw SQL"],
+                        "api_over_raw_sql": m["event loop"] / m["raw SQL"]}
+                       for n, m in summary],
+        })  # fmt: skip
     finally:
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

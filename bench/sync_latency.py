@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster  # noqa: E402
-from bench import common  # noqa: E402
+from bench import common, report  # noqa: E402
 from protocol import schemas_learner as sl  # noqa: E402
 from protocol.client import AsyncGrpoClient  # noqa: E402
 from protocol.storage import (
@@ -283,28 +283,49 @@ def _line(pub: Published, found: dict[str, Pickup]) -> str:
     return f"v{pub.version} {pub.size_mb} MB: upload {pub.upload_s:.2f}s; generating: {firsts}"
 
 
-def report(results: list[tuple[Published, dict[str, Pickup]]], sizes: list[int]) -> None:
-    rows = []
+FIGURES = (
+    "pub_gen_p50", "pub_gen_p90", "ack_gen_p50", "ack_gen_p90", "all_workers_p50",
+    "upload_p50", "pickup_p50", "download_p50", "load_p50",
+)  # fmt: skip
+
+
+def figures_by_size(
+    results: list[tuple[Published, dict[str, Pickup]]], sizes: list[int]
+) -> dict[int, dict[str, Any] | None]:
+    """Per adapter size: the versions measured and the latencies (s); None when none was."""
+    out: dict[int, dict[str, Any] | None] = {}
     for size in sizes:
         mine = [(p, f) for p, f in results if p.size_mb == size and f]
         if not mine:
-            rows.append([size, "—", 0, *["—"] * 9])
+            out[size] = None
             continue
         first = [min(x.loaded_at for x in f.values()) - p.t_start for p, f in mine]
         ack = [min(x.loaded_at for x in f.values()) - p.t_ack for p, f in mine]
         last = [max(x.loaded_at for x in f.values()) - p.t_start for p, f in mine]
         picks = [(p, x) for p, f in mine for x in f.values()]
-        pick = [x.downloaded_at - x.download_s - p.t_ack for p, x in picks]
-        rows.append([
-            size, f"{mine[0][0].bytes / common.MB:.1f}", len(mine),
-            common.percentile(first, 50), common.percentile(first, 90),
-            common.percentile(ack, 50), common.percentile(ack, 90),
-            common.percentile(last, 50),
-            common.median([p.upload_s for p, _f in mine]),
-            common.median(pick),
-            common.median([x.download_s for _p, x in picks]),
-            common.median([x.loaded_at - x.downloaded_at for _p, x in picks]),
-        ])  # fmt: skip
+        pickup = [x.downloaded_at - x.download_s - p.t_ack for p, x in picks]
+        out[size] = {
+            "file_mb": mine[0][0].bytes / common.MB, "n": len(mine),
+            "pub_gen_p50": common.percentile(first, 50),
+            "pub_gen_p90": common.percentile(first, 90),
+            "ack_gen_p50": common.percentile(ack, 50),
+            "ack_gen_p90": common.percentile(ack, 90),
+            "all_workers_p50": common.percentile(last, 50),
+            "upload_p50": common.median([p.upload_s for p, _f in mine]),
+            "pickup_p50": common.median(pickup),
+            "download_p50": common.median([x.download_s for _p, x in picks]),
+            "load_p50": common.median([x.loaded_at - x.downloaded_at for _p, x in picks]),
+        }  # fmt: skip
+    return out
+
+
+def print_report(figures: dict[int, dict[str, Any] | None]) -> None:
+    rows = []
+    for size, f in figures.items():
+        if f is None:
+            rows.append([size, "—", 0, *["—"] * len(FIGURES)])
+        else:
+            rows.append([size, f"{f['file_mb']:.1f}", f["n"], *(f[k] for k in FIGURES)])
     common.print_table(
         "Adapter sync latency, seconds (moto S3 in its own process; "
         f"{common.CONTENDED}; {common.load_average()})",
@@ -333,10 +354,13 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=6, help="versions published per size")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    report.add_json_flag(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         results = measure(args, Path(tmp))
-    report(results, args.sizes)
+    figures = figures_by_size(results, args.sizes)
+    print_report(figures)
+    report.emit(args, {"sizes": {str(size): f for size, f in figures.items()}})
 
 
 if __name__ == "__main__":
