@@ -23,6 +23,8 @@ from sqlalchemy import (
     String,
     Uuid,
     bindparam,
+    exists,
+    or_,
     select,
     text,
     update,
@@ -31,7 +33,7 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session
 
 from server.db_types import JSONType, db_now
-from server.models import PromptRow, Run
+from server.models import AdapterVersion, PromptRow, Run
 from server.runs import service as runs
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
@@ -159,12 +161,21 @@ def admit(
 
     `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = fencing_seq + 1,
     last_lease_at = now() WHERE id = :id AND status = 'running' AND groups_in_flight + n <=
-    :bound RETURNING fencing_seq, current_version, tokenizer_fingerprint`; None when the bound
-    (or the status) refuses — never count-then-insert.
+    :bound AND <the current version is 0 or has its adapter row> RETURNING fencing_seq,
+    current_version, tokenizer_fingerprint`; None when the bound, the status or a version with
+    nothing to hand out refuses (as the one-statement grant below) — never count-then-insert.
     """
+    published = exists().where(
+        AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
+    )
     return session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.status == "running", Run.groups_in_flight + n <= bound)
+        .where(
+            Run.id == run_id,
+            Run.status == "running",
+            Run.groups_in_flight + n <= bound,
+            or_(Run.current_version == 0, published),
+        )
         .values(
             groups_in_flight=Run.groups_in_flight + n,
             fencing_seq=Run.fencing_seq + 1,

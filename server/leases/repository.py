@@ -48,18 +48,6 @@ def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[An
     return list(session.execute(stmt).all())
 
 
-def current_version_unpublished(session: Session, run_id: uuid.UUID) -> bool:
-    """The run is at a version > 0 that has no adapter row (a broken database): no lease can
-    carry it, so none is granted (the one-statement grant has the same condition)."""
-    published = select(AdapterVersion.id).where(
-        AdapterVersion.run_id == run_id, AdapterVersion.version == Run.current_version
-    )
-    row = session.execute(
-        select(Run.id).where(Run.id == run_id, Run.current_version > 0, ~published.exists())
-    ).first()
-    return row is not None
-
-
 def insert_lease(session: Session, **values: Any) -> None:
     session.execute(insert(Lease).values(**values))
 

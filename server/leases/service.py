@@ -165,8 +165,6 @@ def _grant_portable(
     config: RunConfig,
 ) -> queue.Granted | None:
     """The grant statement by statement (SQLite, whose single writer already serialises)."""
-    if repo.current_version_unpublished(session, run_id):
-        return None
     rows = repo.lock_queued_rows(session, run_id, config.prompts_per_lease)
     if not rows:
         return None

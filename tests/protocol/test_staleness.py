@@ -18,9 +18,15 @@ def test_staleness_is_versions_published_since() -> None:
     assert staleness(4, 4) == 0
 
 
-@pytest.mark.parametrize("current,version,window", [(5, 3, 2), (5, 2, 2), (0, 0, 0), (1, 0, 0)])
-def test_outside_window_only_above_max_staleness(current: int, version: int, window: int) -> None:
-    assert outside_window(current, version, window) is (current - version > window)
+@pytest.mark.parametrize(
+    "current,version,window,outside",
+    [(5, 3, 2, False), (5, 2, 2, True), (0, 0, 0, False), (1, 0, 0, True), (4, 4, 1, False)],
+)
+def test_outside_window_only_above_max_staleness(
+    current: int, version: int, window: int, outside: bool
+) -> None:
+    """A batch exactly max_staleness versions behind is still trained on; one more is not."""
+    assert outside_window(current, version, window) is outside
 
 
 def test_sql_rendering_agrees_with_python(db_url: str) -> None:

@@ -14,7 +14,7 @@ from protocol.schemas import LeaseAcquireRequest
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db_types import db_now, db_now_plus
-from server.models import Lease, Run, Worker
+from server.models import Lease, RolloutBatch, Run, Worker
 
 BASE_MODEL = "smollm2-135m-instruct"
 
@@ -87,3 +87,23 @@ def acquire(
 
 def expire(session: Session, lease_id: uuid.UUID) -> None:
     session.execute(update(Lease).where(Lease.id == lease_id).values(expires_at=db_now_plus(-1.0)))
+
+
+def add_batch(
+    session: Session, run: Run, worker: Worker, lease_id: uuid.UUID | None, **fields: Any
+) -> RolloutBatch:
+    """A batch row of the lease: 2 groups, 4 samples at version 0 unless `fields` say else."""
+    values: dict[str, Any] = {
+        "adapter_version": 0,
+        "bucket_key": f"k/{lease_id}",
+        "sha256": "0" * 64,
+        "bytes": 1,
+        "n_samples": 4,
+        "n_tokens": 40,
+        "n_groups": 2,
+        **fields,
+    }
+    batch = RolloutBatch(run_id=run.id, lease_id=lease_id, worker_id=worker.id, **values)
+    session.add(batch)
+    session.flush()
+    return batch

@@ -16,10 +16,10 @@ from server.db_types import db_now
 from server.jobs import webhooks
 from server.jobs.alarms import evaluate_alarms
 from server.jobs.budgets import enforce_budgets
-from server.models import Event, Lease, MetricPoint, RolloutBatch, Run, WebhookDelivery, Worker
+from server.models import Event, Lease, MetricPoint, Run, WebhookDelivery, Worker
 from server.storage_factory import make_store
 from tests.conftest import TEST_SECRET, make_settings
-from tests.server.jobs.factories import acquire, new_run, new_worker
+from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
 from tests.server.jobs.receiver import webhook_receiver
 
 
@@ -31,25 +31,6 @@ def _events(session: Session, run_id: object, kind: str) -> int:
     )
 
 
-def _batch(session: Session, run: Run, worker: Worker, lease_id: object, **kw: object) -> None:
-    session.add(
-        RolloutBatch(
-            run_id=run.id,
-            lease_id=lease_id,
-            worker_id=worker.id,
-            adapter_version=0,
-            bucket_key=f"k/{lease_id}",
-            sha256="0" * 64,
-            bytes=1,
-            n_samples=4,
-            n_tokens=40,
-            n_groups=2,
-            **kw,
-        )
-    )
-    session.flush()
-
-
 def test_stale_waste_alarm_fires_once_per_crossing_and_rearms(
     db_session: Session, pg_url: str, tmp_path: Path
 ) -> None:
@@ -59,15 +40,15 @@ def test_stale_waste_alarm_fires_once_per_crossing_and_rearms(
     worker = new_worker(db_session)
     l1 = acquire(db_session, store, settings, worker)
     l2 = acquire(db_session, store, settings, worker)
-    _batch(db_session, run, worker, l1, state="rejected", reject_reason="stale")
+    add_batch(db_session, run, worker, l1, state="rejected", reject_reason="stale")
     assert ("stale_waste", "fired") in evaluate_alarms(db_session)
     assert evaluate_alarms(db_session) == []  # still above: no second event
     assert evaluate_alarms(db_session) == []
     assert _events(db_session, run.id, "alarm.stale_waste") == 1
     # Waste falls to 4/12 < 0.5 with more good samples: cleared once, and the alarm re-arms.
-    _batch(db_session, run, worker, l2, state="accepted")
+    add_batch(db_session, run, worker, l2, state="accepted")
     l3 = acquire(db_session, store, settings, worker)
-    _batch(db_session, run, worker, l3, state="accepted")
+    add_batch(db_session, run, worker, l3, state="accepted")
     assert ("stale_waste", "cleared") in evaluate_alarms(db_session)
     assert _events(db_session, run.id, "alarm.stale_waste.cleared") == 1
     # A lease aborted because the run paused is not stale waste: nothing crosses.

@@ -202,3 +202,14 @@ def work_one_lease(client: Any, headers: dict[str, str]) -> uuid.UUID | None:
     done = client.post(f"{base}/complete", json=body, headers=headers)
     assert done.status_code == 200 and done.json()["state"] == "accepted", done.text
     return uuid.UUID(done.json()["batch_id"])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def acquire_lease(client: Any, token: str) -> dict[str, Any]:
+    """A lease through the API (200 required)."""
+    response = client.post("/api/v1/leases/acquire", json={}, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return dict(response.json())

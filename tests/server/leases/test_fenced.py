@@ -14,7 +14,9 @@ from protocol import layout
 from server.db_types import db_now, db_now_plus
 from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
 from tests.server.leases.helpers import (
+    acquire_lease,
     batch_manifest,
+    bearer,
     in_flight,
     make_run,
     make_worker,
@@ -25,21 +27,11 @@ from tests.server.leases.lease_paths import Answered
 BASE = "/api/v1/leases"
 
 
-def _h(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _acquire(client: TestClient, token: str) -> dict[str, Any]:
-    response = client.post(f"{BASE}/acquire", json={}, headers=_h(token))
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
 def _call(client: TestClient, token: str, lease: dict[str, Any], op: str, **body: Any) -> Any:
     return client.post(
         f"{BASE}/{lease['lease_id']}/{op}",
         json={"fencing": lease["fencing"], **body},
-        headers=_h(token),
+        headers=bearer(token),
     )
 
 
@@ -79,7 +71,7 @@ def test_heartbeat_extends_by_the_runs_ttl(
     make_run(db, n_rows=4, lease_ttl_s=300.0, heartbeat_interval_s=5.0)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     db.execute(
         update(Lease)
         .where(Lease.id == uuid.UUID(lease["lease_id"]))
@@ -103,7 +95,7 @@ def test_stale_heartbeat_aborts_and_requeues_at_the_front(
     run = make_run(db, n_rows=6, max_staleness=1)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     ids = [p["prompt_row_id"] for p in lease["prompts"]]
     db.execute(update(Run).where(Run.id == run.id).values(current_version=1))
     db.commit()
@@ -131,7 +123,7 @@ def test_paused_run_aborts_without_counting_an_attempt(
     run = make_run(db, n_rows=4)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     ids = [p["prompt_row_id"] for p in lease["prompts"]]
     db.execute(update(Run).where(Run.id == run.id).values(status="paused"))
     db.commit()
@@ -147,7 +139,7 @@ def test_another_workers_lease_is_404_and_changes_nothing(
     _, owner = make_worker(db, name="owner")
     _, other = make_worker(db, name="other")
     db.commit()
-    lease = _acquire(lease_client, owner)
+    lease = acquire_lease(lease_client, owner)
     before = snapshot(db, run.id)
     data = b"x" * 10
     for op, body in [
@@ -168,7 +160,7 @@ def test_upload_then_complete_accepts(  # type: ignore[no-untyped-def]
     run = make_run(db, n_rows=4)
     worker, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     data = b"parquet-bytes" * 10
     sha = hashlib.sha256(data).hexdigest()
     put = _call(lease_client, token, lease, "upload", size=len(data), sha256=sha)
@@ -204,7 +196,7 @@ def _rejected(
     run = make_run(db, n_rows=4)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(client, token)
+    lease = acquire_lease(client, token)
     if put is not None:
         app.state.store.put_bytes(lease["batch_key"], put)
     answer = _call(
@@ -247,7 +239,7 @@ def test_complete_naming_another_key_is_422_and_changes_nothing(
     run = make_run(db, n_rows=4)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     other_key = layout.adapter_key(run.id, 1, "adapter_model.safetensors")
     before = snapshot(db, run.id)  # expires `run`: no attribute reads until the call is done
     bad = batch_manifest(lease, b"z", key=other_key)
@@ -262,14 +254,14 @@ def test_release_puts_rows_back_without_an_attempt(
     run = make_run(db, n_rows=6)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     ids = [p["prompt_row_id"] for p in lease["prompts"]]
     answer = _call(lease_client, token, lease, "release")
     assert answer.status_code == 200 and answer.json() == {"released": 2}
     assert _front(db, run.id, 2) == ids
     assert _row_states(db, ids) == [("queued", 0), ("queued", 0)]
     assert _call(lease_client, token, lease, "release").status_code == 409
-    again = _acquire(lease_client, token)
+    again = acquire_lease(lease_client, token)
     assert [p["prompt_row_id"] for p in again["prompts"]] == ids
     answered.expect(on_event_loop={"acquire": 2})  # release is always portable, not counted
 
@@ -283,12 +275,12 @@ def test_release_with_a_reason_records_it_and_engine_faults_count_attempts(
     run = make_run(db, n_rows=2)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     ids = [p["prompt_row_id"] for p in lease["prompts"]]
     assert _call(lease_client, token, lease, "release", reason="shutdown").status_code == 200
     assert _row_states(db, ids) == [("queued", 0), ("queued", 0)]
     for attempt in (1, 2, 3):
-        lease = _acquire(lease_client, token)
+        lease = acquire_lease(lease_client, token)
         assert [p["prompt_row_id"] for p in lease["prompts"]] == ids
         answer = _call(lease_client, token, lease, "release", reason="engine_fault")
         assert answer.status_code == 200, answer.text
@@ -316,7 +308,7 @@ def test_release_refuses_an_unknown_reason(
     run = make_run(db, n_rows=2)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     before = snapshot(db, run.id)
     answer = _call(lease_client, token, lease, "release", reason="bored")
     assert answer.status_code == 422
@@ -335,9 +327,9 @@ def test_expired_and_reissued_lease_fences_out_the_old_holder(
     _, old_token = make_worker(db, name="old")
     _, new_token = make_worker(db, name="new")
     db.commit()
-    old = _acquire(lease_client, old_token)
+    old = acquire_lease(lease_client, old_token)
     _expire(db, old["lease_id"])
-    new = _acquire(lease_client, new_token)  # sweeps the expired lease; same rows, re-issued
+    new = acquire_lease(lease_client, new_token)  # sweeps the expired lease; same rows, re-issued
     assert [p["prompt_row_id"] for p in new["prompts"]] == [
         p["prompt_row_id"] for p in old["prompts"]
     ]
@@ -372,9 +364,9 @@ def test_rows_are_dropped_after_max_attempts(lease_client: TestClient, db: Sessi
     _, token = make_worker(db)
     db.commit()
     for _ in range(2):
-        lease = _acquire(lease_client, token)
+        lease = acquire_lease(lease_client, token)
         _expire(db, lease["lease_id"])
-    assert lease_client.post(f"{BASE}/acquire", json={}, headers=_h(token)).status_code == 204
+    assert lease_client.post(f"{BASE}/acquire", json={}, headers=bearer(token)).status_code == 204
     db.expire_all()
     rows = db.execute(select(PromptRow).where(PromptRow.run_id == run.id)).scalars().all()
     assert {(r.state, r.drop_reason, r.attempts) for r in rows} == {

@@ -13,21 +13,11 @@ from sqlalchemy.orm import Session
 
 from server.leases.paths import EVENT_LOOP, PORTABLE
 from server.models import Lease, PromptRow, Run
-from tests.server.leases.helpers import make_run, make_worker
+from tests.server.leases.helpers import acquire_lease, bearer, make_run, make_worker
 from tests.server.leases.lease_paths import Answered
 from tests.server.leases.twins import BASE, Sent, Servers, Side, empty, send
 
 BEATS = f"{BASE}/heartbeat"
-
-
-def _h(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _acquire(client: TestClient, token: str) -> dict[str, Any]:
-    answer = client.post(f"{BASE}/acquire", json={}, headers=_h(token))
-    assert answer.status_code == 200, answer.text
-    return dict(answer.json())
 
 
 def _beat(lease: dict[str, Any], fencing_shift: int = 0) -> dict[str, Any]:
@@ -50,11 +40,11 @@ def test_each_lease_is_answered_on_its_own(
     _, token = make_worker(db, name="mine")
     _, other_token = make_worker(db, name="other")
     db.commit()
-    fine, lost = _acquire(lease_client, token), _acquire(lease_client, token)
-    others = _acquire(lease_client, other_token)
+    fine, lost = acquire_lease(lease_client, token), acquire_lease(lease_client, token)
+    others = acquire_lease(lease_client, other_token)
     second = make_run(db, n_rows=2)
     db.commit()
-    paused = _acquire(lease_client, token)
+    paused = acquire_lease(lease_client, token)
     assert paused["run_id"] == str(second.id) and fine["run_id"] == str(first.id)
     db.execute(update(Run).where(Run.id == second.id).values(status="paused"))
     db.commit()
@@ -62,7 +52,7 @@ def test_each_lease_is_answered_on_its_own(
     unknown = {"lease_id": str(uuid.uuid4()), "fencing": 1}
 
     body = [_beat(paused), unknown, _beat(others), _beat(lost, 1), _beat(fine)]
-    answer = lease_client.post(BEATS, json={"leases": body}, headers=_h(token))
+    answer = lease_client.post(BEATS, json={"leases": body}, headers=bearer(token))
 
     assert answer.status_code == 200, answer.text
     results = answer.json()["results"]
@@ -97,7 +87,7 @@ def test_bad_lists_are_refused_whole(
     make_run(db, n_rows=2)
     _, token = make_worker(db)
     db.commit()
-    lease = _acquire(lease_client, token)
+    lease = acquire_lease(lease_client, token)
     one = _beat(lease)
     for leases, field in [
         ([], "leases"),
@@ -107,13 +97,12 @@ def test_bad_lists_are_refused_whole(
         ([{"lease_id": "nope", "fencing": 0}], "leases.0.lease_id"),
         ([{"lease_id": one["lease_id"], "fencing": -1}], "leases.0.fencing"),
     ]:
-        answer = lease_client.post(BEATS, json={"leases": leases}, headers=_h(token))
+        answer = lease_client.post(BEATS, json={"leases": leases}, headers=bearer(token))
         assert answer.status_code == 422, (field, answer.text)
         assert answer.json()["errors"][0]["field"] == field, answer.text
     assert lease_client.post(BEATS, json={"leases": [one]}).status_code == 401
-    assert (
-        lease_client.post(BEATS, json={"leases": [one]}, headers=_h("agr_wkr_x")).status_code == 401
-    )
+    forged = lease_client.post(BEATS, json={"leases": [one]}, headers=bearer("agr_wkr_x"))
+    assert forged.status_code == 401
     answered.expect(on_event_loop={"acquire": 1, "heartbeat": 1}, handed_over={"heartbeat": 1})
 
 
@@ -130,7 +119,7 @@ def test_the_event_loop_server_answers_a_batch_as_the_portable_one(servers: Serv
         side.execute(update(Lease).where(Lease.id == uuid.UUID(stale["lease_id"])).values(
             adapter_version=-5))  # fmt: skip
         leases = [_beat(stale), _beat(others), _beat(lost, 7), _beat(fine)]
-        return Sent(BEATS, {"leases": leases}, _h(token))
+        return Sent(BEATS, {"leases": leases}, bearer(token))
 
     outcome = {
         path: send(Side(app, client, namespace), arrange(Side(app, client, namespace)))

@@ -22,7 +22,7 @@ from server.leases import expiry
 from server.leases.paths import EVENT_LOOP, PORTABLE
 from server.tokens import service as tokens
 from tests.conftest import cloned_database, empty_database, make_settings
-from tests.server.leases.helpers import make_run, make_worker
+from tests.server.leases.helpers import bearer, make_run, make_worker
 from tests.server.leases.rows import id_labels, normalised_answer, normalised_rows, table_rows
 
 BASE = "/api/v1/leases"
@@ -51,10 +51,6 @@ def twin_servers(pg_admin: Engine, pg_template: str, bucket_root: Path) -> Itera
 def empty(app: FastAPI) -> None:
     """The server's database as freshly migrated."""
     empty_database(app.state.engine)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @dataclass

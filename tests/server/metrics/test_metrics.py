@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from server.db import transaction
-from server.models import MetricPoint, RolloutBatch, Run
-from tests.server.jobs.factories import acquire, new_run, new_worker
+from server.models import MetricPoint, Run
+from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -27,23 +27,7 @@ def test_metrics_carry_run_and_worker_figures(client: TestClient, app: Any) -> N
         worker = new_worker(session, price=2.5)
         l1 = acquire(session, app.state.store, app.state.settings, worker)
         l2 = acquire(session, app.state.store, app.state.settings, worker)
-        session.add(
-            RolloutBatch(
-                run_id=run.id,
-                lease_id=l1,
-                worker_id=worker.id,
-                adapter_version=0,
-                bucket_key="k",
-                sha256="0" * 64,
-                bytes=1,
-                n_samples=4,
-                n_tokens=8,
-                n_groups=2,
-                state="rejected",
-                reject_reason="stale",
-                staleness=3,
-            )
-        )
+        add_batch(session, run, worker, l1, state="rejected", reject_reason="stale", staleness=3)
         session.add(
             MetricPoint(
                 run_id=run.id,

@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from server.dashboard.router import Action
 from server.db_types import db_now
 from server.leases import queue
-from server.models import Lease, PromptRow, RolloutBatch, Run
+from server.models import Lease, PromptRow, Run
 from server.runs import lifecycle
-from tests.server.jobs.factories import acquire, new_run, new_worker
+from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
 
 SERVER = Path(__file__).resolve().parents[3] / "server"
 
@@ -86,21 +86,7 @@ def test_complete_closes_the_ledger(db_session: Session, app: Any) -> None:
     rows = list(
         db_session.execute(select(PromptRow.id).where(PromptRow.lease_id == accepted)).scalars()
     )
-    batch = RolloutBatch(
-        run_id=run.id,
-        lease_id=accepted,
-        worker_id=worker.id,
-        adapter_version=0,
-        bucket_key="k",
-        sha256="0" * 64,
-        bytes=1,
-        n_samples=4,
-        n_tokens=8,
-        n_groups=2,
-        state="accepted",
-    )
-    db_session.add(batch)
-    db_session.flush()
+    batch = add_batch(db_session, run, worker, accepted, state="accepted")
     db_session.execute(
         update(PromptRow).where(PromptRow.id.in_(rows)).values(state="accepted", batch_id=batch.id)
     )

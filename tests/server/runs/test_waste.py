@@ -18,35 +18,16 @@ from server.dashboard import service as dashboard
 from server.jobs import alarms
 from server.jobs.common import db_time
 from server.leases import service as leases
-from server.models import Lease, RolloutBatch, Run, Worker
+from server.models import Lease, Run, Worker
 from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.waste import ABORTED_STALE, stale_waste
 from tests.conftest import mint_token
 from tests.server.dashboard.test_pages import login
-from tests.server.jobs.factories import acquire, new_run, new_worker
+from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
 
 SAMPLES_PER_LEASE = 4  # 2 prompts × group size 2 (tests/server/jobs/factories.new_run)
 EVERY_TIMESTAMP_IN_ONE_BUCKET = 10**10
-
-
-def _batch(session: Session, run: Run, lease_id: uuid.UUID, worker: Worker, **state: Any) -> None:
-    session.add(
-        RolloutBatch(
-            run_id=run.id,
-            lease_id=lease_id,
-            worker_id=worker.id,
-            adapter_version=0,
-            bucket_key=f"k-{lease_id}",
-            sha256="0" * 64,
-            bytes=1,
-            n_samples=SAMPLES_PER_LEASE,
-            n_tokens=8,
-            n_groups=2,
-            generation_seconds=3.0,
-            **state,
-        )
-    )
 
 
 def _heartbeat(session: Session, worker: Worker, lease_id: uuid.UUID) -> str | None:
@@ -65,8 +46,9 @@ def _arrange(app: Any) -> uuid.UUID:
         store, settings = app.state.store, app.state.settings
         granted = [acquire(session, store, settings, worker) for _ in range(4)]
         accepted, rejected, stale, paused = (g for g in granted if g is not None)
-        _batch(session, run, accepted, worker, state="accepted")
-        _batch(session, run, rejected, worker, state="rejected", reject_reason="stale")
+        add_batch(session, run, worker, accepted, state="accepted", generation_seconds=3.0)
+        add_batch(session, run, worker, rejected, state="rejected", reject_reason="stale",
+                  generation_seconds=3.0)  # fmt: skip
         lifecycle.admin_action(session, run.id, "pause", None)
         assert _heartbeat(session, worker, paused) == "run_paused"
         # Running again (no learner has attached, so `resume` would say pending) and 5 versions on.
