@@ -79,6 +79,14 @@ class WorkerSettings(BaseSettings):
     max_loaded_adapters: int = Field(
         4, ge=1, description="transformers: PEFT adapters kept loaded (LRU)."
     )
+    max_inflight_sequences: int | None = Field(
+        None,
+        ge=1,
+        description="Keep acquiring leases while the sequences (prompts x G) of the leases held "
+        "stay under this; all held leases generate at once on the one engine. Default: 256 "
+        "for vllm, max_batch_sequences for transformers, the simulated engine's batch size for "
+        "simulated. One lease's worth gives the old one-lease-at-a-time worker.",
+    )
     acquire_wait_s: float = Field(
         10.0, ge=0, le=600, description="Long-poll time asked of acquire."
     )

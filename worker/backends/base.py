@@ -5,6 +5,12 @@ A backend serves one base model. `generate` samples `group_size` completions for
 each sampled token, its log-prob under the distribution actually sampled:
 log_softmax(raw logits / T). `cancel` (a threading.Event) stops the work as soon as possible;
 a cancelled call raises `GenerationCancelled`.
+
+A backend is shared by every lease a worker holds (docs/architecture.md, "The worker"):
+`generate` may be called from several threads at once, each call's `cancel` stopping that
+call's sequences only, and never generating one call's rows with another call's adapter.
+`load_adapter` makes a version ready ahead of use (the worker calls it from a background thread
+when a version is pushed), and `drop_adapter` says no held lease needs a version any more.
 """
 
 from __future__ import annotations
@@ -76,6 +82,19 @@ class Backend(abc.ABC):
         cancel: threading.Event | None = None,
     ) -> list[Completion]:
         """`group_size` completions per prompt, ordered by (prompt_index, group_index)."""
+
+    @property
+    def default_inflight_sequences(self) -> int:
+        """How many sequences the worker keeps in flight on this engine by default
+        (`max_inflight_sequences` unset)."""
+        return 64
+
+    def load_adapter(self, adapter: AdapterHandle) -> None:  # noqa: B027 - optional hook
+        """Make this version ready in the engine now, so that its first `generate` does not
+        wait for the load (default: it is loaded on first use)."""
+
+    def drop_adapter(self, key: tuple[str, int]) -> None:  # noqa: B027 - optional hook
+        """No held lease needs this (run, version) any more: it may leave the engine."""
 
     def restart(self) -> None:  # noqa: B027 - optional hook
         """Replace an engine that raised EngineFault with a fresh one (default: the engine

@@ -113,6 +113,10 @@ class TransformersBackend(Backend):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self._tokenizer
 
+    @property
+    def default_inflight_sequences(self) -> int:
+        return self.max_batch_sequences
+
     # -- adapters ------------------------------------------------------------------------------
 
     @staticmethod

@@ -93,6 +93,10 @@ class VllmBackend(Backend):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self._tokenizer
 
+    @property
+    def default_inflight_sequences(self) -> int:
+        return 256
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
