@@ -1,10 +1,12 @@
-"""Heartbeats beside generation: a thread per lease that extends it and watches for its end.
+"""Heartbeats of every held lease in one call per interval (`POST /api/v1/leases/heartbeat`).
 
-The thread heartbeats every `interval` seconds. It sets `cancel` (the event generation watches)
-when the server answers `abort: true` (the server has already re-queued the prompts), when a
-fenced call answers 409 or 404 (the lease is lost), or when the lease's time runs out without
-a successful heartbeat (server unreachable for a whole TTL). Transient failures are retried at
-the next beat; they never raise out of the thread.
+One thread beats all held leases together, in lists of at most 512, every `interval` seconds
+(the shortest heartbeat interval among the held leases). Each lease is answered on its own: an
+`abort: true` (the server has already re-queued its prompts) or a 404/409 (the lease is lost)
+cancels that lease only; a lease whose TTL runs out without a successful heartbeat (server
+unreachable for a whole TTL) is cancelled as expired. Transient failures are retried at the next
+beat; they never raise out of the thread. Every answer's `current_version` is passed on, so the
+worker learns of new adapter versions from its heartbeats too.
 """
 
 from __future__ import annotations
@@ -12,42 +14,38 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
+from collections.abc import Callable, Sequence
 
 import httpx
 
-from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
-from protocol.schemas import Lease
+from protocol.client import ApiError, AsyncGrpoClient
+from protocol.schemas import LeaseBeatAnswer
+from worker.held import HeldLease, HeldLeases
 
 log = logging.getLogger(__name__)
 
+MAX_BEATS_PER_CALL = 512  # the server's bound on one heartbeat list
+IDLE_INTERVAL_S = 0.5  # how often an idle pump looks for new leases to beat
 
-class Heartbeat:
-    """Keeps one lease alive until `stop()`; `lost_reason` says why it ended early."""
+
+class HeartbeatPump:
+    """Keeps every held lease alive until `stop()`."""
 
     def __init__(
         self,
         client: AsyncGrpoClient,
-        lease: Lease,
-        *,
-        interval_s: float,
-        ttl_s: float,
-        cancel: threading.Event,
+        held: HeldLeases,
+        on_version: Callable[[uuid.UUID, int], None] = lambda _run, _version: None,
     ) -> None:
         self.client = client
-        self.lease = lease
-        self.lease_id = lease.lease_id
-        self.interval_s = max(0.05, interval_s)
-        self.ttl_s = ttl_s
-        self.cancel = cancel
-        self.lost_reason: str | None = None
-        self.current_version: int | None = None
+        self.held = held
+        self.on_version = on_version
+        self.calls = 0  # heartbeat requests made (one per list of leases)
         self._stop = threading.Event()
-        self._deadline = time.monotonic() + ttl_s
-        self._thread = threading.Thread(
-            target=self._run, name=f"heartbeat-{lease.lease_id}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
 
-    def start(self) -> Heartbeat:
+    def start(self) -> HeartbeatPump:
         self._thread.start()
         return self
 
@@ -55,32 +53,42 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _lose(self, reason: str) -> None:
-        if self.lost_reason is None:
-            self.lost_reason = reason
-            log.warning("lease %s ended: %s", self.lease_id, reason)
-        self.cancel.set()
+    def _interval(self, leases: Sequence[HeldLease]) -> float:
+        if not leases:
+            return IDLE_INTERVAL_S
+        return max(0.05, min(h.lease.heartbeat_interval_s for h in leases))
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.beat()
-            if self.lost_reason is not None:
-                return
+        # A new lease is beaten within one interval of the previous beat, well inside its TTL.
+        while not self._stop.wait(self._interval(self.held.snapshot())):
+            leases = [h for h in self.held.snapshot() if h.lost_reason is None]
+            for start in range(0, len(leases), MAX_BEATS_PER_CALL):
+                self.beat(leases[start : start + MAX_BEATS_PER_CALL])
 
-    def beat(self) -> None:
-        """One heartbeat; transient failures are logged and retried at the next beat."""
+    def beat(self, leases: Sequence[HeldLease]) -> None:
+        """One heartbeat call for these leases; never raises."""
+        if not leases:
+            return
+        self.calls += 1
         try:
-            answer = self.client.heartbeat_lease(self.lease)
-        except (ConflictError, NotFoundError) as exc:
-            self._lose(f"lost ({exc.status_code})")
-            return
+            answer = self.client.heartbeat_leases([h.lease for h in leases])
         except (ApiError, httpx.HTTPError) as exc:
-            log.warning("heartbeat of lease %s failed: %r", self.lease_id, exc)
-            if time.monotonic() > self._deadline:
-                self._lose("expired (no heartbeat within the TTL)")
+            log.warning("heartbeat of %d leases failed: %r", len(leases), exc)
+            now = time.monotonic()
+            for held in leases:
+                if now > held.deadline:
+                    held.lose("expired (no heartbeat within the TTL)")
             return
-        self.current_version = answer.current_version
-        if answer.abort:
-            self._lose(f"aborted ({answer.reason})")
+        for held, result in zip(leases, answer.results, strict=True):
+            self._answered(held, result)
+
+    def _answered(self, held: HeldLease, result: LeaseBeatAnswer) -> None:
+        if result.status != 200 or result.heartbeat is None:
+            held.lose(f"lost ({result.status})")
             return
-        self._deadline = time.monotonic() + answer.ttl_s
+        beat = result.heartbeat
+        self.on_version(held.lease.run_id, beat.current_version)
+        if beat.abort:
+            held.lose(f"aborted ({beat.reason})")
+            return
+        held.deadline = time.monotonic() + beat.ttl_s

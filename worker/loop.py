@@ -1,115 +1,44 @@
-"""The worker's loop: register once, poll for leases, generate, upload the batch, complete.
+"""The worker's loop: register once, then keep acquiring leases while the sequences held stay
+under `max_inflight_sequences`, each held lease worked in its own thread on the one engine.
 
 It never crashes on the network: an unreachable server or bucket is retried with exponential
-backoff and jitter; a 409 (or 404) on a fenced call means the lease is lost and the work is
-dropped; `abort: true` on a heartbeat stops generation at once. `request_stop()` (SIGTERM or
-SIGINT, a spot preemption notice) cancels generation, releases the current lease and ends
-the loop.
+backoff and jitter. Each held lease keeps its own fencing token, heartbeat (one batched call for
+all of them, heartbeat.py) and abort: a 409 (or 404) or `abort: true` drops that lease's work
+only. New adapter versions are loaded before leases need them (versions.py). An engine death
+releases every lease it broke and restarts the engine (engine.py). `request_stop()` (SIGTERM or
+SIGINT, a spot preemption notice) cancels every generation, releases every held lease at once
+and ends the loop.
 """
 
 from __future__ import annotations
 
-import collections
-import enum
 import logging
-import random
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
-import httpx
-
-from protocol.adapters import AdapterMismatch
-from protocol.batches import BatchFileInfo, BatchMetadata, RolloutSample, write_batch
-from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
-from protocol.schemas import BatchManifest, Lease, ReleaseReason
-from protocol.storage import ObjectExists, PresignedPut, StoreError
-from protocol.transfer import ChecksumMismatch, upload_presigned
+from protocol.client import AsyncGrpoClient
+from protocol.schemas import Lease
 from worker import credentials
 from worker.adapters import AdapterCache
-from worker.backends.base import (
-    Backend,
-    Completion,
-    EngineFault,
-    GenerationCancelled,
-    SamplingSpec,
-)
+from worker.backends.base import Backend, EngineFault
 from worker.config import WorkerSettings
-from worker.heartbeat import Heartbeat
+from worker.engine import EngineFailing, EngineGuard, FaultWindow
+from worker.heartbeat import HeartbeatPump
+from worker.held import HeldLease, HeldLeases
+from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
+from worker.retry import Backoff, Stopping, retry, sleep_unless_stopped
+from worker.versions import AdapterLoads, VersionFeed
+
+__all__ = ["EngineFailing", "LeaseRecord", "Outcome", "WorkerLoop"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-LOST = (ConflictError, NotFoundError)
-
-
-class Outcome(enum.StrEnum):
-    accepted = "accepted"
-    rejected = "rejected"
-    lost = "lost"  # 409/404, abort, or expiry: the work was dropped
-    released = "released"  # given back (shutdown, or a lease this worker cannot serve)
-    stopped = "stopped"  # shutdown while the release itself failed
-
-
-class Stopping(Exception):
-    """The loop was asked to stop while waiting or retrying."""
-
-
-class LeaseLost(Exception):
-    """A fenced call answered 409/404, or the heartbeat saw the lease end."""
-
-
-class EngineFailing(SystemExit):
-    """The engine died engine_fault_limit times within engine_fault_window_s: the worker stops
-    (a supervisor, or the spot fleet, may start a fresh one)."""
-
-
-class FaultWindow:
-    """Engine deaths within a sliding window of monotonic time."""
-
-    def __init__(self, limit: int, window_s: float) -> None:
-        self.limit, self.window_s = limit, window_s
-        self.times: collections.deque[float] = collections.deque()
-
-    def record(self, now: float) -> bool:
-        """Count a death now; True when the limit is reached within the window."""
-        self.times.append(now)
-        while self.times and now - self.times[0] > self.window_s:
-            self.times.popleft()
-        return len(self.times) >= self.limit
-
-
-@dataclass
-class LeaseRecord:
-    lease_id: uuid.UUID
-    run_id: uuid.UUID
-    adapter_version: int
-    outcome: Outcome
-    reason: str | None = None
-    n_samples: int = 0
-    n_tokens: int = 0
-    generation_seconds: float = 0.0
-    engine_fault: str | None = None  # why the engine died generating this lease
-
-
-class Backoff:
-    """Exponential backoff with full jitter, bounded by `cap_s`."""
-
-    def __init__(self, base_s: float, cap_s: float) -> None:
-        self.base_s, self.cap_s, self.attempt = base_s, cap_s, 0
-
-    def next_delay(self) -> float:
-        delay = random.uniform(0.5, 1.0) * min(self.cap_s, self.base_s * 2**self.attempt)
-        self.attempt += 1
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
+CAPACITY_POLL_S = 0.5  # how often a full worker re-checks for stop while waiting for room
 
 
 class WorkerLoop:
@@ -130,19 +59,27 @@ class WorkerLoop:
         self.encoder = encoder
         self._client_factory = client_factory
         self.adapters = AdapterCache(settings.adapter_cache_dir, settings.adapter_cache_bytes)
+        self.loads = AdapterLoads(self.adapters, backend)
         self.stop_event = threading.Event()
         self.history: list[LeaseRecord] = []
+        self.held = HeldLeases()
+        self.max_inflight = settings.max_inflight_sequences or backend.default_inflight_sequences
         self.worker_id: str | None = None
         self.client: AsyncGrpoClient | None = None
-        self._current: Lease | None = None
-        self._cancel = threading.Event()
-        self._release_lock = threading.Lock()
-        self._released: set[uuid.UUID] = set()
+        self.feed: VersionFeed | None = None
+        self.served_runs: set[str] = set()
+        self._granted = 0
+        self._threads: list[threading.Thread] = []
+        self._fatal: BaseException | None = None
         self._faults = FaultWindow(settings.engine_fault_limit, settings.engine_fault_window_s)
+        self.guard = EngineGuard(self._restart_engine)
+        self.work: LeaseWork | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def _new_client(self, token: str | None, *, max_retries: int = 2) -> AsyncGrpoClient:
+    def _new_client(self, token: str | None = None, *, max_retries: int = 2) -> AsyncGrpoClient:
+        if token is None and self.client is not None:
+            token = self.client.token
         return self._client_factory(
             self.settings.server_url,
             token,
@@ -152,48 +89,58 @@ class WorkerLoop:
         )
 
     def request_stop(self) -> None:
-        """Ask the loop to end: generation is cancelled and the lease released."""
+        """Ask the loop to end: every generation is cancelled and every held lease released."""
         self.stop_event.set()
-        self._cancel.set()
+        for held in self.held.snapshot():
+            held.cancel.set()
 
     def _sleep(self, seconds: float) -> None:
-        if self.stop_event.wait(seconds):
-            raise Stopping()
+        sleep_unless_stopped(self.stop_event, seconds)
 
-    def _retry(self, what: str, call: Callable[[], T], *, lease: bool = False) -> T:
-        """Retry transient failures (network, 5xx, bucket) with backoff until stopped.
-
-        With `lease=True`, a cancelled lease (abort, loss) ends the retries with LeaseLost."""
-        backoff = Backoff(0.5, self.settings.retry_max_s)
-        while True:
-            if lease and self._cancel.is_set() and not self.stop_event.is_set():
-                raise LeaseLost("lease ended while retrying " + what)
-            try:
-                return call()
-            except LOST:
-                raise
-            except (httpx.HTTPError, StoreError, OSError) as exc:
-                delay = backoff.next_delay()
-                log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
-            except ApiError as exc:
-                if exc.status_code < 500 and exc.status_code != 429:
-                    raise
-                delay = backoff.next_delay()
-                log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
-            self._sleep(delay)
+    def _retry(self, what: str, call: Callable[[], T]) -> T:
+        return retry(what, call, stop=self.stop_event, cap_s=self.settings.retry_max_s)
 
     def run(self) -> list[LeaseRecord]:
         """Run until stopped (or `max_leases` leases ended); returns what happened per lease."""
+        pump: HeartbeatPump | None = None
         try:
             self._register()
+            pump = HeartbeatPump(self._new_client(max_retries=0), self.held, self._version_seen)
+            pump.start()
+            self.feed = self._start_feed()
             self._serve()
         except Stopping:
             pass
         finally:
-            self.release_current("shutdown")
+            self.request_stop()
+            self._join_leases(self.settings.shutdown_grace_s + 2.0)
+            self.release_all("shutdown")
+            if pump is not None:
+                pump.stop()
+                pump.client.close()
+            if self.feed is not None:
+                self.feed.stop()
+                self.feed.client.close()
+            self.loads.close()
             if self.client is not None:
                 self.client.close()
+        if self._fatal is not None:
+            raise self._fatal
         return self.history
+
+    def _start_feed(self) -> VersionFeed:
+        feed = VersionFeed(
+            self._new_client(max_retries=0),
+            self.loads,
+            lambda: set(self.served_runs),
+            wait_s=self.settings.acquire_wait_s,
+            retry_max_s=self.settings.retry_max_s,
+        )
+        return feed.start()
+
+    def _version_seen(self, run_id: uuid.UUID, version: int) -> None:
+        if self.feed is not None:
+            self.feed.notice(run_id, version)
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -225,6 +172,17 @@ class WorkerLoop:
             log.info("registered as worker %s", creds.worker_id)
         self.worker_id = creds.worker_id
         self.client = self._new_client(creds.token)
+        self.work = LeaseWork(
+            settings=s,
+            backend=self.backend,
+            encoder=self.encoder,
+            fingerprint=self.fingerprint,
+            worker_id=creds.worker_id,
+            new_client=self._new_client,
+            loads=self.loads,
+            guard=self.guard,
+            stop=self.stop_event,
+        )
 
     # -- polling --------------------------------------------------------------------------------
 
@@ -234,26 +192,89 @@ class WorkerLoop:
         assert self.client is not None
         client = self.client
         while not self.stop_event.is_set():
-            if s.max_leases is not None and len(self.history) >= s.max_leases:
+            if s.max_leases is not None and self._granted >= s.max_leases:
+                self._drain()
                 return
-            lease = self._retry(
+            if not self.held.wait_below(self.max_inflight, CAPACITY_POLL_S):
+                continue
+            lease, versions = self._retry(
                 "acquire",
-                lambda: client.acquire_lease(
+                lambda: client.acquire_lease_and_versions(
                     models=[s.model], wait_s=s.acquire_wait_s, timeout_s=s.http_timeout_s
                 ),
             )
+            if self.feed is not None:
+                self.feed.notice_all(versions)
             if lease is None:
                 self._sleep(idle.next_delay())
                 continue
-            record = self.process(lease)
-            self.history.append(record)
-            log.info("lease %s: %s %s", record.lease_id, record.outcome, record.reason or "")
-            if record.engine_fault is not None:
-                self._restart_engine(record.engine_fault)
-            if record.outcome == Outcome.released:
-                self._sleep(idle.next_delay())  # a lease we cannot serve: do not spin on it
-            else:
+            if self._take(lease):
                 idle.reset()
+            else:
+                self._sleep(idle.next_delay())  # a lease we cannot serve: do not spin on it
+
+    def _take(self, lease: Lease) -> bool:
+        """Start working a granted lease in its own thread; False when it is refused here."""
+        self._granted += 1
+        held = self.held.add(lease)
+        refusal = self._refusal(lease)
+        if refusal is not None:
+            assert self.work is not None
+            record = LeaseRecord(lease.lease_id, lease.run_id, lease.adapter_version, Outcome.lost)
+            record.outcome, record.reason = self.work.give_back(held, "unservable"), refusal
+            self._finish(held, record)
+            return False
+        self.served_runs.add(str(lease.run_id))
+        thread = threading.Thread(
+            target=self._work, args=(held,), name=f"lease-{lease.lease_id}", daemon=True
+        )
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+        return True
+
+    def _work(self, held: HeldLease) -> None:
+        assert self.work is not None
+        record = LeaseRecord(
+            held.lease_id, held.lease.run_id, held.lease.adapter_version, Outcome.lost
+        )
+        try:
+            self.work.run(held, record)
+        except (EngineFailing, Stopping) as exc:
+            if isinstance(exc, EngineFailing):
+                self._fatal = exc
+            self.request_stop()
+            record.reason = record.reason or str(exc)
+        except Exception as exc:  # a bug must not leave the lease held: release it, stop
+            log.exception("lease %s failed", held.lease_id)
+            self._fatal = exc
+            self.request_stop()
+        finally:
+            self._finish(held, record)
+
+    def _finish(self, held: HeldLease, record: LeaseRecord) -> None:
+        self.history.append(record)
+        self.held.remove(held)
+        self.loads.prune(self.held.adapter_keys())
+        log.info("lease %s: %s %s", record.lease_id, record.outcome, record.reason or "")
+
+    def _drain(self) -> None:
+        """Wait for every held lease to end (max_leases reached)."""
+        while not self.held.wait_empty(CAPACITY_POLL_S):
+            if self.stop_event.is_set():
+                return
+
+    def _join_leases(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _refusal(self, lease: Lease) -> str | None:
+        """Why this worker cannot serve the lease (model or tokenizer mismatch), or None."""
+        if lease.base_model != self.settings.model:
+            return f"base model {lease.base_model!r} is not served here"
+        if lease.tokenizer_fingerprint not in (None, self.fingerprint):
+            return "tokenizer fingerprint mismatch"
+        return None
 
     def _restart_engine(self, why: str) -> None:
         """After an engine death: stop when deaths come too often, else restart it with backoff
@@ -275,168 +296,25 @@ class WorkerLoop:
             log.warning("engine restarted after: %s", why)
             return
 
-    # -- one lease ------------------------------------------------------------------------------
+    # -- shutdown -------------------------------------------------------------------------------
 
-    def process(self, lease: Lease) -> LeaseRecord:
-        """Generate, upload and complete one lease; never raises for a lost lease."""
-        record = LeaseRecord(lease.lease_id, lease.run_id, lease.adapter_version, Outcome.lost)
-        refusal = self._refusal(lease)
-        if refusal is not None:
-            record.outcome, record.reason = self._give_back(lease, "unservable"), refusal
-            return record
-        self._current, self._cancel = lease, threading.Event()
-        if self.stop_event.is_set():
-            self._cancel.set()
-        assert self.client is not None
-        hb_client = self._new_client(self.client.token, max_retries=0)
-        beat = Heartbeat(
-            hb_client,
-            lease,
-            interval_s=lease.heartbeat_interval_s,
-            ttl_s=lease.ttl_s,
-            cancel=self._cancel,
-        ).start()
-        try:
-            self._produce(lease, record)
-        except (AdapterMismatch, ChecksumMismatch) as exc:
-            log.error(
-                "lease %s: adapter v%d refused: %s", lease.lease_id, lease.adapter_version, exc
-            )
-            record.outcome = self._give_back(lease, "adapter_invalid")
-            record.reason = f"adapter_invalid: {exc}"
-        except EngineFault as exc:
-            log.error("lease %s: the engine died: %s", lease.lease_id, exc)
-            record.outcome = self._give_back(lease, "engine_fault")
-            record.reason = f"engine_fault: {exc}"
-            record.engine_fault = str(exc)
-        except (GenerationCancelled, LeaseLost, ConflictError, NotFoundError) as exc:
-            record.outcome = Outcome.lost
-            record.reason = beat.lost_reason or type(exc).__name__
-            if self.stop_event.is_set() and beat.lost_reason is None:
-                record.outcome = self._give_back(lease, "shutdown")
-                record.reason = "shutdown"
-        finally:
-            beat.stop()
-            hb_client.close()
-            self._current = None
-        return record
-
-    def _refusal(self, lease: Lease) -> str | None:
-        """Why this worker cannot serve the lease (model or tokenizer mismatch), or None."""
-        if lease.base_model != self.settings.model:
-            return f"base model {lease.base_model!r} is not served here"
-        if lease.tokenizer_fingerprint not in (None, self.fingerprint):
-            return "tokenizer fingerprint mismatch"
-        return None
-
-    def _give_back(self, lease: Lease, reason: ReleaseReason) -> Outcome:
-        log.info("releasing lease %s: %s", lease.lease_id, reason)
-        return Outcome.released if self._release(lease, reason) else Outcome.stopped
-
-    def _release(self, lease: Lease, reason: ReleaseReason, timeout_s: float | None = None) -> bool:
-        """Release once (fenced); True when the server took the prompts back."""
-        with self._release_lock:
-            if lease.lease_id in self._released:
-                return True
-            client = self._new_client(self.client.token if self.client else None, max_retries=1)
-            try:
-                client.release_lease(lease, reason=reason, timeout_s=timeout_s or 3.0)
-            except LOST:
-                return False  # already ended (expired, aborted, completed)
-            except (ApiError, httpx.HTTPError) as exc:
-                log.warning("release of lease %s failed: %r", lease.lease_id, exc)
-                return False
-            finally:
-                client.close()
-            self._released.add(lease.lease_id)
-            return True
-
-    def release_current(self, reason: str, timeout_s: float | None = None) -> None:
-        """Release the lease being worked on, if any (safe from another thread)."""
-        lease = self._current
-        if lease is not None:
-            self._cancel.set()
-            log.info("releasing lease %s: %s", lease.lease_id, reason)
-            self._release(lease, "shutdown", timeout_s=timeout_s or self.settings.shutdown_grace_s)
-
-    def _produce(self, lease: Lease, record: LeaseRecord) -> None:
-        started = time.monotonic()
-        handle = self._retry(
-            "adapter download",
-            lambda: self.adapters.ensure(str(lease.run_id), lease.adapter_version, lease.adapter),
-            lease=True,
-        )
-        prompts = self.encoder.encode(lease.prompts, lease.system_prompt)
-        sampling = SamplingSpec(
-            temperature=float(lease.sampling.get("temperature", 1.0)),
-            max_new_tokens=lease.max_new_tokens,
-            seed=lease.seed,
-        )
-        completions = self.backend.generate(
-            prompts, lease.group_size, sampling, handle, self._cancel
-        )
-        record.generation_seconds = time.monotonic() - started
-        if self._cancel.is_set():
-            raise GenerationCancelled()
-        path, info = self._write(lease, prompts, completions)
-        try:
-            self._upload_and_complete(lease, path, info, record)
-        finally:
-            path.unlink(missing_ok=True)
-
-    def _write(
-        self, lease: Lease, prompts: list[list[int]], completions: list[Completion]
-    ) -> tuple[Path, BatchFileInfo]:
-        metadata = BatchMetadata(
-            run_id=str(lease.run_id),
-            lease_id=str(lease.lease_id),
-            fencing=lease.fencing,
-            worker_id=str(self.worker_id),
-            adapter_version=lease.adapter_version,
-            adapter_sha256=lease.adapter.sha256 if lease.adapter else None,
-            tokenizer_fingerprint=self.fingerprint,
-            sampling=dict(lease.sampling),
-        )
-        samples = [
-            RolloutSample(
-                prompt_row_id=lease.prompts[c.prompt_index].prompt_row_id,
-                group_index=c.group_index,
-                prompt_token_ids=prompts[c.prompt_index],
-                completion_token_ids=c.token_ids,
-                behaviour_logprobs=c.logprobs,
-                finish_reason=c.finish_reason,
-            )
-            for c in completions
+    def release_all(self, reason: str, timeout_s: float | None = None) -> None:
+        """Release every held lease at once, each in its own thread (safe from any thread)."""
+        if self.work is None:
+            return
+        work = self.work
+        grace = timeout_s or self.settings.shutdown_grace_s
+        leases = [h for h in self.held.snapshot() if not h.released]
+        for held in leases:
+            held.cancel.set()
+        if leases:
+            log.info("releasing %d held leases: %s", len(leases), reason)
+        threads = [
+            threading.Thread(target=work.release, args=(h, "shutdown", grace), daemon=True)
+            for h in leases
         ]
-        path = self.settings.work_dir / f"{lease.lease_id}-{lease.fencing}.parquet"
-        return path, write_batch(path, metadata, samples)
-
-    def _upload_and_complete(
-        self, lease: Lease, path: Path, info: BatchFileInfo, record: LeaseRecord
-    ) -> None:
-        assert self.client is not None
-        client = self.client
-
-        def upload() -> str:
-            answer = client.upload_url(lease, size=info.bytes, sha256=info.sha256)
-            try:
-                upload_presigned(PresignedPut(answer.url, answer.headers), path)
-            except ObjectExists:
-                pass  # an earlier try landed; the server checks size on complete
-            return answer.key
-
-        key = self._retry("upload", upload, lease=True)
-        if self._cancel.is_set():
-            raise LeaseLost("lease ended before complete")
-        manifest = BatchManifest(
-            key=key,
-            sha256=info.sha256,
-            size=info.bytes,
-            n_samples=info.n_samples,
-            n_tokens=info.n_tokens,
-            generation_seconds=record.generation_seconds,
-        )
-        answer = self._retry("complete", lambda: client.complete_lease(lease, manifest))
-        record.outcome = Outcome(answer.state)
-        record.reason = answer.reject_reason
-        record.n_samples, record.n_tokens = info.n_samples, info.n_tokens
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))

@@ -52,7 +52,7 @@ def serve(loop: WorkerLoop, grace_s: float) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        log.warning("signal %d: releasing the lease and stopping", signum)
+        log.warning("signal %d: releasing the held leases and stopping", signum)
         stop.set()
         loop.request_stop()
 
@@ -73,7 +73,7 @@ def serve(loop: WorkerLoop, grace_s: float) -> int:
         if stop.is_set():
             thread.join(timeout=grace_s)
             if thread.is_alive():  # stuck in a call: release from here, then leave
-                loop.release_current("shutdown (loop did not stop in time)", timeout_s=1.0)
+                loop.release_all("shutdown (loop did not stop in time)", timeout_s=1.0)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -8,12 +8,16 @@ with `logprobs_mode = "processed_logprobs"`, so the log-prob of each sampled tok
 log_softmax(logits / T), as the learner computes it. Prompts arrive as token ids (lm/chat.py)
 and go in as `TokensPrompt`, so vLLM never re-templates them. Each (run, version) gets a
 `LoRARequest` with a unique name and integer id; loaded adapters are an LRU bounded by
-`max_cpu_loras` (the least recently used one is removed from the engine).
+`max_cpu_loras` (the least recently used one not in use by a request is removed from the
+engine). Several leases generate at once: every request of every lease goes into the one
+engine, whose scheduler batches them (at most `max_loras` adapters in one batch).
+`load_adapter` adds a pushed version to the engine's LoRA cache before a lease needs it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
@@ -85,7 +89,10 @@ class VllmBackend(Backend):
         )
         self._thread.start()
         self._lora_ids = itertools.count(1)
+        # Touched on the engine's loop only: (run, version) -> LoRARequest, least recently used
+        # first, and how many generate calls use each (those are never removed).
         self._loras: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._in_use: collections.Counter[tuple[str, int]] = collections.Counter()
         self._dtype = dtype
         self.engine: Any = self._call(self._start(dtype))
 
@@ -125,7 +132,8 @@ class VllmBackend(Backend):
     # -- adapters ------------------------------------------------------------------------------
 
     async def _lora(self, handle: AdapterHandle | None) -> Any:
-        """The LoRARequest of (run, version); the LRU's oldest adapter leaves the engine."""
+        """The LoRARequest of (run, version); the LRU's oldest adapter not in use leaves the
+        engine when the LRU is full."""
         if handle is None:
             return None
         from vllm.lora.request import LoRARequest
@@ -134,8 +142,9 @@ class VllmBackend(Backend):
         if request is not None:
             self._loras.move_to_end(handle.key)
             return request
-        while len(self._loras) >= self.settings.max_cpu_loras:
-            _key, old = self._loras.popitem(last=False)
+        idle = [k for k in self._loras if self._in_use[k] == 0]
+        while len(self._loras) >= self.settings.max_cpu_loras and idle:
+            old = self._loras.pop(idle.pop(0))
             await self.engine.remove_lora(old.lora_int_id)
         lora_id = next(self._lora_ids)
         request = LoRARequest(
@@ -143,6 +152,21 @@ class VllmBackend(Backend):
         )
         self._loras[handle.key] = request
         return request
+
+    async def _add(self, handle: AdapterHandle) -> None:
+        await self.engine.add_lora(await self._lora(handle))
+
+    def load_adapter(self, adapter: AdapterHandle) -> None:
+        with _engine_faults():
+            self._call(self._add(adapter))
+
+    async def _drop(self, key: tuple[str, int]) -> None:
+        if self._in_use[key] == 0 and key in self._loras:
+            await self.engine.remove_lora(self._loras.pop(key).lora_int_id)
+
+    def drop_adapter(self, key: tuple[str, int]) -> None:
+        with contextlib.suppress(Exception):  # a dead engine has nothing left to drop
+            self._call(self._drop(key))
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -164,10 +188,25 @@ class VllmBackend(Backend):
         sampling: SamplingSpec,
         adapter: AdapterHandle | None,
     ) -> list[Any]:
+        lora = await self._lora(adapter)
+        key = adapter.key if adapter is not None else ("", 0)  # ("", 0): the base model
+        self._in_use[key] += 1
+        try:
+            return await self._gather(request_ids, prompts, group_size, sampling, lora)
+        finally:
+            self._in_use[key] -= 1
+
+    async def _gather(
+        self,
+        request_ids: list[str],
+        prompts: Sequence[Sequence[int]],
+        group_size: int,
+        sampling: SamplingSpec,
+        lora: Any,
+    ) -> list[Any]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        lora = await self._lora(adapter)
         jobs = []
         for i, (rid, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
             params = SamplingParams(
@@ -218,6 +257,7 @@ class VllmBackend(Backend):
             with contextlib.suppress(Exception):  # a dead engine may fail to shut down
                 old.shutdown()
         self._loras.clear()
+        self._in_use.clear()
         self.engine = self._call(self._start(self._dtype))
 
     @staticmethod

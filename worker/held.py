@@ -1,0 +1,101 @@
+"""The leases a worker holds at once (docs/architecture.md, "The worker").
+
+Each held lease keeps its own fencing token, cancel event and TTL deadline: an abort, a 409/404
+or an expiry cancels that lease's generation only. The registry counts the sequences in flight
+(prompts x G of every held lease), which is what `max_inflight_sequences` bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from protocol.schemas import Lease
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class HeldLease:
+    """One lease in the worker's hands, from its grant until it is completed or given up."""
+
+    lease: Lease
+    cancel: threading.Event = field(default_factory=threading.Event)
+    lost_reason: str | None = None
+    deadline: float = 0.0  # monotonic time its TTL runs out unless a heartbeat extends it
+    released: bool = False
+    release_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.lease.ttl_s
+
+    @property
+    def lease_id(self) -> uuid.UUID:
+        return self.lease.lease_id
+
+    @property
+    def sequences(self) -> int:
+        return len(self.lease.prompts) * self.lease.group_size
+
+    @property
+    def adapter_key(self) -> tuple[str, int]:
+        return (str(self.lease.run_id), self.lease.adapter_version)
+
+    def lose(self, reason: str) -> None:
+        """The lease ended under us (abort, 409/404, expiry): stop its work, keep the reason."""
+        if self.lost_reason is None:
+            self.lost_reason = reason
+            log.warning("lease %s ended: %s", self.lease_id, reason)
+        self.cancel.set()
+
+
+class HeldLeases:
+    """The held leases, safe to read and change from every thread of the worker."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._held: dict[uuid.UUID, HeldLease] = {}
+
+    def add(self, lease: Lease) -> HeldLease:
+        held = HeldLease(lease)
+        with self._changed:
+            self._held[lease.lease_id] = held
+            self._changed.notify_all()
+        return held
+
+    def remove(self, held: HeldLease) -> None:
+        with self._changed:
+            self._held.pop(held.lease_id, None)
+            self._changed.notify_all()
+
+    def snapshot(self) -> list[HeldLease]:
+        with self._changed:
+            return list(self._held.values())
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._held)
+
+    def sequences(self) -> int:
+        with self._changed:
+            return self._sequences()
+
+    def _sequences(self) -> int:
+        return sum(h.sequences for h in self._held.values())
+
+    def adapter_keys(self) -> set[tuple[str, int]]:
+        """The (run, version) every held lease generates with."""
+        with self._changed:
+            return {h.adapter_key for h in self._held.values()}
+
+    def wait_below(self, max_sequences: int, timeout_s: float) -> bool:
+        """Wait until the sequences in flight are under `max_sequences`."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._sequences() < max_sequences, timeout_s)
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._held, timeout_s)

@@ -1,0 +1,226 @@
+"""One held lease, in its own thread: adapter ready → generate (on the shared engine, beside the
+other held leases) → write the batch → upload → complete. Never raises for a lost lease: every
+way a lease can end is an `Outcome` in its `LeaseRecord`."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from protocol.adapters import AdapterMismatch
+from protocol.batches import BatchFileInfo, BatchMetadata, RolloutSample, write_batch
+from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
+from protocol.schemas import BatchManifest, Lease, ReleaseReason
+from protocol.storage import ObjectExists, PresignedPut
+from protocol.transfer import ChecksumMismatch, upload_presigned
+from worker.backends.base import Backend, Completion, EngineFault, GenerationCancelled, SamplingSpec
+from worker.config import WorkerSettings
+from worker.engine import EngineGuard
+from worker.held import HeldLease
+from worker.prompts import PromptEncoder
+from worker.retry import LOST, LeaseLost, retry
+from worker.versions import AdapterLoads
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Outcome(enum.StrEnum):
+    accepted = "accepted"
+    rejected = "rejected"
+    lost = "lost"  # 409/404, abort, or expiry: the work was dropped
+    released = "released"  # given back (shutdown, or a lease this worker cannot serve)
+    stopped = "stopped"  # shutdown while the release itself failed
+
+
+@dataclass
+class LeaseRecord:
+    lease_id: uuid.UUID
+    run_id: uuid.UUID
+    adapter_version: int
+    outcome: Outcome
+    reason: str | None = None
+    n_samples: int = 0
+    n_tokens: int = 0
+    generation_seconds: float = 0.0
+    engine_fault: str | None = None  # why the engine died generating this lease
+    adapter_preloaded: bool = False  # its version's load was started by a push, not by it
+    adapter_wait_s: float = 0.0  # how long it waited for its version to be ready
+
+
+@dataclass
+class LeaseWork:
+    """What a lease thread needs from the worker."""
+
+    settings: WorkerSettings
+    backend: Backend
+    encoder: PromptEncoder
+    fingerprint: str
+    worker_id: str
+    new_client: Callable[..., AsyncGrpoClient]
+    loads: AdapterLoads
+    guard: EngineGuard
+    stop: threading.Event
+
+    def _retry(self, what: str, call: Callable[[], T], held: HeldLease | None = None) -> T:
+        cancel = held.cancel if held is not None else None
+        return retry(what, call, stop=self.stop, cap_s=self.settings.retry_max_s, cancel=cancel)
+
+    # -- giving a lease back --------------------------------------------------------------------
+
+    def give_back(self, held: HeldLease, reason: ReleaseReason) -> Outcome:
+        log.info("releasing lease %s: %s", held.lease_id, reason)
+        return Outcome.released if self.release(held, reason) else Outcome.stopped
+
+    def release(self, held: HeldLease, reason: ReleaseReason, timeout_s: float = 3.0) -> bool:
+        """Release once (fenced); True when the server took the prompts back."""
+        with held.release_lock:
+            if held.released:
+                return True
+            client = self.new_client(max_retries=1)
+            try:
+                client.release_lease(held.lease, reason=reason, timeout_s=timeout_s)
+            except LOST:
+                return False  # already ended (expired, aborted, completed)
+            except (ApiError, httpx.HTTPError) as exc:
+                log.warning("release of lease %s failed: %r", held.lease_id, exc)
+                return False
+            finally:
+                client.close()
+            held.released = True
+            return True
+
+    # -- one lease ------------------------------------------------------------------------------
+
+    def run(self, held: HeldLease, record: LeaseRecord) -> None:
+        """Generate, upload and complete the lease, filling `record`; never raises for a lost
+        lease (an engine that must not be restarted again raises EngineFailing)."""
+        lease = held.lease
+        fault: tuple[int, EngineFault] | None = None
+        try:
+            fault = self._produce(held, record)
+        except (AdapterMismatch, ChecksumMismatch) as exc:
+            log.error(
+                "lease %s: adapter v%d refused: %s", lease.lease_id, lease.adapter_version, exc
+            )
+            record.outcome = self.give_back(held, "adapter_invalid")
+            record.reason = f"adapter_invalid: {exc}"
+        except (GenerationCancelled, LeaseLost, ConflictError, NotFoundError) as exc:
+            record.reason = held.lost_reason or type(exc).__name__
+            if self.stop.is_set() and held.lost_reason is None:
+                record.outcome = self.give_back(held, "shutdown")
+                record.reason = "shutdown"
+        if fault is not None:
+            epoch, died = fault
+            log.error("lease %s: the engine died: %s", lease.lease_id, died)
+            record.outcome = self.give_back(held, "engine_fault")
+            record.reason = f"engine_fault: {died}"
+            record.engine_fault = str(died)
+            self.guard.fault(epoch, str(died))
+
+    def _produce(self, held: HeldLease, record: LeaseRecord) -> tuple[int, EngineFault] | None:
+        """The lease's work; an engine death is returned (with the engine's epoch) so that the
+        lease is released before the engine restarts."""
+        lease = held.lease
+        started = time.monotonic()
+        handle, record.adapter_preloaded = self._retry(
+            "adapter download",
+            lambda: self.loads.ready(
+                str(lease.run_id), lease.adapter_version, lease.adapter, held.cancel
+            ),
+            held,
+        )
+        record.adapter_wait_s = time.monotonic() - started
+        if held.cancel.is_set():
+            raise GenerationCancelled()
+        prompts = self.encoder.encode(lease.prompts, lease.system_prompt)
+        sampling = SamplingSpec(
+            temperature=float(lease.sampling.get("temperature", 1.0)),
+            max_new_tokens=lease.max_new_tokens,
+            seed=lease.seed,
+        )
+        with self.guard.generating() as epoch:
+            try:
+                completions = self.backend.generate(
+                    prompts, lease.group_size, sampling, handle, held.cancel
+                )
+            except EngineFault as exc:
+                return epoch, exc
+        record.generation_seconds = time.monotonic() - started
+        if held.cancel.is_set():
+            raise GenerationCancelled()
+        path, info = self._write(lease, prompts, completions)
+        try:
+            self._upload_and_complete(held, path, info, record)
+        finally:
+            path.unlink(missing_ok=True)
+        return None
+
+    def _write(
+        self, lease: Lease, prompts: list[list[int]], completions: list[Completion]
+    ) -> tuple[Path, BatchFileInfo]:
+        metadata = BatchMetadata(
+            run_id=str(lease.run_id),
+            lease_id=str(lease.lease_id),
+            fencing=lease.fencing,
+            worker_id=self.worker_id,
+            adapter_version=lease.adapter_version,
+            adapter_sha256=lease.adapter.sha256 if lease.adapter else None,
+            tokenizer_fingerprint=self.fingerprint,
+            sampling=dict(lease.sampling),
+        )
+        samples = [
+            RolloutSample(
+                prompt_row_id=lease.prompts[c.prompt_index].prompt_row_id,
+                group_index=c.group_index,
+                prompt_token_ids=prompts[c.prompt_index],
+                completion_token_ids=c.token_ids,
+                behaviour_logprobs=c.logprobs,
+                finish_reason=c.finish_reason,
+            )
+            for c in completions
+        ]
+        path = self.settings.work_dir / f"{lease.lease_id}-{lease.fencing}.parquet"
+        return path, write_batch(path, metadata, samples)
+
+    def _upload_and_complete(
+        self, held: HeldLease, path: Path, info: BatchFileInfo, record: LeaseRecord
+    ) -> None:
+        lease = held.lease
+        client = self.new_client()
+        try:
+
+            def upload() -> str:
+                answer = client.upload_url(lease, size=info.bytes, sha256=info.sha256)
+                try:
+                    upload_presigned(PresignedPut(answer.url, answer.headers), path)
+                except ObjectExists:
+                    pass  # an earlier try landed; the server checks size on complete
+                return answer.key
+
+            key = self._retry("upload", upload, held)
+            if held.cancel.is_set():
+                raise LeaseLost("lease ended before complete")
+            manifest = BatchManifest(
+                key=key,
+                sha256=info.sha256,
+                size=info.bytes,
+                n_samples=info.n_samples,
+                n_tokens=info.n_tokens,
+                generation_seconds=record.generation_seconds,
+            )
+            answer = self._retry("complete", lambda: client.complete_lease(lease, manifest))
+        finally:
+            client.close()
+        record.outcome = Outcome(answer.state)
+        record.reason = answer.reject_reason
+        record.n_samples, record.n_tokens = info.n_samples, info.n_tokens
