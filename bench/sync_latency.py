@@ -8,16 +8,21 @@ learner calls (request_uploads → presigned PUTs → publish_adapter, consuming
 batches) with a real PEFT LoRA adapter (all linear layers of the small model, fp32) whose rank
 is chosen to give a 5, 40 or 80 MB adapter_model.safetensors. Every version has new weights.
 
-A worker picks a version up with its next lease (docs/architecture.md, "Protocol"): it
-downloads the files through presigned GETs (sha256 checked), loads them with PEFT and starts
-generating. The worker logs both moments ("adapter … downloaded in Xs", "loaded adapter
-r<run>_v<N>"); this script reads the timestamps from the logs. Per version:
+Workers learn of a version from their version feed (a long-poll, `GET /api/v1/versions`,
+docs/architecture.md "The worker") and load it in the background: download through presigned
+GETs (sha256 checked), then into the engine (an existing adapter slot takes the new weights by a
+copy). The next lease of the run carries the new version and generates with it at once. The
+workers log each moment ("adapter … downloaded in Xs", "adapter run=… vN ready (push) in Xs",
+"lease … generating with run=… vN"); this script reads the timestamps from the logs. Per
+version:
 
     publish→gen   from the start of the publish (files on the learner's disk, uploads begin)
-                  to the first worker's "loaded adapter" line (generation starts right after)
-    ack→gen       from publish_adapter's answer to that line
-    all workers   from the start of the publish to the last worker's line
-Breakdown (medians): upload, pick-up (ack → download start), download, PEFT load.
+                  to the first worker's first generation with the version
+    ack→gen       from publish_adapter's answer to that moment
+    all workers   from the start of the publish to the last worker's first generation
+Breakdown (medians): upload, notice (ack → download start), download, load (download end →
+ready in the engine). Goal (issue 15): publish→gen p50 ≤ 1.25 × (upload + download) — all but
+moving the bytes costs at most a quarter of moving them.
 
 Between versions the script waits a random 1–3 s, so that the publish lands at a random point
 of the workers' lease cycle. Published comparison: Hugging Face's async GRPO + LoRA bucket
@@ -209,22 +214,25 @@ class Publisher:
 
 @dataclass
 class Pickup:
-    loaded_at: float
+    generating_at: float  # the first generation with the version
+    loaded_at: float  # ready in the engine
     downloaded_at: float
     download_s: float
 
 
+def _stamp(pattern: str, log_text: str) -> re.Match[str] | None:
+    return re.search(rf"^(.{{23}}) .*{pattern}", log_text, re.M)
+
+
 def pickup(log_text: str, run_id: str, version: int) -> Pickup | None:
-    """When a worker finished downloading and loading `version` (None: not yet)."""
-    name = f"r{run_id.replace('-', '')}_v{version}"
-    loaded = re.search(rf"^(.{{23}}) .*loaded adapter {name} from", log_text, re.M)
-    down = re.search(
-        rf"^(.{{23}}) .*adapter run={run_id} v{version} downloaded in ([0-9.]+)s", log_text, re.M
-    )
-    if loaded is None or down is None:
+    """When a worker downloaded, loaded and first generated with `version` (None: not yet)."""
+    down = _stamp(rf"adapter run={run_id} v{version} downloaded in ([0-9.]+)s", log_text)
+    ready = _stamp(rf"adapter run={run_id} v{version} ready \(", log_text)
+    gen = _stamp(rf"generating with run={run_id} v{version}$", log_text)
+    if down is None or ready is None or gen is None:
         return None
-    return Pickup(common.log_time(loaded.group(1)), common.log_time(down.group(1)),
-                  float(down.group(2)))  # fmt: skip
+    return Pickup(common.log_time(gen.group(1)), common.log_time(ready.group(1)),
+                  common.log_time(down.group(1)), float(down.group(2)))  # fmt: skip
 
 
 def wait_pickups(
@@ -279,13 +287,15 @@ def measure(args: argparse.Namespace, work: Path) -> list[tuple[Published, dict[
 
 
 def _line(pub: Published, found: dict[str, Pickup]) -> str:
-    firsts = ", ".join(f"{n} {p.loaded_at - pub.t_start:.2f}s" for n, p in sorted(found.items()))
+    firsts = ", ".join(
+        f"{n} {p.generating_at - pub.t_start:.2f}s" for n, p in sorted(found.items())
+    )
     return f"v{pub.version} {pub.size_mb} MB: upload {pub.upload_s:.2f}s; generating: {firsts}"
 
 
 FIGURES = (
     "pub_gen_p50", "pub_gen_p90", "ack_gen_p50", "ack_gen_p90", "all_workers_p50",
-    "upload_p50", "pickup_p50", "download_p50", "load_p50",
+    "upload_p50", "notice_p50", "download_p50", "load_p50", "push_overhead",
 )  # fmt: skip
 
 
@@ -299,11 +309,13 @@ def figures_by_size(
         if not mine:
             out[size] = None
             continue
-        first = [min(x.loaded_at for x in f.values()) - p.t_start for p, f in mine]
-        ack = [min(x.loaded_at for x in f.values()) - p.t_ack for p, f in mine]
-        last = [max(x.loaded_at for x in f.values()) - p.t_start for p, f in mine]
+        first = [min(x.generating_at for x in f.values()) - p.t_start for p, f in mine]
+        ack = [min(x.generating_at for x in f.values()) - p.t_ack for p, f in mine]
+        last = [max(x.generating_at for x in f.values()) - p.t_start for p, f in mine]
         picks = [(p, x) for p, f in mine for x in f.values()]
-        pickup = [x.downloaded_at - x.download_s - p.t_ack for p, x in picks]
+        notice = [x.downloaded_at - x.download_s - p.t_ack for p, x in picks]
+        upload = common.median([p.upload_s for p, _f in mine])
+        download = common.median([x.download_s for _p, x in picks])
         out[size] = {
             "file_mb": mine[0][0].bytes / common.MB, "n": len(mine),
             "pub_gen_p50": common.percentile(first, 50),
@@ -311,10 +323,12 @@ def figures_by_size(
             "ack_gen_p50": common.percentile(ack, 50),
             "ack_gen_p90": common.percentile(ack, 90),
             "all_workers_p50": common.percentile(last, 50),
-            "upload_p50": common.median([p.upload_s for p, _f in mine]),
-            "pickup_p50": common.median(pickup),
-            "download_p50": common.median([x.download_s for _p, x in picks]),
+            "upload_p50": upload,
+            "notice_p50": common.median(notice),
+            "download_p50": download,
             "load_p50": common.median([x.loaded_at - x.downloaded_at for _p, x in picks]),
+            # the goal's ratio: publish→gen over the time the bytes must move (≤ 1.25)
+            "push_overhead": common.percentile(first, 50) / (upload + download),
         }  # fmt: skip
     return out
 
@@ -339,9 +353,10 @@ def print_report(figures: dict[int, dict[str, Any] | None]) -> None:
             "p90",
             "all wkrs p50",
             "upload",
-            "pick-up",
+            "notice",
             "download",
-            "PEFT load",
+            "load",
+            "÷ bytes",
         ],
         rows,
     )

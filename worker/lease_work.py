@@ -148,6 +148,8 @@ class LeaseWork:
             max_new_tokens=lease.max_new_tokens,
             seed=lease.seed,
         )
+        log.info("lease %s generating with run=%s v%d", lease.lease_id, lease.run_id,
+                 lease.adapter_version)  # fmt: skip
         with self.guard.generating() as epoch:
             try:
                 completions = self.backend.generate(

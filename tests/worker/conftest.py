@@ -4,10 +4,14 @@ adapter versions made from it (LoRA r=4 on q/v with random B, so they change the
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from lm.chat import tokenizer_fingerprint
+from tests.worker.harness import RUNNING, ServerProcess, Stack, run_config
 
 SMALL_MODEL = "smollm2-135m-instruct"
 PROMPTS = [
@@ -59,3 +63,37 @@ def prompt_ids(small_tokenizer: Any) -> list[list[int]]:
     from lm.chat import encode_prompt
 
     return [encode_prompt(small_tokenizer, p, "You are a helpful assistant.") for p in PROMPTS]
+
+
+@pytest.fixture
+def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def make_stack(server: ServerProcess, small_tokenizer: Any) -> Iterator[Callable[..., Stack]]:
+    stacks: list[Stack] = []
+
+    def make(n_prompts: int, **overrides: Any) -> Stack:
+        stack = Stack(
+            server, tokenizer_fingerprint(small_tokenizer), run_config(n_prompts, **overrides)
+        )
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        stack.close()
+
+
+@pytest.fixture(autouse=True)
+def _stop_loops() -> Iterator[None]:
+    """A failed test must not leave a worker loop running into the next one."""
+    yield
+    while RUNNING:
+        loop = RUNNING.pop()
+        loop.loop.request_stop()
+        loop.thread.join(10)

@@ -8,8 +8,10 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from protocol.schemas_learner import PublishedFile, PublishRequest, UploadFile, 
 from protocol.transfer import upload_presigned
 from tests.conftest import TEST_SECRET
 from tests.s3_fixtures import free_port
+from worker.config import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -227,3 +230,63 @@ class Stack:
     def close(self) -> None:
         self.admin.close()
         self.learner.close()
+
+
+def worker_settings(stack: Stack, tmp_path: Path, **overrides: Any) -> WorkerSettings:
+    values: dict[str, Any] = {
+        "server_url": stack.server.url,
+        "registration_token": stack.registration_token,
+        "name": "test-worker",
+        "token_file": tmp_path / "worker" / "token.json",
+        "adapter_cache_dir": tmp_path / "worker" / "adapters",
+        "work_dir": tmp_path / "worker" / "batches",
+        "num_threads": 1,
+        "acquire_wait_s": 0.5,
+        "idle_backoff_min_s": 0.2,
+        "idle_backoff_max_s": 1.0,
+        "retry_max_s": 2.0,
+        "http_timeout_s": 5.0,
+    }
+    values.update(overrides)
+    return WorkerSettings(**values)
+
+
+RUNNING: list[LoopThread] = []
+
+
+class LoopThread:
+    """A WorkerLoop in a thread of the test process (stopped after the test if it fails)."""
+
+    def __init__(self, settings: WorkerSettings, backend: Any) -> None:
+        from worker.loop import WorkerLoop
+        from worker.prompts import PromptEncoder
+
+        encoder = PromptEncoder(backend.tokenizer)
+        self.loop = WorkerLoop(
+            settings, backend, fingerprint=encoder.fingerprint(), encoder=encoder
+        )
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.loop.run()
+        except BaseException as exc:  # the test reports it
+            self.error = exc
+
+    def start(self) -> LoopThread:
+        RUNNING.append(self)
+        self.thread.start()
+        return self
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            assert self.error is None, self.error
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def join(self, timeout_s: float) -> None:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "worker loop did not finish"
+        assert self.error is None, self.error

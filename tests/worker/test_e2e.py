@@ -5,10 +5,9 @@ never completed; SIGTERM mid-lease releases the lease (in test_signals.py)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,101 +15,18 @@ import pytest
 
 from lm.chat import encode_prompt, tokenizer_fingerprint
 from protocol.batches import BatchExpectations, read_batch
-from tests.worker.harness import SYSTEM_PROMPT, ServerProcess, Stack, run_config
-from worker.config import WorkerSettings
-from worker.loop import Outcome, WorkerLoop
-from worker.prompts import PromptEncoder
+from tests.worker.harness import (
+    RUNNING,
+    SYSTEM_PROMPT,
+    LoopThread,
+    ServerProcess,
+    Stack,
+    run_config,
+    worker_settings,
+)
+from worker.loop import Outcome
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
-
-
-@pytest.fixture
-def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def make_stack(server: ServerProcess, small_tokenizer: Any) -> Iterator[Callable[..., Stack]]:
-    stacks: list[Stack] = []
-
-    def make(n_prompts: int, **overrides: Any) -> Stack:
-        stack = Stack(
-            server, tokenizer_fingerprint(small_tokenizer), run_config(n_prompts, **overrides)
-        )
-        stacks.append(stack)
-        return stack
-
-    yield make
-    for stack in stacks:
-        stack.close()
-
-
-def worker_settings(stack: Stack, tmp_path: Path, **overrides: Any) -> WorkerSettings:
-    values: dict[str, Any] = {
-        "server_url": stack.server.url,
-        "registration_token": stack.registration_token,
-        "name": "test-worker",
-        "token_file": tmp_path / "worker" / "token.json",
-        "adapter_cache_dir": tmp_path / "worker" / "adapters",
-        "work_dir": tmp_path / "worker" / "batches",
-        "num_threads": 1,
-        "acquire_wait_s": 0.5,
-        "idle_backoff_min_s": 0.2,
-        "idle_backoff_max_s": 1.0,
-        "retry_max_s": 2.0,
-        "http_timeout_s": 5.0,
-    }
-    values.update(overrides)
-    return WorkerSettings(**values)
-
-
-RUNNING: list[LoopThread] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_loops() -> Iterator[None]:
-    """A failed test must not leave a worker loop running into the next one."""
-    yield
-    while RUNNING:
-        loop = RUNNING.pop()
-        loop.loop.request_stop()
-        loop.thread.join(10)
-
-
-class LoopThread:
-    def __init__(self, settings: WorkerSettings, backend: Any) -> None:
-        encoder = PromptEncoder(backend.tokenizer)
-        self.loop = WorkerLoop(
-            settings, backend, fingerprint=encoder.fingerprint(), encoder=encoder
-        )
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.loop.run()
-        except BaseException as exc:  # the test reports it
-            self.error = exc
-
-    def start(self) -> LoopThread:
-        RUNNING.append(self)
-        self.thread.start()
-        return self
-
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            assert self.error is None, self.error
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.2)
-
-    def join(self, timeout_s: float) -> None:
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "worker loop did not finish"
-        assert self.error is None, self.error
 
 
 @pytest.mark.timeout(600)
@@ -122,7 +38,8 @@ def test_register_lease_upload_accept_and_pick_up_new_version(
     tmp_path: Path,
 ) -> None:
     stack = make_stack(6)
-    settings = worker_settings(stack, tmp_path, max_leases=3)
+    # One lease at a time (2 prompts x G 4): the publish lands between leases.
+    settings = worker_settings(stack, tmp_path, max_leases=3, max_inflight_sequences=8)
     worker = LoopThread(settings, tx_backend).start()
     worker.wait_for(lambda: len(worker.loop.history) >= 1, 300, "the first lease")
     stack.publish(1, adapter_dirs[1])  # a new version mid-run
@@ -299,7 +216,9 @@ def test_a_prompt_that_kills_the_engine_is_dropped_and_the_worker_goes_on(
 ) -> None:
     restarts = _poison_the_engine(tx_backend, monkeypatch)
     stack = make_stack(0, **_poisoned_run(3, max_attempts=2))
-    worker = LoopThread(worker_settings(stack, tmp_path, max_leases=5), tx_backend).start()
+    # One lease at a time (tests/worker/test_concurrency.py kills an engine under several).
+    settings = worker_settings(stack, tmp_path, max_leases=5, max_inflight_sequences=4)
+    worker = LoopThread(settings, tx_backend).start()
     worker.join(300)
     history = worker.loop.history
     faults = [r for r in history if r.engine_fault is not None]
@@ -330,7 +249,9 @@ def test_an_engine_that_keeps_dying_stops_the_worker(
 
     _poison_the_engine(tx_backend, monkeypatch)
     stack = make_stack(0, **_poisoned_run(1, max_attempts=5))
-    settings = worker_settings(stack, tmp_path, engine_fault_limit=2, engine_fault_window_s=600)
+    settings = worker_settings(
+        stack, tmp_path, engine_fault_limit=2, engine_fault_window_s=600, max_inflight_sequences=4
+    )
     worker = LoopThread(settings, tx_backend).start()
     worker.thread.join(300)
     assert not worker.thread.is_alive()

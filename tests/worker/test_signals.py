@@ -1,5 +1,6 @@
-"""SIGTERM mid-lease (a spot preemption notice): the real `asyncgrpo worker` process releases
-its lease (prompts back in the queue, no attempt counted) and exits within 5 s."""
+"""SIGTERM while generating (a spot preemption notice): the real `asyncgrpo worker` process,
+holding five leases at once, releases all five (prompts back in the queue, no attempt counted)
+and exits within 5 s."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,14 @@ from tests.worker.harness import REPO, ServerProcess, Stack, run_config
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
 
 
-@pytest.fixture
-def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
-    proc.start()
-    yield proc
-    proc.stop()
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
-def test_sigterm_mid_lease_releases_and_exits_fast(
+def test_sigterm_with_five_held_leases_releases_all_and_exits_fast(
     server: ServerProcess, small_tokenizer: Any, tmp_path: Path, signum: int
 ) -> None:
-    config = run_config(2, sampling={"temperature": 1.0, "max_new_tokens": 1000})
+    config = run_config(
+        5, prompts_per_lease=1, sampling={"temperature": 1.0, "max_new_tokens": 1000}
+    )
     stack = Stack(server, tokenizer_fingerprint(small_tokenizer), config)
     env = {
         **os.environ,
@@ -52,9 +46,9 @@ def test_sigterm_mid_lease_releases_and_exits_fast(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 200
-        while not any(r.state == "active" for r in stack.lease_rows()):
+        while sum(r.state == "active" for r in stack.lease_rows()) < 5:
             assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the worker never took a lease"
+            assert time.monotonic() < deadline, "the worker never held five leases"
             time.sleep(0.3)
         time.sleep(1.0)  # generating now
         sent = time.monotonic()
@@ -67,11 +61,12 @@ def test_sigterm_mid_lease_releases_and_exits_fast(
         stack.close()
     assert elapsed < 5.0, (elapsed, (tmp_path / "worker.log").read_text()[-3000:])
     assert proc.returncode == 0
-    (lease,) = stack.lease_rows()
-    assert lease.state == "released"
-    assert stack.prompt_states() == {"queued": 2}
+    leases = stack.lease_rows()
+    assert [lease.state for lease in leases] == ["released"] * 5
+    assert [lease.end_reason for lease in leases] == ["shutdown"] * 5
+    assert stack.prompt_states() == {"queued": 5}
     attempts = server.sql(
         "SELECT attempts FROM prompt_rows WHERE run_id = :r", r=uuid.UUID(stack.run_id)
     )
-    assert [a.attempts for a in attempts] == [0, 0]  # a voluntary release counts no attempt
+    assert [a.attempts for a in attempts] == [0] * 5  # a voluntary release counts no attempt
     assert stack.batch_rows() == []
