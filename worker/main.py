@@ -27,6 +27,10 @@ def make_backend(settings: WorkerSettings) -> Backend:
         from worker.backends.vllm import VllmBackend
 
         return VllmBackend(settings.model, settings.vllm, dtype=settings.dtype)
+    if settings.backend == "simulated":
+        from worker.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(settings.model, settings.simulated)
     from worker.backends.transformers import TransformersBackend
 
     return TransformersBackend(
