@@ -53,6 +53,7 @@ from bench.leases import SECRET, serve  # noqa: E402
 from worker.backends.simulated import lease_seconds  # noqa: E402
 from worker.config import SimulatedSettings  # noqa: E402
 
+Points = dict[str, dict[str, float | None]]  # fleet size → figures
 CALLS = ("acquire", "heartbeat", "upload", "complete")
 GROUP_SIZE = 128  # one lease = 1 prompt × 128 sequences: two leases fill a 256-sequence engine
 MAX_NEW_TOKENS = 64
@@ -145,13 +146,14 @@ class Stats:
         per_worker = [union_overlap(iv, self.window) / span for iv in self.busy]
         return sum(per_worker) / len(per_worker)
 
-    def figures(self) -> dict[str, float]:
-        out: dict[str, float] = {"utilisation": round(self.utilisation(), 4)}
+    def figures(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {"utilisation": round(self.utilisation(), 4)}
         span = self.window.end - self.window.start
         out["leases_per_s"] = round(self.completed / span, 1)
-        for name, xs in self.lat.items():
-            out[f"{name}_p50_ms"] = round(common.percentile(xs, 50) * 1000, 2)
-            out[f"{name}_p99_ms"] = round(common.percentile(xs, 99) * 1000, 2)
+        for name, xs in self.lat.items():  # None: no call answered in the window
+            for q in (50, 99):
+                ms = round(common.percentile(xs, q) * 1000, 2) if xs else None
+                out[f"{name}_p{q}_ms"] = ms
         out["empty_acquires"], out["errors"] = self.empty, self.errors
         return out
 
@@ -450,7 +452,7 @@ def cpu_seconds() -> float:
 
 async def http_phase(base: str, db_url: str, bucket: Path, args: argparse.Namespace,
                      batch: Batch, gen_s: float, tokens: list[str] | None
-                     ) -> tuple[dict[str, dict[str, float]], list[str]]:  # fmt: skip
+                     ) -> tuple[Points, list[str]]:  # fmt: skip
     from protocol.storage_local import LocalStore
 
     store = LocalStore(root=str(bucket), base_url=base + "/blobs", secret_key=SECRET)
@@ -485,7 +487,7 @@ async def http_phase(base: str, db_url: str, bucket: Path, args: argparse.Namesp
 
 
 async def sql_phase(base: str, db_url: str, args: argparse.Namespace, batch: Batch,
-                    gen_s: float, tokens: list[str]) -> dict[str, dict[str, float]]:  # fmt: skip
+                    gen_s: float, tokens: list[str]) -> Points:  # fmt: skip
     import psycopg
     from psycopg_pool import AsyncConnectionPool
 
@@ -518,12 +520,16 @@ async def sql_phase(base: str, db_url: str, args: argparse.Namespace, batch: Bat
     return out
 
 
-def print_tables(fleet: dict[str, dict[str, dict[str, float]]]) -> None:
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_tables(fleet: dict[str, Points]) -> None:
     headers = ["N", "util", "leases/s", *(f"{c} p50/p99 ms" for c in CALLS), "empty", "errors"]
     for label, points in fleet.items():
         rows = []
         for n, f in points.items():
-            cells = [f"{f[f'{c}_p50_ms']:.1f}/{f[f'{c}_p99_ms']:.1f}" for c in CALLS]
+            cells = [f"{_ms(f[f'{c}_p50_ms'])}/{_ms(f[f'{c}_p99_ms'])}" for c in CALLS]
             rows.append([n, f["utilisation"], f["leases_per_s"], *cells, f["empty_acquires"],
                          f["errors"]])  # fmt: skip
         common.print_table(label, headers, rows)
@@ -559,8 +565,8 @@ def main() -> None:
           f"{profile.max_batch}); {args.slots} leases in flight per worker; "
           f"{args.seconds:.0f} s per point after {args.ramp:.0f} s\n  {LABEL}\n  "
           f"{common.load_average()}", flush=True)  # fmt: skip
-    fleet: dict[str, dict[str, dict[str, float]]] = {}
-    raw: dict[str, dict[str, float]] = {}
+    fleet: dict[str, Points] = {}
+    raw: Points = {}
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp, common.postgres_db() as db:
         batch = build_batch(Path(tmp))
         bucket = Path(tmp) / "bucket"
