@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 
 from protocol import schemas_learner as sl
 from protocol.schemas import (
+    VERSIONS_HEADER,
     BatchManifest,
     CompleteRequest,
     CompleteResponse,
@@ -33,6 +35,10 @@ from protocol.schemas import (
     ReleaseResponse,
     UploadRequest,
     UploadResponse,
+    VersionNotice,
+    VersionsResponse,
+    format_after,
+    parse_versions_header,
 )
 
 T = TypeVar("T", bound=BaseModel)
@@ -281,14 +287,40 @@ class AsyncGrpoClient:
         self, *, models: list[str] | None = None, wait_s: float = 0.0, timeout_s: float = 30.0
     ) -> Lease | None:
         """A lease, or None when nothing is admissible (after the long-poll, if any)."""
-        body = LeaseAcquireRequest(models=models, wait_s=wait_s)
-        return self._model(
-            Lease,
-            "POST",
-            "/api/v1/leases/acquire",
-            json=self._body(body),
-            timeout_s=wait_s + timeout_s,
+        lease, _versions = self.acquire_lease_and_versions(
+            models=models, wait_s=wait_s, timeout_s=timeout_s
         )
+        return lease
+
+    def acquire_lease_and_versions(
+        self, *, models: list[str] | None = None, wait_s: float = 0.0, timeout_s: float = 30.0
+    ) -> tuple[Lease | None, dict[uuid.UUID, int]]:
+        """A lease (or None when nothing is admissible after the long-poll, if any), and the
+        current version of every running run of the worker's base models (the answer's
+        X-Asyncgrpo-Versions header, on the 200 and on the 204)."""
+        body = LeaseAcquireRequest(models=models, wait_s=wait_s)
+        response = self.request(
+            "POST", "/api/v1/leases/acquire", json=self._body(body), timeout_s=wait_s + timeout_s
+        )
+        versions = parse_versions_header(response.headers.get(VERSIONS_HEADER))
+        if response.status_code == 204:
+            return None, versions
+        return Lease.model_validate(response.json()), versions
+
+    def wait_versions(
+        self, after: Mapping[uuid.UUID, int], *, wait_s: float, timeout_s: float = 30.0
+    ) -> list[VersionNotice]:
+        """Runs of the worker's base models whose current version is newer than `after` names
+        (a run not named: any version past 0), with the adapter download a lease of that
+        version carries; waits up to wait_s (capped by the server) for one. [] when none."""
+        params = {
+            "after": [format_after(run_id, version) for run_id, version in after.items()],
+            "wait_s": wait_s,
+        }
+        found = self._model(
+            VersionsResponse, "GET", "/api/v1/versions", params=params, timeout_s=wait_s + timeout_s
+        )
+        return [] if found is None else found.versions
 
     def _lease_call(
         self,

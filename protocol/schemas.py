@@ -6,6 +6,7 @@ Request models forbid unknown fields (the server answers 422 for them).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -96,6 +97,49 @@ class Lease(BaseModel):
     ttl_s: float = Field(description="The lease expires this long after the last heartbeat.")
     heartbeat_interval_s: float = Field(description="Heartbeat at least this often.")
     batch_key: str = Field(description="The one bucket key this lease's batch goes to.")
+
+
+# Every acquire answer (200 and 204) carries the current version of each running run of the
+# worker's base models: "<run_id>=<version>,<run_id>=<version>" (empty when there is none).
+VERSIONS_HEADER = "X-Asyncgrpo-Versions"
+
+
+def format_versions_header(versions: Mapping[uuid.UUID, int]) -> str:
+    return ",".join(f"{run_id}={version}" for run_id, version in versions.items())
+
+
+def parse_versions_header(value: str | None) -> dict[uuid.UUID, int]:
+    """The header's versions by run ({} when absent or empty); ValueError when malformed."""
+    versions: dict[uuid.UUID, int] = {}
+    for pair in (value or "").split(","):
+        if pair.strip():
+            run_id, _, version = pair.strip().partition("=")
+            versions[uuid.UUID(run_id)] = int(version)
+    return versions
+
+
+# GET /api/v1/versions: at most this many `after` entries, each "<run_id>:<version>".
+MAX_VERSIONS_AFTER = 256
+
+
+def format_after(run_id: uuid.UUID, version: int) -> str:
+    return f"{run_id}:{version}"
+
+
+class VersionNotice(BaseModel):
+    """A run whose current version is newer than the one the worker named."""
+
+    run_id: uuid.UUID = Field(description="A running run of one of the worker's base models.")
+    version: int = Field(description="The run's current adapter version.")
+    adapter: AdapterRef | None = Field(
+        description="The version's adapter download, as a lease of it carries; None for version 0."
+    )
+
+
+class VersionsResponse(BaseModel):
+    """What GET /api/v1/versions answers when some run is newer than `after` says."""
+
+    versions: list[VersionNotice] = Field(description="Every such run, one entry each.")
 
 
 class FencedRequest(_Request):

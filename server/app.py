@@ -19,6 +19,7 @@ from server.errors import ErrorBody, FieldError, document_errors, install_error_
 from server.leases.paths import CallPaths
 from server.limits import BodySizeLimit
 from server.storage_factory import make_store
+from server.versions.service import make_watch
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool | None = None) -> FastAPI:
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         try:
             yield
         finally:
+            await app.state.version_watch.close()
             if app.state.pg_pool is not None:
                 await app.state.pg_pool.close()
                 app.state.pg_pool = None
@@ -72,6 +74,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.pg_pool = None  # opened by the lifespan on Postgres (server/db_async.py)
     app.state.call_paths = CallPaths()
+    app.state.version_watch = make_watch(app.state)
     app.state.store = make_store(settings)
     install_error_handler(app)
     _install_validation_handler(app)
@@ -95,6 +98,7 @@ def _include_routers(app: FastAPI) -> None:
     from server.metrics.router import router as metrics_router
     from server.runs.router import router as runs_router
     from server.tokens.router import router as tokens_router
+    from server.versions.router import router as versions_router
     from server.workers.router import router as workers_router
 
     # JSON API routers: text Postgres cannot store is a 422, not a 500 at the first query.
@@ -102,6 +106,7 @@ def _include_routers(app: FastAPI) -> None:
     # Routes are matched in order: the worker and learner calls, the hot path, come first.
     for router in (
         leases_router,
+        versions_router,
         learner_router,
         runs_router,
         adapters_router,

@@ -162,6 +162,14 @@ class Settings(BaseSettings):
     lease_long_poll_s: float = Field(
         10.0, description="Longest time acquire and claim wait for work before answering."
     )
+    version_poll_s: float = Field(
+        0.1,
+        gt=0,
+        le=60,
+        description="While workers long-poll GET /api/v1/versions, each server process reads "
+        "the running runs' versions this often (one query per process, however many wait; a "
+        "publish in the same process is seen at once).",
+    )
     learner_lease_ttl_s: float = Field(
         30.0, description="A learner that stops heartbeating loses the run after this long."
     )

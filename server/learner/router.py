@@ -46,6 +46,7 @@ from server.learner import service, telemetry
 from server.learner.ledger import ledger_model
 from server.learner.schemas import Ledger, RunMetrics
 from server.routing import TransactionalRoute
+from server.versions import service as versions
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["learner"], route_class=TransactionalRoute)
 
@@ -136,12 +137,15 @@ def uploads(
 def publish(
     run_id: uuid.UUID,
     body: PublishRequest,
+    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
     token: LearnerDep,
 ) -> PublishResponse:
-    return publish_service.publish(session, store, settings, token, run_id, body)
+    published = publish_service.publish(session, store, settings, token, run_id, body)
+    versions.poke_after_commit(request.app, session)  # workers long-polling hear of it at once
+    return published
 
 
 @router.post("/metrics", response_model=MetricsAccepted)

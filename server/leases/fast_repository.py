@@ -30,14 +30,19 @@ _AUTHENTICATED = """
 
 # Touching the worker first is safe here: this statement is its own transaction and locks
 # nothing else. A quarantined or revoked worker matches nothing (the portable path answers).
+# The worker is waiting from its first try until a grant clears it (queue._GRANT), so after the
+# try waiting_since is set exactly when it granted nothing, as on the portable path.
 _SEEN_FOR_ACQUIRE = f"""
-UPDATE workers w SET last_seen_at = clock_timestamp()
+UPDATE workers w SET last_seen_at = clock_timestamp(),
+                     waiting_since = coalesce(w.waiting_since, clock_timestamp())
 FROM tokens t
 WHERE {_AUTHENTICATED}
 RETURNING w.id AS worker_id,
     EXISTS (SELECT 1 FROM leases
             WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
-    (SELECT coalesce(json_agg(json_build_object('id', r.id, 'base_model', r.base_model)
+    (SELECT coalesce(json_agg(json_build_object('id', r.id, 'base_model', r.base_model,
+                                                'current_version', r.current_version,
+                                                'groups_in_flight', r.groups_in_flight)
                               ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id),
                      '[]')
      FROM runs r
@@ -126,9 +131,9 @@ async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Any:
 
 
 async def seen_for_acquire(conn: Conn, digest: str) -> Any:
-    """Mark the authenticated active worker seen; its id, whether any lease has expired, and
-    the running runs of its base models, fairest first ([{id, base_model}]). None: not a live
-    token of an active worker."""
+    """Mark the authenticated active worker seen (and waiting); its id, whether any lease has
+    expired, and the running runs of its base models, fairest first ([{id, base_model,
+    current_version, groups_in_flight}]). None: not a live token of an active worker."""
     return await _one(conn, _SEEN_FOR_ACQUIRE, {"digest": digest})
 
 

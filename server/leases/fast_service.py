@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
+from typing import Any
 
 from anyio import to_thread
 from psycopg_pool import AsyncConnectionPool
@@ -33,8 +34,8 @@ from protocol.schemas import (
 )
 from protocol.storage import ObjectStore
 from server.config import Settings
+from server.leases import fair_share, service
 from server.leases import fast_repository as fast_repo
-from server.leases import service
 from server.runs import service as runs
 
 
@@ -76,27 +77,51 @@ async def acquire(
     settings: Settings,
     digest: str,
     body: LeaseAcquireRequest,
-) -> Lease | None:
+) -> service.Acquired:
     """One try: grant from the fairest admissible run, or None."""
     async with pool.connection() as conn:
         found = await fast_repo.seen_for_acquire(conn, digest)
         if found is None or found.any_expired:
             raise Fallback
+        versions = {uuid.UUID(run["id"]): int(run["current_version"]) for run in found.runs}
         for run in found.runs:
             if body.models is not None and run["base_model"] not in body.models:
                 continue
-            run_id = uuid.UUID(run["id"])
-            config = runs.cached_config(run_id)
-            if config is None:
-                raise Fallback
-            params = service.grant_params(config, run_id, found.worker_id)
-            granted = await fast_repo.grant(conn, params)
-            if granted is not None:
-                LEASE_RUNS.remember(params["lease_id"], run_id)
-                return service.lease_response(
-                    store, settings, run_id, run["base_model"], config, params["lease_id"], granted
-                )
-    return None
+            lease = await _grant(conn, store, settings, run, found.worker_id)
+            if lease is not None:
+                return service.Acquired(lease, versions)
+    return service.Acquired(None, versions)
+
+
+async def _grant(
+    conn: fast_repo.Conn,
+    store: ObjectStore,
+    settings: Settings,
+    run: dict[str, Any],
+    worker_id: uuid.UUID,
+) -> Lease | None:
+    run_id = uuid.UUID(run["id"])
+    config = runs.cached_config(run_id)
+    if config is None:
+        raise Fallback
+    cap = await fair_share.cap_async(
+        conn,
+        run_id=run_id,
+        base_model=run["base_model"],
+        worker_id=worker_id,
+        bound=service.admission_bound(config),
+        in_flight=int(run["groups_in_flight"]),
+        n=config.prompts_per_lease,
+        window_s=fair_share.waiting_window_s(settings.lease_long_poll_s),
+    )
+    params = service.grant_params(config, run_id, worker_id, cap)
+    granted = await fast_repo.grant(conn, params)
+    if granted is None:
+        return None
+    LEASE_RUNS.remember(params["lease_id"], run_id)
+    return service.lease_response(
+        store, settings, run_id, run["base_model"], config, params["lease_id"], granted
+    )
 
 
 async def heartbeat(

@@ -23,7 +23,6 @@ from protocol.schemas import (
     HeartbeatResponse,
     HeartbeatsRequest,
     HeartbeatsResponse,
-    Lease,
     LeaseAcquireRequest,
     LeaseBeat,
     LeaseBeatAnswer,
@@ -74,16 +73,17 @@ async def answer(
 
 async def acquire_once(
     request: Request, credentials: Credentials, body: LeaseAcquireRequest
-) -> tuple[Lease | None, bool]:
-    """One try of acquire: the lease granted (or None) and whether the worker is active (an
-    inactive one gets no lease however long it waits)."""
+) -> tuple[service.Acquired, bool]:
+    """One try of acquire: what it granted (a lease or None, and the versions of the worker's
+    running runs) and whether the worker is active (an inactive one gets no lease however long
+    it waits)."""
     state = request.app.state
 
-    def portable(session: Session, worker: Worker) -> tuple[Lease | None, bool]:
-        lease = service.acquire(session, state.store, state.settings, worker, body)
-        return lease, worker.status == "active"
+    def portable(session: Session, worker: Worker) -> tuple[service.Acquired, bool]:
+        acquired = service.acquire(session, state.store, state.settings, worker, body)
+        return acquired, worker.status == "active"
 
-    async def common_case(pool: AsyncConnectionPool, digest: str) -> tuple[Lease | None, bool]:
+    async def common_case(pool: AsyncConnectionPool, digest: str) -> tuple[service.Acquired, bool]:
         return await fast.acquire(pool, state.store, state.settings, digest, body), True
 
     return await answer(request, credentials, "acquire", common_case, portable)

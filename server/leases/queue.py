@@ -24,6 +24,7 @@ from sqlalchemy import (
     Uuid,
     bindparam,
     exists,
+    func,
     or_,
     select,
     text,
@@ -32,8 +33,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session
 
+from protocol.schemas import INT_MAX
 from server.db_types import JSONType, db_now
-from server.models import AdapterVersion, PromptRow, Run
+from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
@@ -155,18 +157,31 @@ def consume(
 
 
 def admit(
-    session: Session, run_id: uuid.UUID, n: int, bound: int
+    session: Session,
+    run_id: uuid.UUID,
+    n: int,
+    bound: int,
+    *,
+    worker_id: uuid.UUID | None = None,
+    worker_cap: int = INT_MAX,
 ) -> Row[int, int, str | None] | None:
     """The admission compare-and-set, taking the grant's fencing token in the same statement.
 
     `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = fencing_seq + 1,
     last_lease_at = now() WHERE id = :id AND status = 'running' AND groups_in_flight + n <=
-    :bound AND <the current version is 0 or has its adapter row> RETURNING fencing_seq,
-    current_version, tokenizer_fingerprint`; None when the bound, the status or a version with
-    nothing to hand out refuses (as the one-statement grant below) — never count-then-insert.
+    :bound AND <the worker's active leases of the run hold at most worker_cap - n rows> AND
+    <the current version is 0 or has its adapter row> RETURNING fencing_seq, current_version,
+    tokenizer_fingerprint`; None when the bound, the worker's fair share
+    (server/leases/fair_share.py), the status or a version with nothing to hand out refuses (as
+    the one-statement grant below) — never count-then-insert.
     """
     published = exists().where(
         AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
+    )
+    held = (
+        select(func.coalesce(func.sum(Lease.n_prompts), 0))
+        .where(Lease.run_id == run_id, Lease.worker_id == worker_id, Lease.state == "active")
+        .scalar_subquery()
     )
     return session.execute(
         update(Run)
@@ -174,6 +189,7 @@ def admit(
             Run.id == run_id,
             Run.status == "running",
             Run.groups_in_flight + n <= bound,
+            held + n <= worker_cap,
             or_(Run.current_version == 0, published),
         )
         .values(
@@ -215,11 +231,12 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 
 # -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------
 # Locking the first queued rows (SKIP LOCKED), the admission compare-and-set on the run row
-# (which also takes the grant's fencing token), the lease insert and marking the rows leased are
-# four round trips on the portable path (leases.service._grant). Every acquire on a run
-# serialises on its run row from the admission update until commit, so here they are one
-# statement: the run row is locked for one round trip and the commit. The lease seed is
-# leases.service.lease_seed computed in SQL (the first 8 bytes of
+# (which also takes the grant's fencing token and checks the worker's fair share), the lease
+# insert and marking the rows leased are four round trips on the portable path
+# (leases.service._grant). Every acquire on a run serialises on its run row from the admission
+# update until commit, so here they are one statement: the run row is locked for one round trip
+# and the commit; a grant also clears the worker's waiting_since (the worker row last). The
+# lease seed is leases.service.lease_seed computed in SQL (the first 8 bytes of
 # sha256("{run seed}:{run id}:{fencing}") as a non-negative bigint).
 
 _GRANT = (
@@ -237,6 +254,9 @@ WITH picked AS (
     WHERE id = :run_id AND status = 'running'
       AND (SELECT count(*) FROM picked) > 0
       AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
+      AND (SELECT coalesce(sum(n_prompts), 0) FROM leases
+           WHERE run_id = :run_id AND worker_id = :worker_id AND state = 'active')
+          + (SELECT count(*) FROM picked) <= :worker_cap
       AND (current_version = 0 OR EXISTS (SELECT 1 FROM adapter_versions
                                           WHERE run_id = :run_id AND version = current_version))
     RETURNING fencing_seq, current_version, tokenizer_fingerprint,
@@ -254,6 +274,9 @@ WITH picked AS (
 ), marked AS (
     UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
     WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
+), granted AS (
+    UPDATE workers SET waiting_since = NULL
+    WHERE id = :worker_id AND EXISTS (SELECT 1 FROM lease)
 )
 SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
        lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint,
@@ -272,6 +295,7 @@ ORDER BY picked.queue_pos
         bindparam("lease_id", type_=Uuid),
         bindparam("n", type_=Integer),
         bindparam("bound", type_=BigInteger),
+        bindparam("worker_cap", type_=BigInteger),
         bindparam("ttl_s", type_=Float),
         bindparam("group_size", type_=Integer),
         bindparam("seed_prefix", type_=String),
@@ -334,9 +358,11 @@ def grant_params(
     ttl_s: float,
     group_size: int,
     run_seed: int,
+    worker_cap: int = INT_MAX,
 ) -> dict[str, Any]:
-    """The grant statement's parameters."""
+    """The grant statement's parameters (`worker_cap`: server/leases/fair_share.py)."""
     return {
+        "worker_cap": worker_cap,
         "run_id": run_id,
         "worker_id": worker_id,
         "lease_id": lease_id,

@@ -14,6 +14,7 @@ import uuid
 from fastapi import APIRouter, Request, Response, status
 
 from protocol.schemas import (
+    VERSIONS_HEADER,
     CompleteRequest,
     CompleteResponse,
     HeartbeatRequest,
@@ -26,6 +27,7 @@ from protocol.schemas import (
     ReleaseResponse,
     UploadRequest,
     UploadResponse,
+    format_versions_header,
 )
 from server.config import Settings
 from server.deps import Credentials, as_worker
@@ -37,28 +39,45 @@ router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=Transac
 POLL_INTERVAL_S = 0.25
 
 
+_VERSIONS_HEADER_DOC = {
+    VERSIONS_HEADER: {
+        "description": "The current version of every running run of the worker's base models: "
+        "`<run_id>=<version>` pairs joined by commas (empty when none).",
+        "schema": {"type": "string"},
+    }
+}
+
+
 @router.post(
     "/acquire",
     response_model=Lease,
-    responses={204: {"description": "No admissible work (after the long-poll, if any)."}},
+    responses={
+        200: {"headers": _VERSIONS_HEADER_DOC},
+        204: {
+            "description": "No admissible work (after the long-poll, if any).",
+            "headers": _VERSIONS_HEADER_DOC,
+        },
+    },
 )
 async def acquire(
-    body: LeaseAcquireRequest, request: Request, credentials: Credentials
+    body: LeaseAcquireRequest, request: Request, response: Response, credentials: Credentials
 ) -> Lease | Response:
     """Long-poll: each try authenticates and grants on its own (paths.acquire_once); the wait
     between tries is on the event loop, so idle workers hold no thread, no connection and no
-    lock (nor SQLite's write lock)."""
+    lock (nor SQLite's write lock). Both answers carry the versions the last try read."""
     settings: Settings = request.app.state.settings
     deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
     while True:
-        lease, active = await paths.acquire_once(request, credentials, body)
+        acquired, active = await paths.acquire_once(request, credentials, body)
         remaining = deadline - time.monotonic()
-        if lease is not None or not active or remaining <= 0:
+        if acquired.lease is not None or not active or remaining <= 0:
             break
         await asyncio.sleep(min(POLL_INTERVAL_S, remaining))
-    if lease is None:
-        return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return lease
+    versions = format_versions_header(acquired.versions)
+    if acquired.lease is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT, headers={VERSIONS_HEADER: versions})
+    response.headers[VERSIONS_HEADER] = versions
+    return acquired.lease
 
 
 @router.post("/heartbeat", response_model=HeartbeatsResponse)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -41,7 +42,7 @@ from server.config import Settings
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
-from server.leases import expiry, queue
+from server.leases import expiry, fair_share, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
 from server.runs import service as runs
@@ -64,32 +65,45 @@ def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
 # -- acquire -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Acquired:
+    """One acquire try: the lease granted (or None), and the current version of every running
+    run of the worker's base models (the answer's X-Asyncgrpo-Versions header)."""
+
+    lease: Lease | None
+    versions: dict[uuid.UUID, int]
+
+
 def acquire(
     session: Session,
     store: ObjectStore,
     settings: Settings,
     worker: Worker,
     body: LeaseAcquireRequest,
-) -> Lease | None:
+) -> Acquired:
     """One try: sweep expired leases, then grant from the fairest admissible run, or None."""
     expiry.sweep_expired(session)
     if worker.status != "active":
-        return None
-    models = list(worker.models or [])
-    if body.models is not None:
-        models = [m for m in body.models if m in models]
+        return Acquired(None, {})
+    served = list(worker.models or [])
+    models = served if body.models is None else [m for m in body.models if m in served]
+    candidates = repo.candidate_runs(session, served)
     lease = None
-    for run in repo.candidate_runs(session, models):
+    for run in candidates:
+        if run.base_model not in models:
+            continue
         lease = _grant(session, store, settings, run, worker.id)
         if lease is not None:
             break
     # Lock order everywhere: lease -> prompt rows -> run -> worker (the worker row last), so
     # an acquire and a sweep or fenced call never wait on each other in a cycle.
-    repo.touch_worker(session, worker.id)
-    return lease
+    repo.touch_worker(session, worker.id, waiting=lease is None)
+    return Acquired(lease, {run.id: run.current_version for run in candidates})
 
 
-def grant_params(config: RunConfig, run_id: uuid.UUID, worker_id: uuid.UUID) -> dict[str, Any]:
+def grant_params(
+    config: RunConfig, run_id: uuid.UUID, worker_id: uuid.UUID, worker_cap: int
+) -> dict[str, Any]:
     """The one-statement grant's parameters for a new lease of this run to this worker."""
     return queue.grant_params(
         run_id=run_id,
@@ -100,6 +114,7 @@ def grant_params(config: RunConfig, run_id: uuid.UUID, worker_id: uuid.UUID) -> 
         ttl_s=config.lease_ttl_s,
         group_size=config.group_size,
         run_seed=config.seed,
+        worker_cap=worker_cap,
     )
 
 
@@ -107,13 +122,23 @@ def _grant(
     session: Session, store: ObjectStore, settings: Settings, run: Run, worker_id: uuid.UUID
 ) -> Lease | None:
     config = runs.config_of(session, run.id)
+    cap = fair_share.cap(
+        session,
+        run_id=run.id,
+        base_model=run.base_model,
+        worker_id=worker_id,
+        bound=admission_bound(config),
+        in_flight=run.groups_in_flight,
+        n=config.prompts_per_lease,
+        window_s=fair_share.waiting_window_s(settings.lease_long_poll_s),
+    )
     if is_postgres(session):
-        params = grant_params(config, run.id, worker_id)
+        params = grant_params(config, run.id, worker_id, cap)
         granted = queue.grant_in_one_statement(session, params)
         lease_id = params["lease_id"]
     else:
         lease_id = uuid.uuid4()
-        granted = _grant_portable(session, run.id, worker_id, lease_id, config)
+        granted = _grant_portable(session, run.id, worker_id, lease_id, config, cap)
     if granted is None:
         return None
     return lease_response(store, settings, run.id, run.base_model, config, lease_id, granted)
@@ -163,12 +188,16 @@ def _grant_portable(
     worker_id: uuid.UUID,
     lease_id: uuid.UUID,
     config: RunConfig,
+    worker_cap: int,
 ) -> queue.Granted | None:
     """The grant statement by statement (SQLite, whose single writer already serialises)."""
     rows = repo.lock_queued_rows(session, run_id, config.prompts_per_lease)
     if not rows:
         return None
-    admitted = queue.admit(session, run_id, len(rows), admission_bound(config))
+    bound = admission_bound(config)
+    admitted = queue.admit(
+        session, run_id, len(rows), bound, worker_id=worker_id, worker_cap=worker_cap
+    )
     if admitted is None:
         return None
     fencing, version, fingerprint = admitted
@@ -201,14 +230,26 @@ def _grant_portable(
 def _adapter_ref(
     store: ObjectStore, settings: Settings, run_id: uuid.UUID, granted: queue.Granted
 ) -> AdapterRef | None:
-    if granted.version == 0:
+    return adapter_ref(store, settings, run_id, granted.version, granted.adapter)
+
+
+def adapter_ref(
+    store: ObjectStore,
+    settings: Settings,
+    run_id: uuid.UUID,
+    version: int,
+    adapter: tuple[str, dict[str, Any]] | None,
+) -> AdapterRef | None:
+    """What a worker is told to download for this version of the run (None for version 0):
+    the version's adapter row (sha256, files) with presigned download URLs."""
+    if version == 0:
         return None
-    if granted.adapter is None:
-        raise RuntimeError(f"run {run_id} is at version {granted.version} but has no adapter row")
-    sha256, files = granted.adapter
+    if adapter is None:
+        raise RuntimeError(f"run {run_id} is at version {version} but has no adapter row")
+    sha256, files = adapter
     ttl = settings.security.url_ttl_s
     return AdapterRef(
-        version=granted.version,
+        version=version,
         sha256=sha256,
         files=[
             AdapterFile(

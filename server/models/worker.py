@@ -21,6 +21,9 @@ class Worker(UUIDPk, CreatedAt, Base):
     models: Mapped[list[str]] = mapped_column(JSONType, default=list)
     status: Mapped[str] = mapped_column(String(16), default="active", index=True)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Set by an acquire try that granted nothing, cleared by a grant: the worker is waiting
+    # for work (a contender in server/leases/fair_share.py).
+    waiting_since: Mapped[datetime | None] = mapped_column(UTCDateTime)
     registration_token_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("tokens.id", ondelete="SET NULL")
     )

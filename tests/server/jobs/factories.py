@@ -81,7 +81,7 @@ def acquire(
     """A real lease from the lease engine; its id, or None when nothing is admissible."""
     from server.leases.service import acquire as engine_acquire
 
-    lease = engine_acquire(session, store, settings, worker, LeaseAcquireRequest())
+    lease = engine_acquire(session, store, settings, worker, LeaseAcquireRequest()).lease
     return lease.lease_id if lease is not None else None
 
 

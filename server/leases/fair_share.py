@@ -1,0 +1,140 @@
+"""Fair share of a run's admission bound (docs/architecture.md, "Admission", invariant 25).
+
+When several workers contend for one run, one worker may not hold more than its share of the
+run's bound: fair_share = ceil(bound / contenders), and a grant is refused when the worker's
+active leases of the run plus this lease would hold more than max(fair_share, one lease) of
+its prompt rows (groups). The contenders are the acquiring worker, the active workers serving
+the run's base model that hold an active lease of it, and those that are waiting
+(`workers.waiting_since` set by an acquire try that granted nothing, and seen recently).
+
+The contenders are a read before the grant (a soft rule: they may change under it); the
+worker's held count is checked in the grant statement itself (`queue.admit`, `queue._GRANT`,
+parameter `worker_cap`). The read is made only when the share can matter for this try: with
+admission control on, when the grant would take the run's groups in flight past half its bound
+but not past the bound (which refuses it anyway). Below half the bound no worker is capped: a
+worker may take up to half the bound however many contend, the share holds above it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg import AsyncConnection
+from sqlalchemy import Select, bindparam, exists, func, or_, select
+from sqlalchemy.orm import Session
+
+from protocol.schemas import INT_MAX
+from server.db import is_postgres
+from server.db_types import db_now_plus
+from server.models import Lease, Worker
+
+NO_CAP = INT_MAX  # admission control off, or the share cannot matter for this try
+MIN_WAITING_WINDOW_S = 5.0
+
+
+def waiting_window_s(long_poll_s: float) -> float:
+    """A waiting worker counts while it was seen this recently: twice the long-poll (a
+    long-polling worker is seen at every try), and never under a few seconds (round trips)."""
+    return max(2 * long_poll_s, MIN_WAITING_WINDOW_S)
+
+
+def needed(bound: int, in_flight: int, n: int) -> bool:
+    """Whether the share can matter: the grant takes the run past half its bound, within it."""
+    return bound < INT_MAX and bound < 2 * (in_flight + n) and in_flight + n <= bound
+
+
+def worker_cap(bound: int, n: int, contenders: int) -> int:
+    """The most prompt rows of the run one worker may hold: its share, at least one lease."""
+    return max(-(-bound // max(contenders, 1)), n)
+
+
+def _contenders_sqlite() -> Select[Any]:
+    """The other contenders of the run (the acquiring worker excluded), on SQLite."""
+    models = func.json_each(Worker.models).table_valued("value")
+    serves = exists(select(1).select_from(models).where(models.c.value == bindparam("base_model")))
+    holds = exists().where(
+        Lease.worker_id == Worker.id,
+        Lease.run_id == bindparam("run_id"),
+        Lease.state == "active",
+    )
+    waiting = Worker.waiting_since.is_not(None) & (
+        Worker.last_seen_at > db_now_plus(-bindparam("window_s"))
+    )
+    return (
+        select(func.count())
+        .select_from(Worker)
+        .where(
+            Worker.status == "active",
+            Worker.id != bindparam("worker_id"),
+            serves,
+            or_(holds, waiting),
+        )
+    )
+
+
+_CONTENDERS_SQLITE = _contenders_sqlite()
+# The same on Postgres, for psycopg (the event-loop acquire, and the portable one through
+# exec_driver_sql): `models ? base_model` is jsonb's "has this string element".
+CONTENDERS_SQL_PSYCOPG = """
+SELECT count(*) FROM workers w
+WHERE w.status = 'active' AND w.id <> %(worker_id)s AND w.models ? %(base_model)s
+  AND (EXISTS (SELECT 1 FROM leases l
+               WHERE l.worker_id = w.id AND l.run_id = %(run_id)s AND l.state = 'active')
+       OR (w.waiting_since IS NOT NULL
+           AND w.last_seen_at > clock_timestamp() - make_interval(secs => %(window_s)s)))
+"""
+
+
+def _params(
+    run_id: uuid.UUID, base_model: str, worker_id: uuid.UUID, window_s: float
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "base_model": base_model,
+        "worker_id": worker_id,
+        "window_s": window_s,
+    }
+
+
+def cap(
+    session: Session,
+    *,
+    run_id: uuid.UUID,
+    base_model: str,
+    worker_id: uuid.UUID,
+    bound: int,
+    in_flight: int,
+    n: int,
+    window_s: float,
+) -> int:
+    """The grant's `worker_cap` on the portable path."""
+    if not needed(bound, in_flight, n):
+        return NO_CAP
+    params = _params(run_id, base_model, worker_id, window_s)
+    if is_postgres(session):
+        others = session.connection().exec_driver_sql(CONTENDERS_SQL_PSYCOPG, params).scalar_one()
+    else:
+        others = session.execute(_CONTENDERS_SQLITE, params).scalar_one()
+    return worker_cap(bound, n, 1 + int(others))
+
+
+async def cap_async(
+    conn: AsyncConnection[Any],
+    *,
+    run_id: uuid.UUID,
+    base_model: str,
+    worker_id: uuid.UUID,
+    bound: int,
+    in_flight: int,
+    n: int,
+    window_s: float,
+) -> int:
+    """The grant's `worker_cap` on the event loop (Postgres), the same rule."""
+    if not needed(bound, in_flight, n):
+        return NO_CAP
+    cursor = await conn.execute(
+        CONTENDERS_SQL_PSYCOPG, _params(run_id, base_model, worker_id, window_s)
+    )
+    row = await cursor.fetchone()
+    return worker_cap(bound, n, 1 + int(row[0] if row else 0))

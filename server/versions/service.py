@@ -1,0 +1,112 @@
+"""The version long-poll's rules: which runs a worker is told about, and the watch of this
+server process (built from the app's database access)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping
+from typing import Any, NoReturn
+
+from anyio import to_thread
+from fastapi import FastAPI
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from protocol.schemas import INT_MAX, MAX_VERSIONS_AFTER, VersionNotice
+from protocol.storage import ObjectStore
+from server.config import Settings
+from server.errors import Unprocessable
+from server.leases.service import adapter_ref
+from server.versions import repository as repo
+from server.versions.watch import RunVersion, VersionWatch
+
+
+def make_watch(state: Any) -> VersionWatch:
+    """The watch of this process: on Postgres through the async pool when there is one (read
+    when the watch first runs, after the lifespan opened it), else a session in a thread."""
+    factory: sessionmaker[Session] = state.sessionmaker
+
+    def in_session(read: Any, *args: Any) -> Any:
+        with factory() as session:
+            return read(session, *args)
+
+    async def read_runs() -> list[repo.RunRow]:
+        if state.pg_pool is not None:
+            async with state.pg_pool.connection() as conn:
+                return await repo.running_runs_async(conn)
+        rows: list[repo.RunRow] = await to_thread.run_sync(in_session, repo.running_runs)
+        return rows
+
+    async def read_adapter(run_id: uuid.UUID, version: int) -> repo.Adapter | None:
+        if state.pg_pool is not None:
+            async with state.pg_pool.connection() as conn:
+                return await repo.adapter_async(conn, run_id, version)
+        found: repo.Adapter | None = await to_thread.run_sync(
+            in_session, repo.adapter, run_id, version
+        )
+        return found
+
+    return VersionWatch(read_runs, read_adapter, state.settings.version_poll_s)
+
+
+def poke_after_commit(app: FastAPI, session: Session) -> None:
+    """Have this process's watch read again once the session's transaction commits (a publish:
+    its workers hear of the new version at once rather than at the next tick)."""
+    watch: VersionWatch = app.state.version_watch
+    event.listen(session, "after_commit", lambda _session: watch.poke(), once=True)
+
+
+def parse_after(after: list[str]) -> dict[uuid.UUID, int]:
+    """`after` entries "<run_id>:<version>" as {run_id: version}; 422 naming `after`."""
+    if len(after) > MAX_VERSIONS_AFTER:
+        _refuse(f"at most {MAX_VERSIONS_AFTER} entries, got {len(after)}")
+    named: dict[uuid.UUID, int] = {}
+    for entry in after:
+        run_id, version = _entry(entry)
+        if run_id in named:
+            _refuse(f"run {run_id} is named twice")
+        named[run_id] = version
+    return named
+
+
+def _entry(entry: str) -> tuple[uuid.UUID, int]:
+    run_part, sep, version_part = entry.partition(":")
+    try:
+        run_id, version = uuid.UUID(run_part), int(version_part)
+    except ValueError:
+        version = -1
+    if not sep or not 0 <= version <= INT_MAX:
+        _refuse(f"{entry[:80]!r} is not '<run_id>:<version>' (a UUID and 0 … {INT_MAX})")
+    return run_id, version
+
+
+def _refuse(message: str) -> NoReturn:
+    raise Unprocessable(
+        "invalid request", errors=[{"field": "after", "message": message, "type": "value_error"}]
+    )
+
+
+def newer(
+    runs: Mapping[uuid.UUID, RunVersion], models: Collection[str], after: Mapping[uuid.UUID, int]
+) -> dict[uuid.UUID, RunVersion]:
+    """The runs of these base models whose version is newer than `after` names (a run not
+    named: newer than version 0)."""
+    return {
+        run_id: run
+        for run_id, run in runs.items()
+        if run.base_model in models and run.version > after.get(run_id, 0)
+    }
+
+
+def notices(
+    store: ObjectStore, settings: Settings, runs: Mapping[uuid.UUID, RunVersion]
+) -> list[VersionNotice]:
+    """What the worker is told of each: the version and the adapter a lease of it carries."""
+    return [
+        VersionNotice(
+            run_id=run_id,
+            version=run.version,
+            adapter=adapter_ref(store, settings, run_id, run.version, run.adapter),
+        )
+        for run_id, run in runs.items()
+    ]
