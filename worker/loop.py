@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from protocol.client import AsyncGrpoClient
-from protocol.schemas import Lease
+from protocol.schemas import Lease, ReleaseReason
 from worker import credentials
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, EngineFault
@@ -195,7 +195,8 @@ class WorkerLoop:
             if s.max_leases is not None and self._granted >= s.max_leases:
                 self._drain()
                 return
-            if not self.held.wait_below(self.max_inflight, CAPACITY_POLL_S):
+            room = self.held.wait_below(self.max_inflight, CAPACITY_POLL_S)
+            if not room or self.stop_event.is_set():
                 continue
             lease, versions = self._retry(
                 "acquire",
@@ -218,10 +219,11 @@ class WorkerLoop:
         self._granted += 1
         held = self.held.add(lease)
         refusal = self._refusal(lease)
-        if refusal is not None:
+        if refusal is not None or self.stop_event.is_set():
             assert self.work is not None
             record = LeaseRecord(lease.lease_id, lease.run_id, lease.adapter_version, Outcome.lost)
-            record.outcome, record.reason = self.work.give_back(held, "unservable"), refusal
+            reason: ReleaseReason = "unservable" if refusal is not None else "shutdown"
+            record.outcome, record.reason = self.work.give_back(held, reason), refusal or reason
             self._finish(held, record)
             return False
         self.served_runs.add(str(lease.run_id))
