@@ -2,7 +2,9 @@
 
 Each held lease keeps its own fencing token, cancel event and TTL deadline: an abort, a 409/404
 or an expiry cancels that lease's generation only. The registry counts the sequences in flight
-(prompts x G of every held lease), which is what `max_inflight_sequences` bounds.
+(prompts x G of every held lease that has not finished generating), which is what
+`max_inflight_sequences` bounds: a lease that is uploading or completing no longer occupies the
+engine, so the worker acquires the next one while it finishes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class HeldLease:
     lost_reason: str | None = None
     deadline: float = 0.0  # monotonic time its TTL runs out unless a heartbeat extends it
     released: bool = False
+    generated: bool = False  # its generation has ended: its sequences left the engine
     release_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -71,6 +74,12 @@ class HeldLeases:
             self._held.pop(held.lease_id, None)
             self._changed.notify_all()
 
+    def generated(self, held: HeldLease) -> None:
+        """The lease's generation ended (done, cancelled or failed): room for more."""
+        with self._changed:
+            held.generated = True
+            self._changed.notify_all()
+
     def snapshot(self) -> list[HeldLease]:
         with self._changed:
             return list(self._held.values())
@@ -84,7 +93,7 @@ class HeldLeases:
             return self._sequences()
 
     def _sequences(self) -> int:
-        return sum(h.sequences for h in self._held.values())
+        return sum(h.sequences for h in self._held.values() if not h.generated)
 
     def adapter_keys(self) -> set[tuple[str, int]]:
         """The (run, version) every held lease generates with."""

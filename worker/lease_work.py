@@ -70,6 +70,7 @@ class LeaseWork:
     loads: AdapterLoads
     guard: EngineGuard
     stop: threading.Event
+    generated: Callable[[HeldLease], None]  # the lease's sequences have left the engine
 
     def _retry(self, what: str, call: Callable[[], T], held: HeldLease | None = None) -> T:
         cancel = held.cancel if held is not None else None
@@ -150,13 +151,16 @@ class LeaseWork:
         )
         log.info("lease %s generating with run=%s v%d", lease.lease_id, lease.run_id,
                  lease.adapter_version)  # fmt: skip
-        with self.guard.generating() as epoch:
-            try:
-                completions = self.backend.generate(
-                    prompts, lease.group_size, sampling, handle, held.cancel
-                )
-            except EngineFault as exc:
-                return epoch, exc
+        try:
+            with self.guard.generating() as epoch:
+                try:
+                    completions = self.backend.generate(
+                        prompts, lease.group_size, sampling, handle, held.cancel
+                    )
+                except EngineFault as exc:
+                    return epoch, exc
+        finally:
+            self.generated(held)
         record.generation_seconds = time.monotonic() - started
         if held.cancel.is_set():
             raise GenerationCancelled()

@@ -182,6 +182,7 @@ class WorkerLoop:
             loads=self.loads,
             guard=self.guard,
             stop=self.stop_event,
+            generated=self.held.generated,
         )
 
     # -- polling --------------------------------------------------------------------------------
