@@ -177,10 +177,17 @@ def worker(
     name: str = typer.Option(None, help="Worker name (default: the host name)."),
     gpu_type: str = typer.Option(None, help="GPU type, e.g. H100 or cpu."),
     price_per_hour: float = typer.Option(None, help="USD per hour this box costs."),
-    backend: str = typer.Option(None, help="vllm or transformers."),
+    backend: str = typer.Option(
+        None, help="vllm, transformers, or simulated (a timing model for benchmarks only)."
+    ),
     model: str = typer.Option(None, help="Base model served (HF id, folder or alias)."),
     token_file: str = typer.Option(None, help="Where the worker token is kept (mode 0600)."),
     threads: int = typer.Option(None, help="torch threads (transformers backend)."),
+    max_inflight_sequences: int = typer.Option(
+        None,
+        help="Keep acquiring leases while the sequences (prompts x G) still generating stay "
+        "under this (default: 256 for vllm, max_batch_sequences for transformers).",
+    ),
     max_leases: int = typer.Option(None, help="Exit after this many leases."),
 ) -> None:
     """Run a rollout worker: register once, then lease, generate and upload until stopped.
@@ -197,6 +204,7 @@ def worker(
         "model": model,
         "token_file": token_file,
         "num_threads": threads,
+        "max_inflight_sequences": max_inflight_sequences,
         "max_leases": max_leases,
     }
     settings = _parse(WorkerSettings, given)
