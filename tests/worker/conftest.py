@@ -4,6 +4,7 @@ adapter versions made from it (LoRA r=4 on q/v with random B, so they change the
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,12 @@ def adapter_dirs(small_model: Any, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def tx_backend() -> Any:
+def tx_backend() -> Iterator[Any]:
     from worker.backends.transformers import TransformersBackend
 
-    return TransformersBackend(SMALL_MODEL, num_threads=1, max_loaded_adapters=1)
+    backend = TransformersBackend(SMALL_MODEL, num_threads=1, max_loaded_adapters=1)
+    yield backend
+    backend.close()
 
 
 @pytest.fixture(scope="session")
