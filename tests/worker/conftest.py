@@ -52,10 +52,12 @@ def adapter_dirs(small_model: Any, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def tx_backend() -> Any:
+def tx_backend() -> Iterator[Any]:
     from worker.backends.transformers import TransformersBackend
 
-    return TransformersBackend(SMALL_MODEL, num_threads=1, max_loaded_adapters=1)
+    backend = TransformersBackend(SMALL_MODEL, num_threads=1, max_loaded_adapters=1)
+    yield backend
+    backend.close()
 
 
 @pytest.fixture(scope="session")

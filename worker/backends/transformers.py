@@ -4,11 +4,30 @@ Sampling follows facts.md's pitfalls: pad = EOS with left padding and an attenti
 `top_k = 0` and `top_p = 1.0` set explicitly (transformers' generation config has defaults),
 and the log-prob of each sampled token taken from the raw `output_logits` divided by the
 temperature — never from `output_scores` — so it describes the distribution actually sampled.
+
+Concurrency (worker/backends/base.py): `generate` may be called from many threads. The calls
+are queued (worker/backends/batching.py) to one engine thread, which runs forward batches of up
+to `max_batch_sequences` rows of one adapter (run, version) and one (temperature,
+max_new_tokens), taken from the calls waiting when it becomes free. A cancelled call's rows stop
+at the next token (the stopping criterion answers per row) and the call raises at once; the
+other rows of its batch go on. Adapter loads, writes into a slot and evictions run on the engine
+thread between batches, so none races a forward pass; a slot whose version a queued or running
+call uses is never given up.
+
+Seeds. A batch holding rows of one call only continues that call's own torch RNG stream,
+seeded with the call's seed at its first such batch: a call that never shares a batch samples
+exactly as if it ran alone (as the single-threaded backend did), whatever ran between its
+batches. A batch holding rows of several calls is seeded from their seeds and row ranges: the
+same calls batched the same way sample the same tokens, but which calls share a batch depends
+on when they arrive, so concurrent calls are not reproducible token for token. Log-probs always
+describe the distribution actually sampled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import itertools
 import logging
 import threading
@@ -26,9 +45,9 @@ from worker.backends.base import (
     Backend,
     Completion,
     EngineFault,
-    GenerationCancelled,
     SamplingSpec,
 )
+from worker.backends.batching import Batch, Call, CallQueue
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -40,14 +59,33 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class _StopOnEvent(StoppingCriteria):
-    """Ends generation at the next token once the cancel event is set."""
+class _StopRows(StoppingCriteria):
+    """Ends each row at the next token once its call's cancel event is set (per-row answers:
+    the other rows of the batch go on)."""
 
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
+    def __init__(self, events: Sequence[threading.Event]) -> None:
+        self.events = events
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> Any:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+        stop = [event.is_set() for event in self.events]
+        return torch.tensor(stop, dtype=torch.bool, device=input_ids.device)
+
+
+def shared_seed(batch: Batch) -> int:
+    """A seed for a batch of several calls: a function of their seeds and row ranges."""
+    parts = [(call.sampling.seed, start, stop) for call, start, stop in batch.segments]
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _same(exc: Exception) -> Exception:
+    return exc
+
+
+def _out_of_memory(exc: torch.OutOfMemoryError) -> EngineFault:
+    fault = EngineFault(f"out of memory: {exc}")
+    fault.__cause__ = exc
+    return fault
 
 
 def eos_ids_of(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
@@ -78,7 +116,8 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 
 
 class TransformersBackend(Backend):
-    """One base model in eval mode; PEFT adapters loaded and switched per (run, version)."""
+    """One base model in eval mode, driven by one engine thread; PEFT adapters loaded into
+    slots per (run, version)."""
 
     name = "transformers"
 
@@ -95,19 +134,29 @@ class TransformersBackend(Backend):
         self._tokenizer = load_tokenizer(model)
         self.model = load_model(model, dtype=DTYPES[dtype], device=device, num_threads=num_threads)
         self.device = device
+        self.num_threads = torch.get_num_threads()  # set again on the engine thread
         self.max_batch_sequences = max_batch_sequences
-        self.max_loaded_adapters = max_loaded_adapters
+        self.max_loaded_adapters = max(1, max_loaded_adapters)
         self.eos_ids = eos_ids_of(self._tokenizer, self.model)
         pad = self._tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
         self.peft: Any = None  # peft.PeftModel once the first adapter is loaded
         # (run, version) -> the adapter slot holding it, least recently used first; a slot is
-        # one PEFT adapter, and its folder says what shape of weights it holds.
+        # one PEFT adapter, and its folder says what shape of weights it holds. Engine thread
+        # only.
         self._loaded: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._slot_folders: dict[str, Path] = {}
         self._slot_ids = itertools.count()
+        self._dropped: set[tuple[str, int]] = set()  # given up first when a slot is needed
+        self._dropped_lock = threading.Lock()
         self.adapter_loads = 0  # versions made ready
         self.adapter_writes = 0  # of them, written into an existing slot (no new adapter)
+        self.forward_batches = 0  # model.generate calls
+        self.batched_rows = 0  # rows in them
+        self.shared_batches = 0  # of them, batches holding rows of more than one call
+        self._queue = CallQueue(max_batch_sequences)
+        self._engine: threading.Thread | None = None
+        self._engine_lock = threading.Lock()
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -117,35 +166,109 @@ class TransformersBackend(Backend):
     def default_inflight_sequences(self) -> int:
         return self.max_batch_sequences
 
+    @property
+    def loaded_adapters(self) -> list[tuple[str, int]]:
+        """The (run, version) keys in the slots, least recently used first."""
+        return list(self._loaded)
+
+    @property
+    def queued_calls(self) -> int:
+        """Calls with rows not yet handed to a forward batch."""
+        return self._queue.queued_calls
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def _ensure_engine(self) -> None:
+        with self._engine_lock:
+            if self._engine is None:
+                self._engine = threading.Thread(
+                    target=self._engine_loop, name="transformers-engine", daemon=True
+                )
+                self._engine.start()
+
+    def _engine_loop(self) -> None:
+        torch.set_num_threads(self.num_threads)
+        with torch.inference_mode():
+            while (work := self._queue.next_work()) is not None:
+                if isinstance(work, Batch):
+                    self._run_batch(work)
+                    self._trim_slots()
+                else:
+                    CallQueue.run_task(work)
+
+    def close(self) -> None:
+        """Stop the engine thread; calls still queued raise EngineFault."""
+        self._queue.close(EngineFault("the backend is closed"))
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.join()
+
     # -- adapters ------------------------------------------------------------------------------
 
     @staticmethod
     def adapter_name(handle: AdapterHandle) -> str:
         return f"r{handle.run_id.replace('-', '')}_v{handle.version}"
 
+    def load_adapter(self, adapter: AdapterHandle) -> None:
+        self._mark_dropped(adapter.key, False)
+        self._ensure_engine()
+        self._queue.run_on_engine(lambda: self._load_adapter(adapter))
+
+    def drop_adapter(self, key: tuple[str, int]) -> None:
+        self._mark_dropped(key, True)
+
+    def _mark_dropped(self, key: tuple[str, int], dropped: bool) -> None:
+        with self._dropped_lock:
+            if dropped:
+                self._dropped.add(key)
+            else:
+                self._dropped.discard(key)
+
     def _load_adapter(self, handle: AdapterHandle) -> str:
-        """The slot holding this (run, version), made ready if needed: when the slots are full,
-        the least recently used one takes the new weights by a copy (same shape), or is
-        rebuilt for them."""
+        """The slot holding this (run, version), made ready if needed (engine thread): a slot no
+        call uses (`_victim`) takes the new weights by a copy (same shape), or is rebuilt for
+        them; when every slot is in use, a new one is built beyond `max_loaded_adapters`
+        (`_trim_slots` gives it back once free)."""
         slot = self._loaded.get(handle.key)
         if slot is not None:
             self._loaded.move_to_end(handle.key)
             return slot
-        if len(self._loaded) >= self.max_loaded_adapters:
-            _old_key, slot = self._loaded.popitem(last=False)
+        victim = self._victim() if len(self._loaded) >= self.max_loaded_adapters else None
+        if victim is None:
+            slot = self._build_slot(handle.path)
+        else:
+            slot = self._loaded.pop(victim)
             if same_adapter_shape(self._slot_folders[slot], handle.path):
                 write_adapter_weights(self.peft, handle.path, slot)
                 self.adapter_writes += 1
             else:
                 self.peft.delete_adapter(slot)
                 slot = self._build_slot(handle.path)
-        else:
-            slot = self._build_slot(handle.path)
         self._slot_folders[slot] = handle.path
         self._loaded[handle.key] = slot
         self.adapter_loads += 1
         log.info("loaded adapter %s from %s", self.adapter_name(handle), handle.path)
         return slot
+
+    def _victim(self) -> tuple[str, int] | None:
+        """The loaded version to give up: never one a queued or running call uses; a dropped
+        one before the others, least recently used first."""
+        free = [key for key in self._loaded if not self._queue.pinned(key)]
+        with self._dropped_lock:
+            dropped = [key for key in free if key in self._dropped]
+        candidates = dropped or free
+        return candidates[0] if candidates else None
+
+    def _trim_slots(self) -> None:
+        """Back within `max_loaded_adapters` once the versions of extra slots are free."""
+        while len(self._loaded) > self.max_loaded_adapters:
+            victim = self._victim()
+            if victim is None:
+                return
+            slot = self._loaded.pop(victim)
+            del self._slot_folders[slot]
+            self.peft.delete_adapter(slot)
 
     def _build_slot(self, folder: Path) -> str:
         """A new PEFT adapter built from a version folder."""
@@ -201,26 +324,67 @@ class TransformersBackend(Backend):
         adapter: AdapterHandle | None,
         cancel: threading.Event | None = None,
     ) -> list[Completion]:
-        cancel = cancel or threading.Event()
-        jobs = [(p, g) for p in range(len(prompts)) for g in range(group_size)]
-        torch.manual_seed(sampling.seed)
-        completions: list[Completion] = []
-        with torch.inference_mode(), self._selected(adapter) as module:
-            for start in range(0, len(jobs), self.max_batch_sequences):
-                chunk = jobs[start : start + self.max_batch_sequences]
-                rows = [prompts[p] for p, _g in chunk]
-                try:
-                    completions.extend(self._generate_chunk(module, chunk, rows, sampling, cancel))
-                except torch.OutOfMemoryError as exc:
-                    raise EngineFault(f"out of memory: {exc}") from exc
-                if cancel.is_set():
-                    raise GenerationCancelled()
-        return completions
+        call = Call(prompts, group_size, sampling, adapter, cancel or threading.Event())
+        if not call.rows:
+            return []
+        if adapter is not None:
+            self._mark_dropped(adapter.key, False)
+        self._ensure_engine()
+        self._queue.submit(call)
+        return self._queue.wait(call)
 
     def restart(self) -> None:
         """After an out-of-memory: give the allocator's cached blocks back (the weights stay)."""
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def _run_batch(self, batch: Batch) -> None:
+        """One forward batch (engine thread); its calls get their rows, or each an error."""
+        rows = batch.rows
+        self.forward_batches += 1
+        self.batched_rows += len(rows)
+        self.shared_batches += len(batch.segments) > 1
+        try:
+            with self._selected(batch.head.adapter) as module:
+                self._seed(batch)
+                completions = self._generate_chunk(
+                    module,
+                    [call.rows[i] for call, i in rows],
+                    [call.prompts[call.rows[i][0]] for call, i in rows],
+                    batch.head.sampling,
+                    [call.cancel for call, _i in rows],
+                )
+                if len(batch.segments) == 1:
+                    batch.head.rng_state = self._rng_state()
+        except torch.OutOfMemoryError as exc:
+            self._queue.fail(batch, functools.partial(_out_of_memory, exc))
+        except Exception as exc:
+            self._queue.fail(batch, functools.partial(_same, exc))
+        else:
+            self._queue.deliver(batch, completions)
+
+    def _seed(self, batch: Batch) -> None:
+        """A lone call's batch continues its own RNG stream; a shared batch is seeded from its
+        calls' seeds and row ranges (module docstring, "Seeds")."""
+        if len(batch.segments) > 1:
+            torch.manual_seed(shared_seed(batch))
+        elif batch.head.rng_state is None:
+            torch.manual_seed(batch.head.sampling.seed)
+        else:
+            self._set_rng_state(batch.head.rng_state)
+
+    def _on_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    def _rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cuda = torch.cuda.get_rng_state(self.device) if self._on_cuda() else None
+        return torch.get_rng_state(), cuda
+
+    def _set_rng_state(self, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        cpu, cuda = state
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, self.device)
 
     def _generate_chunk(
         self,
@@ -228,17 +392,17 @@ class TransformersBackend(Backend):
         chunk: list[tuple[int, int]],
         rows: list[Sequence[int]],
         sampling: SamplingSpec,
-        cancel: threading.Event,
+        cancels: Sequence[threading.Event],
     ) -> list[Completion]:
+        """Completions of `rows` ((prompt, group) indices in `chunk`), row i stopping at the
+        next token once `cancels[i]` is set."""
         input_ids, mask = left_pad(rows, self.pad_id)
         out = module.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
             generation_config=self._config(sampling),
-            stopping_criteria=StoppingCriteriaList([_StopOnEvent(cancel)]),
+            stopping_criteria=StoppingCriteriaList([_StopRows(cancels)]),
         )
-        if cancel.is_set():
-            raise GenerationCancelled()
         new_tokens = out.sequences[:, input_ids.shape[1] :].cpu()  # (B, S)
         # One (B, V) logits tensor per step: take each sampled token's log-prob step by step
         # instead of stacking (B, S, V) (facts.md pitfall 5).
