@@ -82,9 +82,9 @@ def test_a_version_published_while_busy_is_loaded_before_its_first_lease(
     assert second.adapter_preloaded  # the push started the load, not the lease
     (load,) = worker.loop.loads.records
     assert load.key == (stack.run_id, 1) and load.source == "push"
-    granted = stack.server.sql(
-        "SELECT created_at FROM leases WHERE id = :l", l=second.lease_id
-    )[0].created_at
+    granted = stack.server.sql("SELECT created_at FROM leases WHERE id = :l", l=second.lease_id)[
+        0
+    ].created_at
     published = stack.server.sql(
         "SELECT created_at FROM adapter_versions WHERE run_id = :r AND version = 1",
         r=uuid.UUID(stack.run_id),
