@@ -50,7 +50,9 @@ def deltas(
     )
 
 
-def check_shape(completions: list[Completion], n_prompts: int, g: int, eos: set[int]) -> None:
+def check_shape(
+    completions: list[Completion], n_prompts: int, g: int, eos: set[int], max_new: int = 16
+) -> None:
     assert [(c.prompt_index, c.group_index) for c in completions] == [
         (p, i) for p in range(n_prompts) for i in range(g)
     ]
@@ -61,7 +63,7 @@ def check_shape(completions: list[Completion], n_prompts: int, g: int, eos: set[
             assert c.token_ids[-1] in eos  # the EOS is kept (facts.md pitfall 1)
             assert not eos & set(c.token_ids[:-1])
         else:
-            assert len(c.token_ids) == 16 and not eos & set(c.token_ids)
+            assert len(c.token_ids) == max_new and not eos & set(c.token_ids)
 
 
 def test_base_model_logprobs_match_forward_pass(

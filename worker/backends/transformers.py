@@ -155,8 +155,10 @@ class TransformersBackend(Backend):
         self.batched_rows = 0  # rows in them
         self.shared_batches = 0  # of them, batches holding rows of more than one call
         self._queue = CallQueue(max_batch_sequences)
-        self._engine: threading.Thread | None = None
-        self._engine_lock = threading.Lock()
+        self._engine = threading.Thread(
+            target=self._engine_loop, name="transformers-engine", daemon=True
+        )
+        self._engine.start()
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -178,14 +180,6 @@ class TransformersBackend(Backend):
 
     # -- the engine thread ---------------------------------------------------------------------
 
-    def _ensure_engine(self) -> None:
-        with self._engine_lock:
-            if self._engine is None:
-                self._engine = threading.Thread(
-                    target=self._engine_loop, name="transformers-engine", daemon=True
-                )
-                self._engine.start()
-
     def _engine_loop(self) -> None:
         torch.set_num_threads(self.num_threads)
         with torch.inference_mode():
@@ -199,10 +193,7 @@ class TransformersBackend(Backend):
     def close(self) -> None:
         """Stop the engine thread; calls still queued raise EngineFault."""
         self._queue.close(EngineFault("the backend is closed"))
-        with self._engine_lock:
-            engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.join()
+        self._engine.join()
 
     # -- adapters ------------------------------------------------------------------------------
 
@@ -212,7 +203,6 @@ class TransformersBackend(Backend):
 
     def load_adapter(self, adapter: AdapterHandle) -> None:
         self._mark_dropped(adapter.key, False)
-        self._ensure_engine()
         self._queue.run_on_engine(lambda: self._load_adapter(adapter))
 
     def drop_adapter(self, key: tuple[str, int]) -> None:
@@ -329,7 +319,6 @@ class TransformersBackend(Backend):
             return []
         if adapter is not None:
             self._mark_dropped(adapter.key, False)
-        self._ensure_engine()
         self._queue.submit(call)
         return self._queue.wait(call)
 
