@@ -125,7 +125,12 @@ def measure(args: argparse.Namespace, work: Path) -> list[tuple[Published, dict[
     results = []
     templates = build_templates(args.sizes, work / "templates")
     with common.postgres_db() as db, common.moto_s3(work) as s3:
-        cluster = Cluster(common.cluster_config(work, db, s3))
+        # Two leases in flight per worker: on one CPU thread the transformers engine runs one
+        # forward batch at a time, and a load (or a new version's first generation) waits for
+        # the batch under way; two adapter slots, so versions from the third on are copies.
+        env = {"ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": "4",
+               "ASYNCGRPO_WORKER_MAX_LOADED_ADAPTERS": "2"}  # fmt: skip
+        cluster = Cluster(common.cluster_config(work, db, s3, **env))
         with cluster:
             cluster.start_server()
             run_id = cluster.create_run(run_config(args.max_new_tokens))

@@ -74,15 +74,25 @@ def same_adapter_shape(a: Path, b: Path) -> bool:
     return bool(config_a == config_b)
 
 
-def write_adapter_weights(peft_model: Any, folder: Path, adapter_name: str) -> None:
-    """Copy a version folder's LoRA weights into an adapter the model already has (built for a
-    version of the same shape, `same_adapter_shape`): about the cost of a copy of the bytes,
-    where building a new adapter re-creates its modules. Every LoRA parameter of
-    `adapter_name` is written exactly once, or nothing is (ValueError)."""
-    import torch
+def read_adapter_weights(folder: Path) -> dict[str, Any]:
+    """A version folder's saved LoRA tensors (read before the write, e.g. off the thread that
+    generates, so that the write is only the copy)."""
     from safetensors.torch import load_file
 
-    state = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    return load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+
+
+def write_adapter_weights(
+    peft_model: Any, folder: Path, adapter_name: str, state: dict[str, Any] | None = None
+) -> None:
+    """Copy a version folder's LoRA weights (or `state`, read from it already) into an adapter
+    the model already has (built for a version of the same shape, `same_adapter_shape`): about
+    the cost of a copy of the bytes, where building a new adapter re-creates its modules. Every
+    LoRA parameter of `adapter_name` is written exactly once, or nothing is (ValueError)."""
+    import torch
+
+    if state is None:
+        state = read_adapter_weights(folder)
     targets = _slot_parameters(peft_model, adapter_name, state)
     with torch.no_grad():
         for key, tensor in state.items():

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from lm.adapter_io import same_adapter_shape, write_adapter_weights
+from lm.adapter_io import read_adapter_weights, same_adapter_shape, write_adapter_weights
 from lm.models import load_model, load_tokenizer
 from worker.backends.base import (
     Backend,
@@ -202,8 +202,11 @@ class TransformersBackend(Backend):
         return f"r{handle.run_id.replace('-', '')}_v{handle.version}"
 
     def load_adapter(self, adapter: AdapterHandle) -> None:
+        """Read the weights here, then make the version ready on the engine thread between two
+        batches (there a copy into a free slot of the same shape is all that is left)."""
         self._mark_dropped(adapter.key, False)
-        self._queue.run_on_engine(lambda: self._load_adapter(adapter))
+        state = read_adapter_weights(adapter.path)
+        self._queue.run_on_engine(lambda: self._load_adapter(adapter, state))
 
     def drop_adapter(self, key: tuple[str, int]) -> None:
         self._mark_dropped(key, True)
@@ -215,7 +218,7 @@ class TransformersBackend(Backend):
             else:
                 self._dropped.discard(key)
 
-    def _load_adapter(self, handle: AdapterHandle) -> str:
+    def _load_adapter(self, handle: AdapterHandle, state: dict[str, Any] | None = None) -> str:
         """The slot holding this (run, version), made ready if needed (engine thread): a slot no
         call uses (`_victim`) takes the new weights by a copy (same shape), or is rebuilt for
         them; when every slot is in use, a new one is built beyond `max_loaded_adapters`
@@ -230,7 +233,7 @@ class TransformersBackend(Backend):
         else:
             slot = self._loaded.pop(victim)
             if same_adapter_shape(self._slot_folders[slot], handle.path):
-                write_adapter_weights(self.peft, handle.path, slot)
+                write_adapter_weights(self.peft, handle.path, slot, state)
                 self.adapter_writes += 1
             else:
                 self.peft.delete_adapter(slot)
