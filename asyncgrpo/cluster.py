@@ -147,6 +147,7 @@ class ClusterConfig:
     model: str = "smollm2-135m-instruct"
     threads: int = 1
     server_log_level: str = "warning"
+    worker_python: str | None = None  # e.g. .venv-vllm/bin/python for the vllm backend
 
 
 class Cluster:
@@ -282,8 +283,9 @@ class Cluster:
                 **self.config.worker_env,
             }
         )
+        python = self.config.worker_python or sys.executable
         argv = [
-            *self._cli(), "worker", "--server", self.url,
+            python, "-m", "asyncgrpo.cli", "worker", "--server", self.url,
             "--registration-token", self.registration_token, "--name", name,
             "--model", self.config.model, "--threads", str(self.config.threads),
         ]  # fmt: skip

