@@ -72,7 +72,9 @@ class HeartbeatPump:
         self.calls += 1
         try:
             answer = self.client.heartbeat_leases([h.lease for h in leases])
-        except (ApiError, httpx.HTTPError) as exc:
+        except (ApiError, httpx.HTTPError, RuntimeError) as exc:
+            if self._stop.is_set():
+                return  # the client was closed under the call: the worker stops
             log.warning("heartbeat of %d leases failed: %r", len(leases), exc)
             now = time.monotonic()
             for held in leases:

@@ -208,7 +208,9 @@ class VersionFeed:
             except NotFoundError:
                 log.warning("the server has no version feed; versions load when leases need them")
                 return
-            except (ApiError, httpx.HTTPError) as exc:
+            except (ApiError, httpx.HTTPError, RuntimeError) as exc:
+                if self._stop.is_set():
+                    return  # the client was closed under the long-poll: the worker stops
                 log.warning("version feed failed (%r); retrying in %.1fs", exc, delay)
                 self._fetch_now.wait(delay)
                 delay = min(self.retry_max_s, delay * 2)

@@ -187,6 +187,46 @@ def test_a_cancelled_call_stops_alone(
         assert d.mean().item() < MEAN_TOL and d.max().item() < MAX_TOL
 
 
+def test_a_free_slot_is_written_beside_the_batch_under_way(
+    make_backend: Callable[..., Any],
+    references: dict[int, Any],
+    small_model: Any,
+    adapter_dirs: dict[int, Path],
+    long_prompt: list[int],
+    tmp_path: Path,
+) -> None:
+    # Two slots holding v1 and v2; while a v1 batch generates, v3 (same shape) is copied into
+    # v2's slot at once, without waiting for the batch to end, and the batch is undisturbed.
+    backend = make_backend(max_loaded_adapters=2)
+    v1, v2 = handle(1, adapter_dirs[1]), handle(2, adapter_dirs[2])
+    v3 = handle(3, make_adapter_version(small_model, tmp_path / "v3", seed=3))
+    backend.load_adapter(v1)
+    backend.load_adapter(v2)
+    loaded_during: list[bool] = []
+    finished = threading.Event()
+
+    def generate() -> Any:
+        try:
+            return backend.generate([long_prompt], 2, SamplingSpec(T, 96, 5), v1)
+        finally:
+            finished.set()
+
+    def load_during_the_batch() -> None:
+        wait_until(lambda: backend.forward_batches == 1)
+        time.sleep(0.2)
+        backend.load_adapter(v3)
+        loaded_during.append(not finished.is_set())
+
+    out, loaded = in_threads(generate, load_during_the_batch)
+    assert loaded is None, loaded
+    assert loaded_during == [True] and backend.forward_batches == 1
+    assert backend.adapter_writes == 1
+    assert set(backend.loaded_adapters) == {v1.key, v3.key}
+    check_shape(out, 1, 2, set(backend.eos_ids), 96)
+    d = deltas(references[1], [long_prompt], out, backend.pad_id)
+    assert d.mean().item() < MEAN_TOL and d.max().item() < MAX_TOL
+
+
 def test_loads_during_a_generate_never_evict_its_adapter(
     make_backend: Callable[..., Any],
     small_model: Any,
@@ -208,10 +248,11 @@ def test_loads_during_a_generate_never_evict_its_adapter(
             backend.load_adapter(h)
             seen.append(backend.loaded_adapters)
 
-    out, _ = in_threads(
+    out, loaded = in_threads(
         lambda: backend.generate([long_prompt] * 3, 2, SamplingSpec(T, 24, 4), v1),
         load_during_generate,
     )
+    assert loaded is None, loaded
     assert backend.forward_batches == 3
     assert [set(keys) for keys in seen] == [{v1.key, v2.key}, {v1.key, v3.key}]
     assert (backend.adapter_loads, backend.adapter_writes) == (3, 1)

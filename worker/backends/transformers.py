@@ -41,6 +41,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from lm.adapter_io import read_adapter_weights, same_adapter_shape, write_adapter_weights
 from lm.models import load_model, load_tokenizer
+from protocol.adapters import AdapterMismatch
 from worker.backends.base import (
     Backend,
     Completion,
@@ -142,10 +143,11 @@ class TransformersBackend(Backend):
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
         self.peft: Any = None  # peft.PeftModel once the first adapter is loaded
         # (run, version) -> the adapter slot holding it, least recently used first; a slot is
-        # one PEFT adapter, and its folder says what shape of weights it holds. Engine thread
-        # only.
+        # one PEFT adapter, and its folder says what shape of weights it holds. Changed under
+        # _slots by the engine thread and by a load writing into a free slot beside a batch.
         self._loaded: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._slot_folders: dict[str, Path] = {}
+        self._slots = threading.RLock()
         self._slot_ids = itertools.count()
         self._dropped: set[tuple[str, int]] = set()  # given up first when a slot is needed
         self._dropped_lock = threading.Lock()
@@ -202,11 +204,50 @@ class TransformersBackend(Backend):
         return f"r{handle.run_id.replace('-', '')}_v{handle.version}"
 
     def load_adapter(self, adapter: AdapterHandle) -> None:
-        """Read the weights here, then make the version ready on the engine thread between two
-        batches (there a copy into a free slot of the same shape is all that is left)."""
+        """Read the weights here, and copy them into a free slot of the same shape beside the
+        batch under way; a version that needs a new slot is built on the engine thread between
+        two batches."""
         self._mark_dropped(adapter.key, False)
         state = read_adapter_weights(adapter.path)
-        self._queue.run_on_engine(lambda: self._load_adapter(adapter, state))
+        if not self._write_beside_generation(adapter, state):
+            self._queue.run_on_engine(lambda: self._load_adapter(adapter, state))
+
+    def _write_beside_generation(self, handle: AdapterHandle, state: dict[str, Any]) -> bool:
+        """Copy the weights into a free slot of the same shape, now, in this thread; False when
+        there is none (or the version is loaded already: True). Safe beside a batch: the slot
+        leaves the map before the copy, so no batch can pick it, versions of queued or running
+        calls are never taken (`_victim`), and a batch reads only its own adapter's weights."""
+        with self._slots:
+            if handle.key in self._loaded:
+                self._loaded.move_to_end(handle.key)
+                return True
+            if self.peft is None or len(self._loaded) < self.max_loaded_adapters:
+                return False
+            victim = self._victim()
+            if victim is None:
+                return False
+            slot = self._loaded[victim]
+            if not same_adapter_shape(self._slot_folders[slot], handle.path):
+                return False
+            del self._loaded[victim]
+            try:
+                # slots built on the engine thread hold inference tensors: written as such
+                with torch.inference_mode():
+                    write_adapter_weights(self.peft, handle.path, slot, state)
+            except Exception as exc:
+                del self._slot_folders[slot]  # its weights are no version's any more
+                failed: Exception | None = exc
+            else:
+                self._slot_folders[slot] = handle.path
+                self._loaded[handle.key] = slot
+                self.adapter_loads += 1
+                self.adapter_writes += 1
+                failed = None
+        if failed is not None:  # the broken slot goes, on the engine thread (never under _slots)
+            self._queue.run_on_engine(lambda: self.peft.delete_adapter(slot))
+            raise AdapterMismatch("adapter_model.safetensors", str(failed)) from failed
+        log.info("loaded adapter %s from %s", self.adapter_name(handle), handle.path)
+        return True
 
     def drop_adapter(self, key: tuple[str, int]) -> None:
         self._mark_dropped(key, True)
@@ -223,6 +264,10 @@ class TransformersBackend(Backend):
         call uses (`_victim`) takes the new weights by a copy (same shape), or is rebuilt for
         them; when every slot is in use, a new one is built beyond `max_loaded_adapters`
         (`_trim_slots` gives it back once free)."""
+        with self._slots:
+            return self._load_locked(handle, state)
+
+    def _load_locked(self, handle: AdapterHandle, state: dict[str, Any] | None) -> str:
         slot = self._loaded.get(handle.key)
         if slot is not None:
             self._loaded.move_to_end(handle.key)
@@ -255,6 +300,10 @@ class TransformersBackend(Backend):
 
     def _trim_slots(self) -> None:
         """Back within `max_loaded_adapters` once the versions of extra slots are free."""
+        with self._slots:
+            self._trim_locked()
+
+    def _trim_locked(self) -> None:
         while len(self._loaded) > self.max_loaded_adapters:
             victim = self._victim()
             if victim is None:
