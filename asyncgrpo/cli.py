@@ -188,7 +188,9 @@ def worker(
         help="Keep acquiring leases while the sequences (prompts x G) still generating stay "
         "under this (default: 256 for vllm, max_batch_sequences for transformers).",
     ),
-    max_leases: int = typer.Option(None, help="Exit after this many leases."),
+    max_leases: int = typer.Option(
+        None, help="Take at most this many leases, then exit once they have ended."
+    ),
 ) -> None:
     """Run a rollout worker: register once, then lease, generate and upload until stopped.
     Other settings come from ASYNCGRPO_WORKER_* variables (see worker/config.py)."""

@@ -144,7 +144,10 @@ class WorkerSettings(BaseSettings):
         600.0, gt=0, description="The window in which engine_fault_limit deaths end the worker."
     )
     max_leases: int | None = Field(
-        None, ge=1, description="Exit after this many finished leases (tests, demos)."
+        None,
+        ge=1,
+        description="Take at most this many leases, then exit once they have all ended (tests, "
+        "demos).",
     )
     vllm: VllmSettings = Field(default_factory=VllmSettings, description="vLLM engine options.")
     simulated: SimulatedSettings = Field(
