@@ -73,7 +73,7 @@ def preload(backend: Any, run: str, folder: Path, v2_run: Any, gen: Any) -> dict
 
     backend.drop_adapter((run, 1))
     backend.load_adapter(AdapterHandle(run, 2, "x", folder))
-    before = [key for key in backend._loras]
+    before = list(backend._loras)
     tokens = [c["token_ids"] for c in gen(2)]
     return {
         "ready_before_use": before == [(run, 2)],
