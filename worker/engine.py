@@ -45,6 +45,12 @@ class EngineGuard:
         self._epoch = 0  # bumped by every death: generations of an older epoch saw that death
         self._restarting = False
 
+    @property
+    def epoch(self) -> int:
+        """The engine's current epoch (for a death seen outside a generation: a load)."""
+        with self._changed:
+            return self._epoch
+
     @contextlib.contextmanager
     def generating(self) -> Iterator[int]:
         """Around one generation: waits while the engine restarts; yields the engine's epoch,

@@ -133,13 +133,17 @@ class LeaseWork:
         lease is released before the engine restarts."""
         lease = held.lease
         started = time.monotonic()
-        handle, record.adapter_preloaded = self._retry(
-            "adapter download",
-            lambda: self.loads.ready(
-                str(lease.run_id), lease.adapter_version, lease.adapter, held.cancel
-            ),
-            held,
-        )
+        try:
+            handle, record.adapter_preloaded = self._retry(
+                "adapter download",
+                lambda: self.loads.ready(
+                    str(lease.run_id), lease.adapter_version, lease.adapter, held.cancel
+                ),
+                held,
+            )
+        except EngineFault as exc:  # the engine died loading the version
+            self.generated(held)
+            return self.guard.epoch, exc
         record.adapter_wait_s = time.monotonic() - started
         if held.cancel.is_set():
             raise GenerationCancelled()

@@ -154,3 +154,47 @@ def test_an_engine_death_under_three_leases_releases_them_all_and_restarts_once(
     )
     assert sorted(a.attempts for a in attempts) == [1, 1, 1]  # the death counted once each
     assert stack.prompt_states() == {"accepted": 3}
+
+
+class DiesLoading:
+    """The real backend, whose engine dies once while loading an adapter version."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.restarts = 0
+        self.died = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def load_adapter(self, adapter: Any) -> None:
+        if not self.died:
+            self.died = True
+            raise EngineFault("injected: engine died loading an adapter")
+        self.backend.load_adapter(adapter)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.backend.restart()
+
+
+@pytest.mark.timeout(600)
+def test_an_engine_death_while_loading_a_version_releases_the_lease_and_restarts(
+    make_stack: Callable[..., Stack],
+    tx_backend: Any,
+    adapter_dirs: dict[int, Path],
+    tmp_path: Path,
+) -> None:
+    stack = make_stack(2, prompts_per_lease=1, max_staleness=2)
+    stack.publish(1, adapter_dirs[1])  # every lease carries v1: its first load kills the engine
+    backend = DiesLoading(tx_backend)
+    settings = worker_settings(stack, tmp_path, max_leases=3, max_inflight_sequences=4)
+    worker = LoopThread(settings, backend).start()
+    worker.join(300)
+
+    history = worker.loop.history
+    (fault,) = [r for r in history if r.engine_fault is not None]
+    assert fault.outcome == Outcome.released and "engine died loading" in (fault.reason or "")
+    assert backend.restarts == 1
+    assert [r.outcome for r in history if r.engine_fault is None] == [Outcome.accepted] * 2
+    assert stack.prompt_states() == {"accepted": 2}
