@@ -1,9 +1,11 @@
 """Fair share of a run's admission bound (docs/architecture.md, "Admission", invariant 25).
 
 When several workers contend for one run, one worker may not hold more than its share of the
-run's bound: fair_share = ceil(bound / contenders), and a grant is refused when the worker's
-active leases of the run plus this lease would hold more than max(fair_share, one lease) of
-its prompt rows (groups). The contenders are the acquiring worker, the active workers serving
+run's bound: fair_share = ceil(bound / contenders), and a grant is refused when the run's
+prompt rows in flight through the worker's leases (leased, accepted or claimed: the bound's own
+count) plus this lease's would exceed max(fair_share, one lease). Counting only the rows still
+leased would let a fast worker whose batches wait for the learner take every slot the learner
+frees, and starve a slower one. The contenders are the acquiring worker, the active workers serving
 the run's base model that hold an active lease of it, and those that are waiting
 (`workers.waiting_since` set by an acquire try that granted nothing, and seen recently).
 

@@ -169,7 +169,7 @@ def admit(
 
     `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = fencing_seq + 1,
     last_lease_at = now() WHERE id = :id AND status = 'running' AND groups_in_flight + n <=
-    :bound AND <the worker's active leases of the run hold at most worker_cap - n rows> AND
+    :bound AND <the run's rows in flight through the worker's leases are at most worker_cap - n> AND
     <the current version is 0 or has its adapter row> RETURNING fencing_seq, current_version,
     tokenizer_fingerprint`; None when the bound, the worker's fair share
     (server/leases/fair_share.py), the status or a version with nothing to hand out refuses (as
@@ -178,20 +178,17 @@ def admit(
     published = exists().where(
         AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
     )
-    held = (
-        select(func.coalesce(func.sum(Lease.n_prompts), 0))
-        .where(Lease.run_id == run_id, Lease.worker_id == worker_id, Lease.state == "active")
-        .scalar_subquery()
-    )
+    conditions = [
+        Run.id == run_id,
+        Run.status == "running",
+        Run.groups_in_flight + n <= bound,
+        or_(Run.current_version == 0, published),
+    ]
+    if worker_cap < INT_MAX:
+        conditions.append(_worker_in_flight(run_id, worker_id) + n <= worker_cap)
     return session.execute(
         update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == "running",
-            Run.groups_in_flight + n <= bound,
-            held + n <= worker_cap,
-            or_(Run.current_version == 0, published),
-        )
+        .where(*conditions)
         .values(
             groups_in_flight=Run.groups_in_flight + n,
             fencing_seq=Run.fencing_seq + 1,
@@ -200,6 +197,23 @@ def admit(
         .returning(Run.fencing_seq, Run.current_version, Run.tokenizer_fingerprint)
         .execution_options(synchronize_session=False)
     ).first()
+
+
+def _worker_in_flight(run_id: uuid.UUID, worker_id: uuid.UUID | None) -> Any:
+    """The run's prompt rows in flight (leased, accepted or claimed) through this worker's
+    leases: what the fair share counts, in the bound's own unit (an accepted row keeps its
+    lease id until it is consumed or re-queued)."""
+    return (
+        select(func.count())
+        .select_from(PromptRow)
+        .join(Lease, Lease.id == PromptRow.lease_id)
+        .where(
+            PromptRow.run_id == run_id,
+            PromptRow.state.in_(IN_FLIGHT),
+            Lease.worker_id == worker_id,
+        )
+        .scalar_subquery()
+    )
 
 
 def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
@@ -254,9 +268,11 @@ WITH picked AS (
     WHERE id = :run_id AND status = 'running'
       AND (SELECT count(*) FROM picked) > 0
       AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
-      AND (SELECT coalesce(sum(n_prompts), 0) FROM leases
-           WHERE run_id = :run_id AND worker_id = :worker_id AND state = 'active')
-          + (SELECT count(*) FROM picked) <= :worker_cap
+      AND CASE WHEN :worker_cap >= {no_cap} THEN true
+               ELSE (SELECT count(*) FROM prompt_rows p JOIN leases l ON l.id = p.lease_id
+                     WHERE p.run_id = :run_id AND l.worker_id = :worker_id
+                       AND p.state IN ('leased', 'accepted', 'claimed'))
+                    + (SELECT count(*) FROM picked) <= :worker_cap END
       AND (current_version = 0 OR EXISTS (SELECT 1 FROM adapter_versions
                                           WHERE run_id = :run_id AND version = current_version))
     RETURNING fencing_seq, current_version, tokenizer_fingerprint,
@@ -287,7 +303,7 @@ CROSS JOIN lease CROSS JOIN admitted
 LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
                           AND adapter_versions.version = lease.adapter_version
 ORDER BY picked.queue_pos
-"""
+""".replace("{no_cap}", str(INT_MAX))  # no fair share: the count is never read
     )
     .bindparams(
         bindparam("run_id", type_=Uuid),

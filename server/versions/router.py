@@ -41,8 +41,8 @@ async def versions(
     """The running runs of the worker's base models whose version is newer than `after` says,
     with their adapter downloads; waits (on the event loop, holding nothing) up to wait_s for
     one, then 204."""
-    named = service.parse_after(after)
     models = await as_worker(request, credentials, lambda _session, worker: list(worker.models))
+    named = service.parse_after(after)  # after authentication: a stranger learns nothing (401)
     settings: Settings = request.app.state.settings
     watch: VersionWatch = request.app.state.version_watch
     deadline = time.monotonic() + min(wait_s, settings.lease_long_poll_s)

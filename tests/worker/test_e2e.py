@@ -121,6 +121,8 @@ def test_lease_expired_while_generating_is_not_completed(
 
     (record,) = worker.loop.history
     assert record.outcome == Outcome.lost
+    # The worker is gone at once; the server's sweep marks the lease within its interval.
+    worker.wait_for(lambda: stack.lease_rows()[0].state != "active", 30, "the sweep")
     (lease,) = stack.lease_rows()
     assert lease.state == "expired"
     assert stack.batch_rows() == []  # never completed (nor uploaded)

@@ -27,7 +27,7 @@ def test_sigterm_with_five_held_leases_releases_all_and_exits_fast(
     server: ServerProcess, small_tokenizer: Any, tmp_path: Path, signum: int
 ) -> None:
     config = run_config(
-        5, prompts_per_lease=1, sampling={"temperature": 1.0, "max_new_tokens": 1000}
+        5, prompts_per_lease=1, sampling={"temperature": 2.0, "max_new_tokens": 1000}
     )
     stack = Stack(server, tokenizer_fingerprint(small_tokenizer), config)
     env = {
@@ -36,6 +36,7 @@ def test_sigterm_with_five_held_leases_releases_all_and_exits_fast(
         "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(tmp_path / "w" / "adapters"),
         "ASYNCGRPO_WORKER_WORK_DIR": str(tmp_path / "w" / "batches"),
         "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "0.5",
+        "ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": "20",  # five leases of 1 prompt x G 4
     }
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(

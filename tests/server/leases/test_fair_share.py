@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from server.db_types import db_now_plus
 from server.leases import fair_share
 from server.models import Lease, Run, Worker
-from tests.server.leases.helpers import bearer, in_flight, make_run, make_worker
+from tests.server.leases.helpers import bearer, in_flight, make_run, make_worker, work_one_lease
 
 ACQUIRE = "/api/v1/leases/acquire"
 # prompts_per_lease 2, (max_staleness 1 + 1) × weight_sync_steps 1 × prompts_per_step 4: B = 8.
@@ -71,6 +71,28 @@ def test_two_waiting_workers_share_the_bound(lease_client: TestClient, db: Sessi
     assert _acquire_all(lease_client, first_token) == 2  # ceil(8 / 2) = 4 rows
     assert _held(db, run.id, first.id) == BOUND // 2
     assert _waiting_since(db, first.id) is not None  # its last try granted nothing
+    assert _acquire_all(lease_client, second_token) == 2
+    assert _held(db, run.id, second.id) == BOUND // 2
+    assert in_flight(db, run.id) == BOUND
+
+
+def test_rows_waiting_for_the_learner_count_toward_the_share(
+    lease_client: TestClient, db: Session
+) -> None:
+    # A fast worker whose batches wait for the learner holds no active lease, but its accepted
+    # rows are in flight: it may not take the slots the learner frees from a waiting worker.
+    run = make_run(db, n_rows=20, status="paused")
+    first, first_token = make_worker(db, name="first")
+    second, second_token = make_worker(db, name="second")
+    db.commit()
+    assert lease_client.post(ACQUIRE, json={}, headers=bearer(second_token)).status_code == 204
+    db.execute(update(Run).where(Run.id == run.id).values(status="running"))
+    db.commit()
+    for _ in range(2):
+        assert work_one_lease(lease_client, bearer(first_token)) is not None
+    assert _held(db, run.id, first.id) == 0 and in_flight(db, run.id) == BOUND // 2
+    db.commit()  # no read transaction left open (SQLite's writer would wait for it)
+    assert lease_client.post(ACQUIRE, json={}, headers=bearer(first_token)).status_code == 204
     assert _acquire_all(lease_client, second_token) == 2
     assert _held(db, run.id, second.id) == BOUND // 2
     assert in_flight(db, run.id) == BOUND
