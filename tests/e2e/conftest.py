@@ -161,6 +161,9 @@ def e2e(
             "ASYNCGRPO_WORKER_IDLE_BACKOFF_MAX_S": "1",
             "ASYNCGRPO_WORKER_RETRY_MAX_S": "2",
             "ASYNCGRPO_WORKER_HTTP_TIMEOUT_S": "10",
+            # One lease at a time (2 prompts x G 4): a tiny run must outlast the start of every
+            # worker, or the first worker up does the whole run alone before the faults begin.
+            "ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": "8",
         },
         learner_env={
             "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
