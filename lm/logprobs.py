@@ -4,8 +4,12 @@ The layout matches batched `generate` (facts.md pitfalls 1-3, 5): prompts padded
 the longest prompt, completions after them padded on the right; the attention mask is 0 on every
 pad and position ids count only real tokens, so each row sees exactly what the sampler saw.
 Completion token t of a row sits at position P + t and is predicted by the logits at P + t - 1
-(P = longest prompt). Only the T + 1 last positions' logits are computed (`logits_to_keep`),
-which keeps the (B, T, V) tensor the only large one.
+(P = longest prompt). For a plain causal LM (a decoder and a linear LM head, PEFT-wrapped or
+not) the decoder runs once and the completion positions go through the LM head in chunks of
+`chunk_positions`: the (B, T, V) logits never exist at once, and with a gradient each chunk is
+recomputed in the backward pass (activation checkpointing), so only (B, chunk, V) is ever held.
+Other models (a head that scales or soft-caps its logits) take the whole path: only the T + 1
+last positions' logits (`logits_to_keep`), one (B, T, V) tensor.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_POSITIONS = 64  # completion positions through the LM head at once
 
 
 @dataclass
@@ -70,28 +77,86 @@ def _adapter_state(model: Any, use_adapter: bool) -> Iterator[None]:
 
 @overload
 def packed_logprobs(
-    model: Any, batch: PackedBatch, temperature: float, *, with_entropy: Literal[False] = False
+    model: Any,
+    batch: PackedBatch,
+    temperature: float,
+    *,
+    with_entropy: Literal[False] = False,
+    chunk_positions: int | None = CHUNK_POSITIONS,
 ) -> torch.Tensor: ...
 
 
 @overload
 def packed_logprobs(
-    model: Any, batch: PackedBatch, temperature: float, *, with_entropy: Literal[True]
+    model: Any,
+    batch: PackedBatch,
+    temperature: float,
+    *,
+    with_entropy: Literal[True],
+    chunk_positions: int | None = CHUNK_POSITIONS,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def packed_logprobs(
-    model: Any, batch: PackedBatch, temperature: float, *, with_entropy: bool = False
+    model: Any,
+    batch: PackedBatch,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    chunk_positions: int | None = CHUNK_POSITIONS,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """(B, T) log-probs of the completion tokens (0 where completion_mask is False).
 
     Differentiable: call under torch.no_grad() when no gradient is wanted. With
     `with_entropy`, also the (B, T) entropy -sum_v p_v log p_v of the temperature-scaled
     distribution p = softmax(logits / T) at each completion position (0 on pads); it is a
-    metric, computed without gradient.
+    metric, computed without gradient. `chunk_positions=None` takes the whole path.
     """
     if temperature <= 0:
         raise ValueError("temperature must be > 0")
+    parts = _decoder_and_head(model) if chunk_positions else None
+    if parts is None:
+        token, entropy = _whole(model, batch, temperature, with_entropy)
+    else:
+        assert chunk_positions is not None
+        token, entropy = _chunked(*parts, batch, temperature, with_entropy, chunk_positions)
+    token = token.masked_fill(~batch.completion_mask, 0.0)
+    if not with_entropy:
+        return token
+    assert entropy is not None
+    return token, entropy.masked_fill(~batch.completion_mask, 0.0)
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """The decoder and the linear LM head of a plain causal LM (PEFT-wrapped or not: the
+    adapter's layers live inside the decoder), or None when the head does more than a linear
+    map of the last hidden state."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = getattr(base, "model", None), getattr(base, "lm_head", None)
+    config = getattr(base, "config", None)
+    if decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    return decoder, head
+
+
+def _scored(
+    logits: torch.Tensor, ids: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-probs (and entropy, without gradient) from (B, n, V) logits."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, n, V)
+    token = logprobs.gather(2, ids.unsqueeze(-1)).squeeze(-1)  # (B, n)
+    if not with_entropy:
+        return token, None
+    with torch.no_grad():  # one (B, n, V) temporary, not two
+        entropy = -logprobs.exp().mul_(logprobs).sum(-1)  # (B, n)
+    return token, entropy
+
+
+def _whole(
+    model: Any, batch: PackedBatch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     t_width = batch.completion_ids.shape[1]
     out = model(
         input_ids=batch.input_ids,
@@ -101,14 +166,42 @@ def packed_logprobs(
         logits_to_keep=t_width + 1,
     )
     logits = out.logits[:, :-1, :]  # (B, T, V): position P-1+t predicts completion token t
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    token = logprobs.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    token = token.masked_fill(~batch.completion_mask, 0.0)
-    if not with_entropy:
-        return token
-    with torch.no_grad():  # one (B, T, V) temporary, not two
-        entropy = -logprobs.exp().mul_(logprobs).sum(-1)  # (B, T)
-    return token, entropy.masked_fill(~batch.completion_mask, 0.0)
+    return _scored(logits, batch.completion_ids, temperature, with_entropy)
+
+
+def _chunked(
+    decoder: Any,
+    head: torch.nn.Linear,
+    batch: PackedBatch,
+    temperature: float,
+    with_entropy: bool,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    t_width, p = batch.completion_ids.shape[1], batch.prompt_width
+    out = decoder(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state[:, p - 1 : p - 1 + t_width]  # (B, T, H)
+
+    def piece(h: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        token, entropy = _scored(head(h), ids, temperature, with_entropy)
+        return (token,) if entropy is None else (token, entropy)
+
+    tokens, entropies = [], []
+    for start in range(0, t_width, chunk):
+        h = hidden[:, start : start + chunk]  # (B, c, H)
+        ids = batch.completion_ids[:, start : start + chunk]  # (B, c)
+        if torch.is_grad_enabled() and h.requires_grad:
+            scored = checkpoint(piece, h, ids, use_reentrant=False)
+        else:
+            scored = piece(h, ids)
+        tokens.append(scored[0])
+        entropies.extend(scored[1:])
+    entropy = torch.cat(entropies, dim=1) if with_entropy else None
+    return torch.cat(tokens, dim=1), entropy
 
 
 def completion_logprobs(
