@@ -78,7 +78,8 @@ async def acquire(
     digest: str,
     body: LeaseAcquireRequest,
 ) -> service.Acquired:
-    """One try: grant from the fairest admissible run, or None."""
+    """One try: a grant from the fairest admissible run (or none), with the current versions
+    of the worker's runs."""
     async with pool.connection() as conn:
         found = await fast_repo.seen_for_acquire(conn, digest)
         if found is None or found.any_expired:
