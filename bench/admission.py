@@ -16,7 +16,8 @@ The learner is throttled (--learner-duty, default 10% of wall time) so that the 
 outpace it: with an unthrottled learner on this machine the workers are the bottleneck, nothing
 ever waits long enough to go stale, and both settings show zero waste.
 
-    .venv/bin/python bench/admission.py [--versions 20] [--staleness 1 2 4] [--learner-duty 0.1]
+    .venv/bin/python bench/admission.py [--versions 20] [--staleness 1 2 4] \
+        [--learner-duty 0.1] [--json]
 """
 
 from __future__ import annotations

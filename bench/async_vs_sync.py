@@ -18,7 +18,7 @@ learner are pinned to CPU 0 and both workers to CPU 1 (taskset), so no process h
 its own, and every figure is CPU-contended. Published: AReaL 2.77× over synchronous RL,
 PipelineRL ~2× (large GPU clusters).
 
-    .venv/bin/python bench/async_vs_sync.py [--versions 8] [--staleness 0 2 4]
+    .venv/bin/python bench/async_vs_sync.py [--versions 8] [--staleness 0 2 4] [--json]
 """
 
 from __future__ import annotations

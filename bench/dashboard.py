@@ -7,7 +7,7 @@ is the server's work: queries + templates, not the network). Reported: the media
 --repeats of the full run page, its 2-second live fragment, and the charts JSON (which carries
 all 10,000 points). Target: the run page under 150 ms.
 
-    .venv/bin/python bench/dashboard.py [--points 10000] [--leases 1000] [--repeats 30]
+    .venv/bin/python bench/dashboard.py [--points 10000] [--leases 1000] [--repeats 30] [--json]
 """
 
 from __future__ import annotations

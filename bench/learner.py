@@ -1,7 +1,7 @@
 """Learner efficiency: on the same tokens, a plain forward+backward of the model with the LoRA
 adapter vs one GRPO learner step (plan, micro-batches, loss, backward, clip, AdamW).
 
-    .venv/bin/python bench/learner.py [--prompts 8] [--group 8] [--tokens 32] [--threads 2]
+    .venv/bin/python bench/learner.py [--prompts 8] [--group 8] [--tokens 32] [--threads 2] [--json]
     (or .venv/bin/python -m bench.learner ...)
 
 Prints learner efficiency (plain / ours; target >= 0.85), tokens/s and peak RSS. Every group

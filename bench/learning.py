@@ -2,7 +2,7 @@
 learner (asyncgrpo/cluster.py, as `asyncgrpo demo` and the e2e suite use it) on CPU with the
 small model and the built-in `arithmetic` task, for >= 30 adapter versions.
 
-    nice .venv/bin/python -m bench.learning [--versions 32] [--workers 1] [--work-dir DIR]
+    nice .venv/bin/python -m bench.learning [--versions 32] [--workers 1] [--work-dir DIR] [--json]
 
 Setup as in facts.md: LoRA r=16 on q,k,v,o, lr 5e-4, 8 prompts x 8 completions per step, 32 new
 tokens, temperature 1.0. Progress (one line per poll with a new version) goes to stdout and to

@@ -3,7 +3,7 @@ complete against a real server (uvicorn) on Postgres with the local store, and t
 as raw SQL through psycopg in the same run.
 
     .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10 --repeats 3 \
-        [--uvicorn-workers 2] [--skip-portable]
+        [--uvicorn-workers 2] [--skip-portable] [--json]
 
 The API is measured twice per point: with the worker calls' common case on the event loop (the
 default) and with every call on the portable thread-pool path (worker_calls_on_event_loop off).

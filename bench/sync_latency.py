@@ -31,7 +31,7 @@ script waits a random 1–3 s, so that the publish lands at a random point of th
 cycle. Published comparison: Hugging Face's async GRPO + LoRA bucket
 recipe, p50 8.5 s, later 6.2 s (3×H200 + 2×H200, Qwen2.5-Math-1.5B).
 
-    .venv/bin/python bench/sync_latency.py [--sizes 5 40 80] [--versions 6] [--workers 2]
+    .venv/bin/python bench/sync_latency.py [--sizes 5 40 80] [--versions 6] [--workers 2] [--json]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, report  # noqa: E402
-from bench.scripted_learner import (  # noqa: E402
+from bench.common import (  # noqa: E402
     ALL_LINEAR,
     Published,
     Publisher,

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, engine_alone, report  # noqa: E402
-from bench.scripted_learner import Publisher, build_templates, version_folder  # noqa: E402
+from bench.common import Publisher, build_templates, version_folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

@@ -12,7 +12,7 @@ import pytest
 from bench import report
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-LIBRARIES = {"common.py", "report.py", "scripted_learner.py"}
+LIBRARIES = {"common.py", "report.py"}
 
 
 def _takes_json(path: Path) -> bool:
