@@ -158,7 +158,8 @@ def test_an_engine_death_under_three_leases_releases_them_all_and_restarts_once(
 
 
 class DiesLoading:
-    """The real backend, whose engine dies once while loading an adapter version."""
+    """The real backend, whose engine dies once while a lease's thread loads an adapter version
+    (a background preload, which may come first, fails instead, so that a lease loads it)."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -169,6 +170,9 @@ class DiesLoading:
         return getattr(self.backend, name)
 
     def load_adapter(self, adapter: Any) -> None:
+        if not threading.current_thread().name.startswith("lease-"):
+            # a background preload fails (logged, never used): the lease loads it itself
+            raise EngineFault("injected: preload refused")
         if not self.died:
             self.died = True
             raise EngineFault("injected: engine died loading an adapter")
