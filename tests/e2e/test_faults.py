@@ -97,7 +97,9 @@ def test_learner_killed_and_server_restarted(e2e: E2E) -> None:
     at_kill = e2e.version()
     c.start_learner()
     e2e.wait_for("a version from the new learner", lambda: e2e.version() > at_kill, 180)
-    assert f"published version {at_kill + 1} " in c.learner.log_text()
+    # the learner logs the publish just after its commit: wait for the line, not only the row
+    logged = f"published version {at_kill + 1} "
+    e2e.wait_for("the new learner's publish logged", lambda: logged in c.learner.log_text(), 30)
 
     # 2. restart the server mid-run: workers and learner reconnect by themselves
     pids = {p.name: p.pid for p in c.processes() if p.name != "server"}
