@@ -57,3 +57,17 @@ class LearnerSettings(BaseSettings):
     max_versions: int | None = Field(
         None, ge=1, description="Stop after publishing this many versions (None: run to the end)."
     )
+    overlap: bool = Field(
+        True,
+        description="Claim, download, validate and score the next step's batches, and upload "
+        "the last version, while the current step trains (False: one thing at a time, as "
+        "before; kept for comparison in bench/pipeline.py).",
+    )
+    checkpoint_every_versions: int = Field(
+        10,
+        ge=1,
+        description="Upload the resume checkpoint (optimizer state, step, scheduler, RNG) with "
+        "every Nth version and the final one; the adapter travels with every version. A "
+        "restart resumes the current version's weights with the latest checkpoint's optimizer "
+        "state (docs/architecture.md, \"The learner\").",
+    )
