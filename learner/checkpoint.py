@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,25 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in the trainer state")
 
 
-def save_state(
-    folder: Path,
+@dataclass(frozen=True)
+class CapturedState:
+    """The resume state copied at one moment (tensors on the CPU), written later, possibly
+    from another thread while training goes on."""
+
+    tensors: dict[str, torch.Tensor]
+    state: dict[str, Any]
+
+
+def capture_state(
     *,
     names: Sequence[str],
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     step: int,
     version: int,
-) -> list[Path]:
-    """Write the optimizer, scheduler, RNG and step. `names[i]` names the i-th parameter of
-    the optimizer's (single) param group."""
-    folder.mkdir(parents=True, exist_ok=True)
+) -> CapturedState:
+    """Copy the optimizer, scheduler, RNG and step. `names[i]` names the i-th parameter of the
+    optimizer's (single) param group."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     steps: dict[str, float] = {}
@@ -57,7 +65,7 @@ def save_state(
             if key == "step":
                 steps[name] = float(value)
             else:
-                tensors[f"opt.{name}.{key}"] = value.detach().contiguous().cpu()
+                tensors[f"opt.{name}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
     groups = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
     sched = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
     state = {
@@ -70,9 +78,31 @@ def save_state(
         "scheduler": _jsonable(sched),
         "python_rng": _jsonable(random.getstate()),
     }
-    save_file(tensors, str(folder / OPTIMIZER_FILE))
-    (folder / STATE_FILE).write_text(json.dumps(state, sort_keys=True))
+    return CapturedState(tensors, state)
+
+
+def write_state(folder: Path, captured: CapturedState) -> list[Path]:
+    """Write a captured state's two files into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(captured.tensors, str(folder / OPTIMIZER_FILE))
+    (folder / STATE_FILE).write_text(json.dumps(captured.state, sort_keys=True))
     return [folder / OPTIMIZER_FILE, folder / STATE_FILE]
+
+
+def save_state(
+    folder: Path,
+    *,
+    names: Sequence[str],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    step: int,
+    version: int,
+) -> list[Path]:
+    """Capture and write at once."""
+    captured = capture_state(
+        names=names, optimizer=optimizer, scheduler=scheduler, step=step, version=version
+    )
+    return write_state(folder, captured)
 
 
 def load_state(

@@ -69,5 +69,5 @@ class LearnerSettings(BaseSettings):
         description="Upload the resume checkpoint (optimizer state, step, scheduler, RNG) with "
         "every Nth version and the final one; the adapter travels with every version. A "
         "restart resumes the current version's weights with the latest checkpoint's optimizer "
-        "state (docs/architecture.md, \"The learner\").",
+        'state (docs/architecture.md, "The learner").',
     )

@@ -1,6 +1,8 @@
-"""The learner loop (docs/architecture.md, "Protocol": learner calls): attach → load → claim
-until prompts_per_step groups → validate + score → optimizer step → every weight_sync_steps
-steps publish version N+1.
+"""The learner loop (docs/architecture.md, "The learner" and "Protocol": learner calls):
+attach → load → (claim for the version the step will join until prompts_per_step groups →
+validate + score) → optimizer step → every weight_sync_steps steps publish version N+1. With
+`overlap` (the default) the next step's intake and the last version's publish run on their own
+threads while a step trains.
 
 A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
 call (or a lost heartbeat): drop the unpublished work and re-attach, resuming from the last
@@ -21,25 +23,26 @@ from typing import Any, NoReturn
 
 import torch
 
-from learner.checkpoint import load_state, save_state
+from learner.background import Pending
+from learner.checkpoint import capture_state, load_state
 from learner.config import LearnerSettings
-from learner.data import Group
+from learner.frozen import FrozenWeights
 from learner.intake import Intake, IntakeResult
+from learner.prepare import PreparedStep, StepPreparer
+from learner.publisher import Published, Publisher, PublishJob
 from learner.spotcheck import compare_logprobs, far_outside
 from learner.trainer import Trainer, add_lora
-from learner.transfers import BucketRefused, Retrier, transient_api, upload_version_files
+from learner.transfers import BucketRefused, Retrier
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
-from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.rewards import RewardError
 from protocol.run_config import RunConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
 from protocol.staleness import staleness
-from protocol.storage import sha256_file
 
 log = logging.getLogger(__name__)
-IDLE_SLEEP_S = 0.5
+CLOSE_WAIT_S = 30.0  # how long close() waits for a background call to notice the stop
 
 
 class LeaseLost(Exception):
@@ -92,19 +95,28 @@ def _finite(values: dict[str, Any]) -> dict[str, float | int | None]:
 
 
 class Session:
-    """One attachment: the model, the trainer and the unpublished work of this fencing token."""
+    """One attachment: the model, the trainer and the unpublished work of this fencing token.
+
+    The main thread trains; beside it the intake thread prepares the next step (claimed for the
+    version it will be trained into) and the publish thread uploads and publishes the last
+    version from a snapshot (docs/architecture.md, "The learner"). Both hand their exceptions
+    to the main thread; `close()` stops them."""
 
     def __init__(self, learner: Learner, attach: sl.AttachResponse, heartbeat: Heartbeat) -> None:
+        settings = learner.settings
         self.heartbeat = heartbeat
         self.learner = learner
         self.client = learner.client
-        self.run_id = learner.settings.run_id
+        self.run_id = settings.run_id
         self.fencing = attach.fencing
-        self.version = attach.current_version
         self.config = RunConfig.model_validate(attach.run_config)
-        self.dir = learner.settings.work_dir / self.run_id / f"f{self.fencing}"
+        self.dir = settings.work_dir / self.run_id / f"f{self.fencing}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.retrier = Retrier(self._check_lease, cap_s=learner.settings.transfer_retry_cap_s)
+        self.stopping = threading.Event()
+        self.retrier = Retrier(self._check_lease, cap_s=settings.transfer_retry_cap_s)
+        self.published_version = attach.current_version
+        self.building = attach.current_version + 1  # the version the next trained step joins
+        self.frozen = FrozenWeights(self.config.max_staleness)
         self.trainer = self._load(attach)
         self.intake = Intake(
             run_id=self.run_id,
@@ -116,15 +128,37 @@ class Session:
         )
         for f in attach.resume_adapter or []:
             if f.name == ADAPTER_WEIGHTS:  # the server's version sha256 (content address)
-                self.intake.adapter_sha256[self.version] = f.sha256
+                self.intake.adapter_sha256[self.published_version] = f.sha256
+        self.prepare = StepPreparer(
+            client=learner.intake_client,
+            run_id=self.run_id,
+            fencing=self.fencing,
+            intake=self.intake,
+            prompts_per_step=self.config.prompts_per_step,
+            claim_wait_s=settings.claim_wait_s,
+            last_version=_last_version(self.config.max_versions, settings.max_versions),
+            alive=self._check_lease,
+        )
+        self.publisher = Publisher(
+            client=learner.publish_client,
+            retrier=self.retrier,
+            run_id=self.run_id,
+            fencing=self.fencing,
+            model=self.trainer.model,
+            work_dir=self.dir,
+            adapter_sha256=self.intake.adapter_sha256,
+        )
+        self.next_step: Pending[PreparedStep] | None = None
+        self.publishing: Pending[Published] | None = None
         self.consumed: list[uuid.UUID] = []
-        self.pending: list[Group] = []
         self.steps_since_publish = 0
-        self.last_metrics: dict[str, Any] = {}
+        self.checkpointed_this_session = False
+        self.last_train_metrics: dict[str, Any] = {}
+        self.last_publish_s: float | None = None
         self.rng = random.Random(self.config.seed * 1_000_003 + self.fencing)
 
     def _load(self, attach: sl.AttachResponse) -> Trainer:
-        from lm.adapter_io import load_adapter_version
+        from lm.adapter_io import load_adapter_version, snapshot_adapter
         from lm.models import load_model
 
         settings = self.learner.settings
@@ -138,73 +172,124 @@ class Session:
         else:
             model = add_lora(base, self.config)
         trainer = Trainer(model, self.config, pad_id=self.learner.pad_id, device=settings.device)
+        if attach.current_version > 0:
+            self.frozen.keep(attach.current_version, snapshot_adapter(model))
         if attach.resume_checkpoint:
-            folder = _download_files(
-                self.retrier, attach.resume_checkpoint, self.dir / "resume" / "checkpoint"
+            self._restore(trainer, attach)
+        elif attach.current_version > 0:
+            log.warning(
+                "version %d has no checkpoint at or below it: the optimizer starts fresh",
+                attach.current_version,
             )
-            state = load_state(
-                folder,
-                names=trainer.param_names,
-                optimizer=trainer.optimizer,
-                scheduler=trainer.scheduler,
-            )
-            trainer.step = int(state["step"])
         return trainer
+
+    def _restore(self, trainer: Trainer, attach: sl.AttachResponse) -> None:
+        """The current version's adapter weights (loaded) with the latest checkpoint's
+        optimizer state, which may be some versions older (checkpoint_every_versions)."""
+        assert attach.resume_checkpoint is not None
+        folder = _download_files(
+            self.retrier, attach.resume_checkpoint, self.dir / "resume" / "checkpoint"
+        )
+        state = load_state(
+            folder,
+            names=trainer.param_names,
+            optimizer=trainer.optimizer,
+            scheduler=trainer.scheduler,
+        )
+        step = attach.resume_learner_step
+        trainer.step = int(state["step"] if step is None else step)
+        log.info(
+            "resuming version %d (step %d) with the optimizer state of version %s",
+            attach.current_version,
+            trainer.step,
+            attach.resume_checkpoint_version,
+        )
 
     # -- the loop -----------------------------------------------------------------------------
 
     def _check_lease(self) -> None:
         if self.heartbeat.lost.is_set():
             raise LeaseLost("heartbeat answered 409")
+        if self.stopping.is_set():
+            raise LeaseLost("the session is stopping")
+
+    def _check_background(self) -> None:
+        """Raise a background publish's failure (or a lost lease) on the main thread."""
+        self._check_lease()
+        if self.publishing is not None and self.publishing.error() is not None:
+            self.publishing.result()
+
+    def _request_step(self, target_version: int) -> None:
+        self.next_step = Pending(
+            "learner-intake",
+            lambda: self.prepare(target_version),
+            background=self.learner.settings.overlap,
+        )
 
     def run(self) -> bool:
         """Train until the run completes or this process's max_versions (True)."""
-        per_step = self.config.prompts_per_step
+        self.last_step_end = time.perf_counter()
+        self._request_step(self.building)
         while True:
-            self._check_lease()
-            need = per_step - len(self.pending)
-            claim = self.client.claim_batches(
-                self.run_id, self.fencing, need, wait_s=self.learner.settings.claim_wait_s
-            )
-            for batch in claim.batches:
-                self._take(batch, claim.current_version)
-            if not claim.batches and not claim.exhausted:
-                time.sleep(IDLE_SLEEP_S)  # the server may answer at once when nothing is ready
-            if len(self.pending) >= per_step:
-                self._train()
-                if self.steps_since_publish >= self.config.weight_sync_steps:
-                    if self._publish(final=False):
-                        return True
-            if claim.exhausted and not claim.batches:
-                if self.pending:
-                    self._train()
-                self._publish(final=True)
+            assert self.next_step is not None
+            waited = time.perf_counter()
+            step = self.next_step.result(self._check_background)
+            intake_wait_s = time.perf_counter() - waited
+            if step.end == "beyond":
+                self._wait_publish()
+                return True
+            accepted = self._accept(step)
+            closes_version = bool(accepted) and self.steps_since_publish + 1 >= self._sync_steps
+            if step.end == "more":
+                self._request_step(self.building + 1 if closes_version else self.building)
+            if accepted:
+                self._train(accepted, intake_wait_s)
+            if step.end == "exhausted":
+                self._wait_publish()
+                self._start_publish(final=True)
+                self._wait_publish()
+                return True
+            if closes_version and self._publish_and_maybe_stop():
                 return True
 
-    def _take(self, batch: sl.ClaimedBatch, current_version: int) -> None:
-        try:
-            result = self.intake.load(batch)
-            self._maybe_spot_check(result)
-        except BatchRejected as exc:
-            log.warning("rejecting batch %s: %s", batch.batch_id, exc)
-            self.client.reject_batch(
-                self.run_id, str(batch.batch_id), self.fencing, exc.reason, exc.detail[:2000]
-            )
-            return
-        except SpotCheckFailed as exc:
-            log.warning("rejecting batch %s after its spot check: %s", batch.batch_id, exc)
-            self.client.reject_batch(
-                self.run_id, str(batch.batch_id), self.fencing, "spot_check", str(exc)
-            )
-            return
-        self.pending.extend(result.groups)
-        self.consumed.append(batch.batch_id)
-        self.last_metrics["staleness"] = float(staleness(current_version, batch.adapter_version))
+    @property
+    def _sync_steps(self) -> int:
+        return self.config.weight_sync_steps
+
+    def _publish_and_maybe_stop(self) -> bool:
+        """Hand the version over once the previous one has landed; True when the run (or this
+        process's max_versions) ends with it."""
+        if self._wait_publish():
+            return True
+        version = self._start_publish(final=False)
+        limit = self.learner.settings.max_versions
+        at_limit = limit is not None and version >= limit
+        # the serial loop (overlap off) publishes before it claims again
+        if (at_limit or not self.learner.settings.overlap) and self._wait_publish():
+            return True
+        return at_limit
+
+    def _accept(self, step: PreparedStep) -> list[IntakeResult]:
+        """Spot-check a fraction of the step's batches (here, on the training thread, between
+        optimizer steps); the rest are trained on."""
+        accepted: list[IntakeResult] = []
+        for result in step.results:
+            batch = result.batch
+            try:
+                self._maybe_spot_check(result)
+            except SpotCheckFailed as exc:
+                log.warning("rejecting batch %s after its spot check: %s", batch.batch_id, exc)
+                self.client.reject_batch(
+                    self.run_id, str(batch.batch_id), self.fencing, "spot_check", str(exc)
+                )
+                continue
+            accepted.append(result)
+            self.consumed.append(batch.batch_id)
+        return accepted
 
     def _maybe_spot_check(self, result: IntakeResult) -> None:
-        """Re-score a fraction of batches. Only batches sampled with the weights the trainer
-        holds right now can be re-scored without another download (this version, no step
-        since its publish; version 0 with the adapter disabled)."""
+        """Re-score a fraction of batches with a frozen copy of the weights of the version
+        that sampled them (kept while batches of that version can arrive)."""
         from lm.logprobs import completion_logprobs
 
         settings = self.learner.settings
@@ -214,16 +299,23 @@ class Session:
         batch = result.batch
         if self.rng.random() >= fraction:
             return
-        if batch.adapter_version != self.version or self.steps_since_publish != 0:
+        if not self.frozen.has(batch.adapter_version):
+            log.info(
+                "no spot check for batch %s: version %d was published before this learner attached",
+                batch.batch_id,
+                batch.adapter_version,
+            )
             return
-        recomputed = completion_logprobs(
-            self.trainer.model,
-            result.data.prompt_token_ids,
-            result.data.completion_token_ids,
-            self.config.sampling.temperature,
-            pad_id=self.learner.pad_id,
-            use_adapter=batch.adapter_version != 0,
-        )
+        model = self.trainer.model
+        with self.frozen.scoring_with(model, batch.adapter_version) as use_adapter:
+            recomputed = completion_logprobs(
+                model,
+                result.data.prompt_token_ids,
+                result.data.completion_token_ids,
+                self.config.sampling.temperature,
+                pad_id=self.learner.pad_id,
+                use_adapter=use_adapter,
+            )
         check = compare_logprobs(result.data.behaviour_logprobs, recomputed)
         self.client.spot_check(
             self.run_id,
@@ -243,85 +335,92 @@ class Session:
                 f" × {threshold}"
             )
 
-    def _train(self) -> None:
-        groups, self.pending = self.pending, []
+    def _train(self, accepted: list[IntakeResult], intake_wait_s: float) -> None:
+        groups = [g for r in accepted for g in r.groups]
         metrics = self.trainer.train_step(groups)
+        now = time.perf_counter()
         log.info("trained step %d on %d groups", self.trainer.step, len(groups))
-        metrics.update(self.last_metrics)
+        compute_s = float(metrics.get("compute_s", metrics["step_seconds"]))
+        wall_s = now - self.last_step_end
+        self.last_step_end = now
+        metrics["learner_busy"] = min(1.0, compute_s / wall_s) if wall_s > 0 else 1.0
+        metrics["intake_wait_s"] = intake_wait_s
+        if self.last_publish_s is not None:
+            metrics["publish_s"] = self.last_publish_s
+        lags = [staleness(self.building - 1, r.batch.adapter_version) for r in accepted]
+        metrics["staleness"] = float(sum(lags)) / len(lags)
         self.steps_since_publish += 1
-        self.last_metrics = {}
         self.last_train_metrics = metrics
         point = sl.MetricPointIn(
-            step=self.trainer.step, version=self.version + 1, values=_finite(metrics)
+            step=self.trainer.step, version=self.building, values=_finite(metrics)
         )
         self.client.post_learner_metrics(self.run_id, self.fencing, [point])
 
-    def _publish(self, *, final: bool) -> bool:
-        """Upload adapter + checkpoint of version N+1 and publish; True when the run is done."""
-        from lm.adapter_io import save_adapter_version
+    def _carries_checkpoint(self, version: int, final: bool) -> bool:
+        """The resume checkpoint travels with every checkpoint_every_versions-th version, the
+        first version and the final one, and the first version of each attachment (so a
+        restart never leaves the run further than that from a checkpoint)."""
+        every = self.learner.settings.checkpoint_every_versions
+        first_here = not self.checkpointed_this_session
+        return final or first_here or version == 1 or version % every == 0
 
-        version = self.version + 1
-        out = self.dir / f"v{version:06d}"
-        if out.exists():
-            shutil.rmtree(out)
-        manifest = save_adapter_version(self.trainer.model, out / "adapter")
-        t = self.trainer
-        save_state(
-            out / "checkpoint",
-            names=t.param_names,
-            optimizer=t.optimizer,
-            scheduler=t.scheduler,
-            step=t.step,
-            version=version,
-        )
-        files: list[tuple[Path, str]] = [
-            (out / "adapter" / f.name, "adapter") for f in manifest.files
-        ]
-        files += [(p, "checkpoint") for p in sorted((out / "checkpoint").iterdir())]
-        uploads = [
-            sl.UploadFile(name=p.name, size=p.stat().st_size, sha256=sha256_file(p), kind=kind)  # type: ignore[arg-type]
-            for p, kind in files
-        ]
-        request = sl.UploadsRequest(fencing=self.fencing, version=version, files=uploads)
-        keys = upload_version_files(
-            self.retrier, self.client, self.run_id, request, {(k, p.name): p for p, k in files}
-        )
-        published: dict[str, list[sl.PublishedFile]] = {"adapter": [], "checkpoint": []}
-        for u in uploads:
-            key = keys[(u.kind, u.name)]
-            published[u.kind].append(
-                sl.PublishedFile(name=u.name, key=key, sha256=u.sha256, size=u.size)
+    def _start_publish(self, *, final: bool) -> int:
+        """Snapshot the version being built and hand it to the publish thread."""
+        from lm.adapter_io import snapshot_adapter
+
+        version, t = self.building, self.trainer
+        checkpoint = None
+        if self._carries_checkpoint(version, final):
+            checkpoint = capture_state(
+                names=t.param_names,
+                optimizer=t.optimizer,
+                scheduler=t.scheduler,
+                step=t.step,
+                version=version,
             )
-        metrics = _finite(getattr(self, "last_train_metrics", {}))
-        body = sl.PublishRequest(
-            fencing=self.fencing,
+            self.checkpointed_this_session = True
+        weights = snapshot_adapter(t.model)
+        job = PublishJob(
             version=version,
-            files=published["adapter"],
-            checkpoint_files=published["checkpoint"],
+            weights=weights,
+            checkpoint=checkpoint,
+            consumed=self.consumed,
             learner_step=t.step,
-            metrics=metrics,
-            consumed_batch_ids=self.consumed,
+            metrics=_finite(self.last_train_metrics),
             final=final,
         )
-        # a 5xx (the server's own bucket check failing) is retried; a publish that landed
-        # but whose answer was lost answers 409 on the retry: re-attach resumes from it
-        result = self.retrier.call(
-            f"publish of version {version}",
-            lambda: self.client.publish_adapter(self.run_id, body),
-            transient_api,
+        self.frozen.keep(version, weights)
+        self.consumed, self.steps_since_publish = [], 0
+        self.building += 1
+        overlap = self.learner.settings.overlap
+        self.publishing = Pending(
+            "learner-publish", lambda: self.publisher(job), background=overlap
         )
-        log.info("published version %d (%s)", version, result.run_status)
-        self.version = version
-        self.intake.adapter_sha256[version] = manifest.version_sha256()
-        self.consumed = []
-        self.steps_since_publish = 0
-        shutil.rmtree(out, ignore_errors=True)
-        max_versions = self.learner.settings.max_versions
+        return version
+
+    def _wait_publish(self) -> bool:
+        """Wait for the version being published; True when the run ended with it."""
+        if self.publishing is None:
+            return False
+        result = self.publishing.result(self._check_lease)
+        self.last_publish_s = self.publishing.seconds
+        self.publishing = None
+        self.published_version = result.version
+        self.frozen.prune(result.version)
         # A paused (or budget-exhausted) run keeps its learner: it resumes where it stopped.
-        done = result.run_status in TERMINAL_RUN_STATUSES or (
-            max_versions is not None and version >= max_versions
-        )
-        return bool(final or done)
+        return result.run_status in TERMINAL_RUN_STATUSES
+
+    def close(self) -> None:
+        """Stop the background calls (their next lease check raises) and wait for them."""
+        self.stopping.set()
+        for call in (self.next_step, self.publishing):
+            if call is not None:
+                call.join(CLOSE_WAIT_S)
+
+
+def _last_version(run_limit: int | None, process_limit: int | None) -> int | None:
+    limits = [v for v in (run_limit, process_limit) if v is not None]
+    return min(limits) if limits else None
 
 
 class Learner:
@@ -335,6 +434,10 @@ class Learner:
         set_threads(settings.threads)
         self.client = client or AsyncGrpoClient(settings.server_url, settings.token, max_retries=30)
         self.heartbeat_client = AsyncGrpoClient(settings.server_url, settings.token)
+        # the intake and publish threads each have their own connection pool; the publish
+        # thread's calls are retried by its Retrier, which checks the lease between attempts
+        self.intake_client = AsyncGrpoClient(settings.server_url, settings.token, max_retries=30)
+        self.publish_client = AsyncGrpoClient(settings.server_url, settings.token, max_retries=0)
         # attach reports the tokenizer fingerprint, so the tokenizer comes before the run config
         self.tokenizer: Any = load_tokenizer(settings.model)
         self.fingerprint = str(tokenizer_fingerprint(self.tokenizer))
@@ -382,12 +485,16 @@ class Learner:
                 attach.heartbeat_interval_s,
             )
             heartbeat.start()
+            session: Session | None = None
             try:
-                if Session(self, attach, heartbeat).run():
+                session = Session(self, attach, heartbeat)
+                if session.run():
                     return
             except (ConflictError, LeaseLost, BucketRefused) as exc:
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
             except RewardError as exc:
                 self._fail(attach.fencing, f"reward: {exc}")
             finally:
+                if session is not None:
+                    session.close()
                 heartbeat.stopped.set()

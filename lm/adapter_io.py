@@ -23,11 +23,15 @@ from protocol.adapters import (
 )
 
 
-def save_adapter_version(peft_model: Any, out_dir: Path) -> AdapterManifest:
+def save_adapter_version(
+    peft_model: Any, out_dir: Path, state_dict: dict[str, Any] | None = None
+) -> AdapterManifest:
     """Write the model's active LoRA adapter as a version folder; return its manifest.
 
     `out_dir` must not exist yet (versions are immutable); it is filled through a temporary
-    folder and renamed into place.
+    folder and renamed into place. `state_dict` (the model's parameters by name, e.g. a
+    snapshot `snapshot_adapter` took) is written instead of the live weights, so a version
+    can be saved from another thread while training moves the model on.
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -35,7 +39,8 @@ def save_adapter_version(peft_model: Any, out_dir: Path) -> AdapterManifest:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=out_dir.name + ".tmp-") as tmp:
         raw = Path(tmp) / "peft"
-        peft_model.save_pretrained(str(raw), safe_serialization=True)
+        extra = {} if state_dict is None else {"state_dict": state_dict}
+        peft_model.save_pretrained(str(raw), safe_serialization=True, **extra)
         staged = Path(tmp) / "version"
         staged.mkdir()
         for name in REQUIRED_FILES:
@@ -43,6 +48,15 @@ def save_adapter_version(peft_model: Any, out_dir: Path) -> AdapterManifest:
         staged.chmod(0o755)
         staged.rename(out_dir)
     return manifest_of(out_dir)
+
+
+def snapshot_adapter(peft_model: Any) -> dict[str, Any]:
+    """A CPU copy of the model's trainable (LoRA) parameters, by parameter name."""
+    return {
+        name: p.detach().to("cpu", copy=True)
+        for name, p in peft_model.named_parameters()
+        if p.requires_grad
+    }
 
 
 def load_adapter_version(

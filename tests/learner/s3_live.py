@@ -4,6 +4,8 @@ through that proxy (the control plane's own store calls and every presigned URL)
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +28,12 @@ def proxied_settings(
         secret_access_key=s3.secret_access_key,
     )
     return settings.model_copy(update={"bucket_url": f"s3://{bucket}", "s3": s3_settings})
+
+
+def wait_log(log: Path, needle: str, proc: Any, timeout_s: float = 240) -> None:
+    """Wait for `needle` (a regular expression) in the process's log while it runs."""
+    deadline = time.monotonic() + timeout_s
+    while not re.search(needle, log.read_text(errors="replace")):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {needle!r} in:\n{log.read_text()[-3000:]}"
+        time.sleep(0.02)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,39 +18,13 @@ from sqlalchemy import select
 from server.db import transaction
 from server.models import AdapterVersion, RolloutBatch, Run
 from tests.e2e.tcp_proxy import TcpProxy
-from tests.learner.s3_live import proxied_settings
+from tests.learner.s3_live import wait_log as _wait_log
 from tests.learner.test_e2e_learner import ROWS, _learner, _real_batch, _wait_version
-from tests.live_server import serve_in_thread
-from tests.s3_fixtures import S3Endpoint, free_port
+from tests.s3_fixtures import S3Endpoint
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 OUTAGE_S = 10.0
-
-
-@pytest.fixture
-def live_s3(
-    pg_url: str, tmp_path: Path, proxy: TcpProxy, moto_endpoint: S3Endpoint, s3_bucket: str
-) -> Iterator[tuple[str, Any]]:
-    from server.app import create_app
-
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    settings = proxied_settings(
-        pg_url, tmp_path, proxy, moto_endpoint, s3_bucket, learner_lease_ttl_s=30.0
-    )
-    settings = settings.model_copy(update={"public_url": base, "lease_long_poll_s": 1.0})
-    app = create_app(settings, migrate=True)
-    with serve_in_thread(app, port):
-        yield base, app
-
-
-def _wait_log(log: Path, needle: str, proc: Any, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while needle not in log.read_text(errors="replace"):
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"no {needle!r} in:\n{log.read_text()[-3000:]}"
-        time.sleep(0.02)
 
 
 def _outage(

@@ -48,3 +48,22 @@ def test_save_load_gives_an_identical_next_step(tmp_path: Path) -> None:
     for k, v in model2.state_dict().items():
         torch.testing.assert_close(v, expected[k], rtol=0, atol=0)
     assert not any(p.suffix in (".pt", ".bin", ".pkl") for p in tmp_path.iterdir())
+
+
+def test_a_captured_state_is_the_state_of_its_moment(tmp_path: Path) -> None:
+    """capture_state copies; write_state later (the background publish) writes what was
+    captured, not what the optimizer holds by then."""
+    from learner.checkpoint import capture_state, write_state
+
+    model, opt, sched = _setup(0)
+    names = [n for n, _ in model.named_parameters()]
+    _step(model, opt, sched)
+    save_state(tmp_path / "now", names=names, optimizer=opt, scheduler=sched, step=1, version=1)
+    captured = capture_state(names=names, optimizer=opt, scheduler=sched, step=1, version=1)
+    _step(model, opt, sched)
+    write_state(tmp_path / "later", captured)
+    for name in ("optimizer.safetensors", "trainer_state.json"):
+        assert (tmp_path / "later" / name).read_bytes() == (tmp_path / "now" / name).read_bytes()
+    save_state(tmp_path / "moved", names=names, optimizer=opt, scheduler=sched, step=2, version=2)
+    moved = (tmp_path / "moved" / "optimizer.safetensors").read_bytes()
+    assert moved != (tmp_path / "now" / "optimizer.safetensors").read_bytes()

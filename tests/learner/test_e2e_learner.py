@@ -142,10 +142,19 @@ def _real_batch(
 
 
 def _learner(
-    base: str, run: Any, work: Path, log: Path, settings: dict[str, str] | None = None
+    base: str,
+    run: Any,
+    work: Path,
+    log: Path,
+    settings: dict[str, str] | None = None,
+    hold_publish_from: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """`asyncgrpo learner` as a process; `settings` are extra ASYNCGRPO_LEARNER_* values."""
-    exe = Path(sys.executable).parent / "asyncgrpo"
+    """`asyncgrpo learner` as a process; `settings` are extra ASYNCGRPO_LEARNER_* values;
+    `hold_publish_from`: its first upload of that version or later hangs
+    (tests/learner/hold_publish.py)."""
+    exe = [str(Path(sys.executable).parent / "asyncgrpo")]
+    if hold_publish_from is not None:
+        exe = [sys.executable, "-m", "tests.learner.hold_publish", str(hold_publish_from)]
     env = {
         **os.environ,
         "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
@@ -153,8 +162,8 @@ def _learner(
         **{f"ASYNCGRPO_LEARNER_{k}": v for k, v in (settings or {}).items()},
     }
     cmd = [
-        str(exe),
-        "learner",
+        *exe,
+        *(["learner"] if hold_publish_from is None else []),
         "--server",
         base,
         "--run",

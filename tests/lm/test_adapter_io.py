@@ -116,3 +116,33 @@ def test_weights_written_into_an_adapter_of_the_same_shape(
     assert not same_adapter_shape(tmp_path / "v1", tmp_path / "r8")
     with pytest.raises(ValueError, match="do not fit"):
         write_adapter_weights(slot, tmp_path / "r8", "default")
+
+
+def test_a_snapshot_saves_the_weights_of_its_moment(tmp_path: Path, lora_model: Any) -> None:
+    """save_adapter_version(state_dict=snapshot) writes the snapshot's weights even after the
+    model moved on (the learner's background publish), and the same files as a live save."""
+    from safetensors.torch import load_file
+
+    from lm.adapter_io import snapshot_adapter
+
+    live = save_adapter_version(lora_model, tmp_path / "live")
+    snapshot = snapshot_adapter(lora_model)
+    assert snapshot and all("lora_" in name for name in snapshot)
+    saved = {n: p.detach().clone() for n, p in lora_model.named_parameters() if p.requires_grad}
+    try:
+        with torch.no_grad():
+            for p in lora_model.parameters():
+                if p.requires_grad:
+                    p.add_(1.0)  # training moves on
+        frozen = save_adapter_version(lora_model, tmp_path / "frozen", state_dict=snapshot)
+        moved = save_adapter_version(lora_model, tmp_path / "moved")
+    finally:
+        with torch.no_grad():
+            for name, p in lora_model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name])
+    assert frozen.version_sha256() == live.version_sha256()
+    assert moved.version_sha256() != live.version_sha256()
+    a = load_file(str(tmp_path / "frozen" / ADAPTER_WEIGHTS))
+    b = load_file(str(tmp_path / "live" / ADAPTER_WEIGHTS))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
