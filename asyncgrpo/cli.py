@@ -147,6 +147,15 @@ def learner(
     device: str = typer.Option(None, help="torch device (cpu, cuda, …)."),
     work_dir: str = typer.Option(None, help="Local folder for batches and checkpoints."),
     max_versions: int = typer.Option(None, help="Exit after publishing this version."),
+    overlap: bool = typer.Option(
+        None,
+        "--overlap/--no-overlap",
+        help="Prepare the next step's batches and publish the last version while a step "
+        "trains (default: on); --no-overlap does one thing at a time.",
+    ),
+    checkpoint_every_versions: int = typer.Option(
+        None, help="Upload the optimizer state with every Nth version (default 10)."
+    ),
 ) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
     Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
@@ -161,6 +170,8 @@ def learner(
         "device": device,
         "work_dir": work_dir,
         "max_versions": max_versions,
+        "overlap": overlap,
+        "checkpoint_every_versions": checkpoint_every_versions,
     }
     settings = _parse(LearnerSettings, given)
     from learner.main import main as learner_main
