@@ -401,10 +401,20 @@ class AsyncGrpoClient:
         return self._learner(sl.FailResponse, f"/api/v1/runs/{run_id}/learner/fail", body)
 
     def claim_batches(
-        self, run_id: str, fencing: int, max_groups: int, *, wait_s: float = 0.0
+        self,
+        run_id: str,
+        fencing: int,
+        max_groups: int,
+        *,
+        wait_s: float = 0.0,
+        target_version: int | None = None,
     ) -> sl.ClaimResponse:
-        """Next accepted batches (long-poll up to wait_s, capped by the server)."""
-        body = sl.ClaimRequest(fencing=fencing, max_groups=max_groups, wait_s=wait_s)
+        """Next accepted batches (long-poll up to wait_s, capped by the server), claimed to be
+        trained into target_version (None: current + 1). A publish that has meanwhile reached
+        target_version makes it a 409 (ConflictError whose body names current_version)."""
+        body = sl.ClaimRequest(
+            fencing=fencing, max_groups=max_groups, wait_s=wait_s, target_version=target_version
+        )
         path = f"/api/v1/runs/{run_id}/batches/claim"
         return self._learner(sl.ClaimResponse, path, body, timeout_s=wait_s + 30.0)
 

@@ -61,10 +61,20 @@ class AttachResponse(_Response):
     fencing: int = Field(description="This learner's fencing token; sent with every call.")
     current_version: int = Field(description="The run's last published adapter version.")
     resume_checkpoint: list[StoredFile] | None = Field(
-        description="Checkpoint files of the current version, or None at version 0."
+        description="Checkpoint files (optimizer, scheduler, RNG, step) of the latest version at "
+        "or below the current one that has any, or None when no version has (always at version "
+        "0). Restore them with the current version's adapter weights."
+    )
+    resume_checkpoint_version: int | None = Field(
+        None, description="The version resume_checkpoint was published with; None without one."
     )
     resume_adapter: list[StoredFile] | None = Field(
         description="Adapter files of the current version, or None at version 0."
+    )
+    resume_learner_step: int | None = Field(
+        None,
+        description="Optimizer steps taken when the current version was published; None "
+        "at version 0.",
     )
     run_config: dict[str, Any] = Field(description="The run's RunConfig as JSON.")
     heartbeat_interval_s: float = Field(description="How often to heartbeat.")
@@ -89,6 +99,15 @@ class ClaimRequest(FencedRequest):
     wait_s: float = Field(
         0.0, ge=0.0, le=600.0, description="Long-poll: wait up to this long (capped) for work."
     )
+    target_version: int | None = Field(
+        None,
+        ge=1,
+        le=INT_MAX,
+        description="The version the learner will train these batches into: current_version + 1 "
+        "to current_version + 3 (one version uploading, one step training, the next prefetched). "
+        "The staleness window is checked against it; None means current_version + 1. 409 once a "
+        "publish has made it ≤ current_version, 422 above current_version + 3.",
+    )
 
 
 class PromptRowOut(_Response):
@@ -104,7 +123,14 @@ class ClaimedBatch(_Response):
     lease_id: uuid.UUID = Field(description="The lease that produced it.")
     worker_id: uuid.UUID = Field(description="The worker that produced it.")
     adapter_version: int = Field(description="Adapter version the batch was generated with.")
-    staleness: int = Field(description="current_version - adapter_version at claim.")
+    staleness: int = Field(
+        description="(target_version - 1) - adapter_version: how far behind the batch is trained "
+        "when published into target_version."
+    )
+    target_version: int = Field(
+        description="The version the batch was claimed to be trained into; a publish may consume "
+        "it into this version or an earlier one, never a later one."
+    )
     bucket_key: str = Field(description="Bucket key of the Parquet file.")
     sha256: str = Field(description="SHA-256 the worker declared; verify on download.")
     size: int = Field(description="Size in bytes.")
@@ -186,7 +212,10 @@ class PublishRequest(FencedRequest):
     version: int = Field(ge=1, le=INT_MAX, description="Exactly current_version + 1.")
     files: list[PublishedFile] = Field(min_length=1, description="Adapter files (PEFT folder).")
     checkpoint_files: list[PublishedFile] = Field(
-        min_length=1, description="Resume state files written under this version."
+        default_factory=list,
+        description="Resume state files written under this version; empty for a version that "
+        "carries no checkpoint (the learner writes one every checkpoint_every_versions versions "
+        "and with the final one).",
     )
     learner_step: int = Field(ge=0, le=INT_MAX, description="Optimizer steps taken so far.")
     metrics: dict[str, Any] = Field(default_factory=dict, description="Summary metrics.")

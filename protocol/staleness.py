@@ -1,7 +1,7 @@
 """Staleness: the one definition of how far a batch lags and when it has left the window
 (docs/architecture.md, "Units of work" and invariant 5).
 
-Both functions are plain arithmetic, so they take ints or SQL column expressions alike: the
+The functions are plain arithmetic, so they take ints or SQL column expressions alike: the
 learner's claim and the portable heartbeat call them on ints, and the event-loop heartbeat's
 statement is rendered from the same expression (server/leases/fast_repository.py)."""
 
@@ -20,3 +20,10 @@ def outside_window(current_version: Any, adapter_version: Any, max_staleness: An
     """A batch of this adapter version can no longer be trained on: its staleness is above
     the run's max_staleness."""
     return staleness(current_version, adapter_version) > max_staleness
+
+
+def trained_on(target_version: Any) -> Any:
+    """The version a batch trained into `target_version` is trained on top of: the learner
+    publishes target_version from target_version − 1, so the claim measures the window (and
+    records the staleness) against it. With target = current + 1 this is the current version."""
+    return target_version - 1

@@ -107,6 +107,25 @@ def _file_table(
     return table
 
 
+def _check_consumable(
+    session: Session, run_id: uuid.UUID, batch_ids: list[uuid.UUID], fencing: int, version: int
+) -> None:
+    """Every batch claimed under this token for this version or a later one: a batch may land
+    earlier than its claim planned, never later, which would train it further behind than the
+    window allowed at claim (invariant 5). 409 naming the batches otherwise."""
+    held = repo.claimed_targets(session, run_id, batch_ids, fencing)
+    if len(held) != len(batch_ids):
+        unknown = sorted(str(b) for b in batch_ids if b not in held)
+        raise Conflict("batches not claimed under this fencing token", batch_ids=unknown)
+    late = sorted(str(b) for b, target in held.items() if target is not None and target < version)
+    if late:
+        raise Conflict(
+            f"batches claimed for a version before {version}: consumed into {version} they "
+            "would be trained further behind than the staleness window allowed at claim",
+            batch_ids=late,
+        )
+
+
 def publish(
     session: Session,
     store: ObjectStore,
@@ -124,10 +143,7 @@ def publish(
     files = _file_table(store, run_id, body.version, "adapter", body.files)
     checkpoint = _file_table(store, run_id, body.version, "checkpoint", body.checkpoint_files)
     batch_ids = list(dict.fromkeys(body.consumed_batch_ids))
-    held = repo.claimed_batch_ids(session, run_id, batch_ids, body.fencing)
-    if len(held) != len(batch_ids):
-        unknown = sorted(str(b) for b in batch_ids if b not in held)
-        raise Conflict("batches not claimed under this fencing token", batch_ids=unknown)
+    _check_consumable(session, run_id, batch_ids, body.fencing, body.version)
     if not repo.advance_version(session, run_id, body.fencing, body.version):
         raise FencingLost("the run's version or learner lease changed: re-attach")
     config = run_config(session, run_id)

@@ -112,7 +112,7 @@ def release_claims(session: Session, run_id: uuid.UUID) -> int:
         session.execute(
             update(RolloutBatch)
             .where(RolloutBatch.run_id == run_id, RolloutBatch.state == "claimed")
-            .values(state="accepted", claimed_fencing=None, staleness=None)
+            .values(state="accepted", claimed_fencing=None, staleness=None, target_version=None)
             .returning(RolloutBatch.id)
             .execution_options(**_NO_SYNC)
         ).scalars()
@@ -133,6 +133,22 @@ def adapter_version(session: Session, run_id: uuid.UUID, version: int) -> Adapte
             AdapterVersion.run_id == run_id, AdapterVersion.version == version
         )
     ).scalar_one_or_none()
+
+
+def latest_checkpoint(session: Session, run_id: uuid.UUID, at_most: int) -> AdapterVersion | None:
+    """The latest live version ≤ at_most that carries checkpoint files (a version may carry
+    none). Retention keeps it (invariant 13) and deletes all but a few older versions, so the
+    scan is short."""
+    versions = session.execute(
+        select(AdapterVersion)
+        .where(
+            AdapterVersion.run_id == run_id,
+            AdapterVersion.version <= at_most,
+            AdapterVersion.deleted.is_(False),
+        )
+        .order_by(AdapterVersion.version.desc())
+    ).scalars()
+    return next((v for v in versions if v.checkpoint_files), None)
 
 
 def accepted_batches_page(session: Session, run_id: uuid.UUID, limit: int) -> list[RolloutBatch]:
@@ -157,10 +173,13 @@ def reject_batch(
     *,
     from_state: str,
     staleness: int | None = None,
+    target_version: int | None = None,
 ) -> bool:
     values: dict[str, Any] = {"state": "rejected", "reject_reason": reason, "reject_detail": detail}
     if staleness is not None:
         values["staleness"] = staleness
+    if target_version is not None:
+        values["target_version"] = target_version
     row = session.execute(
         update(RolloutBatch)
         .where(RolloutBatch.id == batch_id, RolloutBatch.state == from_state)
@@ -171,11 +190,18 @@ def reject_batch(
     return row is not None
 
 
-def claim_batch(session: Session, batch_id: uuid.UUID, fencing: int, staleness: int) -> None:
+def claim_batch(
+    session: Session, batch_id: uuid.UUID, fencing: int, staleness: int, target_version: int
+) -> None:
     session.execute(
         update(RolloutBatch)
         .where(RolloutBatch.id == batch_id, RolloutBatch.state == "accepted")
-        .values(state="claimed", claimed_fencing=fencing, staleness=staleness)
+        .values(
+            state="claimed",
+            claimed_fencing=fencing,
+            staleness=staleness,
+            target_version=target_version,
+        )
         .execution_options(**_NO_SYNC)
     )
     session.execute(
@@ -246,20 +272,22 @@ def get_batch(session: Session, run_id: uuid.UUID, batch_id: uuid.UUID) -> Rollo
     ).scalar_one_or_none()
 
 
-def claimed_batch_ids(
+def claimed_targets(
     session: Session, run_id: uuid.UUID, batch_ids: Sequence[uuid.UUID], fencing: int
-) -> set[uuid.UUID]:
+) -> dict[uuid.UUID, int | None]:
+    """{batch id: the target version it was claimed for} of those batches claimed under this
+    token (None only for a claim made before targets were stored)."""
     if not batch_ids:
-        return set()
-    return set(
+        return {}
+    return dict(
         session.execute(
-            select(RolloutBatch.id).where(
+            select(RolloutBatch.id, RolloutBatch.target_version).where(
                 RolloutBatch.run_id == run_id,
                 RolloutBatch.id.in_(list(batch_ids)),
                 RolloutBatch.state == "claimed",
                 RolloutBatch.claimed_fencing == fencing,
             )
-        ).scalars()
+        ).all()
     )
 
 

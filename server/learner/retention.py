@@ -1,6 +1,8 @@
 """Retention of adapter and checkpoint objects (invariant 13): never delete versions
 ≥ current − max_staleness − 1, versions named by an active lease or an unconsumed batch, the
-final version, or the latest checkpoint. Everything older goes. Scheduled by the jobs."""
+final version, or the latest version that carries checkpoint files (versions between
+checkpoints carry none; attach resumes from that one). Everything older goes. Scheduled by the
+jobs."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def protected_versions(
     keep = {v.version for v in versions if staleness(run.current_version, v.version) <= within}
     keep |= {v.version for v in versions if v.final}
     keep |= repo.versions_in_use(session, run_id)
+    # The resume checkpoint: the latest version with checkpoint files, not the latest version.
     with_checkpoint = [v.version for v in versions if v.checkpoint_files]
     if with_checkpoint:
         keep.add(max(with_checkpoint))

@@ -5,6 +5,7 @@ invariants 2, 5, 7, 12). Adapter uploads and publishing live in publish.py."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -25,10 +26,10 @@ from protocol.schemas_learner import (
     RejectResponse,
     StoredFile,
 )
-from protocol.staleness import outside_window, staleness
+from protocol.staleness import outside_window, staleness, trained_on
 from protocol.storage import ObjectStore
 from server.config import Settings
-from server.errors import Conflict, FencingLost, NotFound
+from server.errors import Conflict, FencingLost, NotFound, Unprocessable
 from server.events.service import raise_event
 from server.learner import repository as repo
 from server.leases import queue
@@ -38,6 +39,8 @@ from server.runs import service as runs_service
 from server.workers import repository as workers
 
 CLAIM_PAGE = 32
+# The learner holds at most a version uploading, a step training and the next step prefetched.
+MAX_TARGET_AHEAD = 3
 
 
 def run_config(session: Session, run_id: uuid.UUID) -> RunConfig:
@@ -88,12 +91,14 @@ def attach(
         raise _attach_refusal(session, run_id, body.tokenizer_fingerprint)
     lifecycle.move(session, run_id, "attach", "learner attached")
     repo.release_claims(session, run_id)
-    checkpoint, adapter = _resume_files(session, store, settings, run_id, run.current_version)
+    resume = _resume(session, store, settings, run_id, run.current_version)
     return AttachResponse(
         fencing=run.learner_fencing,
         current_version=run.current_version,
-        resume_checkpoint=checkpoint,
-        resume_adapter=adapter,
+        resume_checkpoint=resume.checkpoint,
+        resume_checkpoint_version=resume.checkpoint_version,
+        resume_adapter=resume.adapter,
+        resume_learner_step=resume.learner_step,
         run_config=run_config(session, run_id).model_dump(mode="json"),
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,
@@ -116,16 +121,32 @@ def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Ex
     )
 
 
-def _resume_files(
+@dataclass(frozen=True)
+class _Resume:
+    adapter: list[StoredFile] | None = None
+    learner_step: int | None = None
+    checkpoint: list[StoredFile] | None = None
+    checkpoint_version: int | None = None
+
+
+def _resume(
     session: Session, store: ObjectStore, settings: Settings, run_id: uuid.UUID, version: int
-) -> tuple[list[StoredFile] | None, list[StoredFile] | None]:
+) -> _Resume:
+    """The current version's adapter and learner step, and the latest checkpoint at or below
+    it (versions between checkpoints carry none): the learner restores those weights with that
+    optimizer state (docs/architecture.md, invariant 7)."""
     if version == 0:
-        return None, None
-    row = repo.adapter_version(session, run_id, version)
-    if row is None:
-        return None, None
+        return _Resume()
+    current = repo.adapter_version(session, run_id, version)
+    if current is None:
+        return _Resume()
     ttl = settings.security.url_ttl_s
-    return stored_files(store, row.checkpoint_files, ttl), stored_files(store, row.files, ttl)
+    adapter = stored_files(store, current.files, ttl)
+    latest = repo.latest_checkpoint(session, run_id, version)
+    if latest is None:
+        return _Resume(adapter, current.learner_step)
+    checkpoint = stored_files(store, latest.checkpoint_files, ttl)
+    return _Resume(adapter, current.learner_step, checkpoint, latest.version)
 
 
 def stored_files(store: ObjectStore, files: dict[str, Any], ttl_s: int) -> list[StoredFile]:
@@ -177,13 +198,14 @@ def claim(
 ) -> ClaimResponse:
     """One claim attempt (the router long-polls by repeating it in fresh transactions)."""
     run = fence(session, settings, token, run_id, body.fencing)
+    target = _target_version(run.current_version, body.target_version)
     config = run_config(session, run_id)
-    if config.max_versions is not None and run.current_version >= config.max_versions:
+    if config.max_versions is not None and target > config.max_versions:
         return ClaimResponse(batches=[], exhausted=True, current_version=run.current_version)
-    taken, stale = _take_batches(session, run, config, body.max_groups)
+    taken, stale = _take_batches(session, run, config, body.max_groups, target)
     prompts = repo.prompts_of_batches(session, [b.id for b, _ in taken])
     ttl = settings.security.url_ttl_s
-    batches = [_claimed(store, b, s, prompts[b.id], ttl) for b, s in taken]
+    batches = [_claimed(store, b, s, target, prompts[b.id], ttl) for b, s in taken]
     exhausted = repo.open_rows(session, run_id) == 0
     return ClaimResponse(
         batches=batches,
@@ -193,11 +215,36 @@ def claim(
     )
 
 
+def _target_version(current: int, requested: int | None) -> int:
+    """The version the claimed batches will be trained into: current + 1 unless the learner
+    names one up to current + 3. A target a publish has meanwhile reached is a conflict the
+    learner reacts to (claim for a later version); one too far ahead is a bad request."""
+    if requested is None:
+        return current + 1
+    if requested <= current:
+        raise Conflict(
+            f"target_version {requested} is not above current_version {current}: a publish "
+            "landed meanwhile; claim for a later version",
+            current_version=current,
+            target_version=requested,
+        )
+    if requested > current + MAX_TARGET_AHEAD:
+        raise Unprocessable(
+            f"target_version must be at most current_version + {MAX_TARGET_AHEAD} = "
+            f"{current + MAX_TARGET_AHEAD}, got {requested}",
+            field="target_version",
+            current_version=current,
+        )
+    return requested
+
+
 def _take_batches(
-    session: Session, run: repo.FencedRun, config: RunConfig, max_groups: int
+    session: Session, run: repo.FencedRun, config: RunConfig, max_groups: int, target: int
 ) -> tuple[list[tuple[RolloutBatch, int]], int]:
-    """Oldest adapter version first; stale batches rejected and their rows re-queued; stop
-    at the first batch that would pass max_groups (one batch is always allowed)."""
+    """Oldest adapter version first; batches outside the window as seen from the target
+    version (trained on top of target − 1) rejected stale and their rows re-queued; stop at
+    the first batch that would pass max_groups (one batch is always allowed)."""
+    base = trained_on(target)
     taken: list[tuple[RolloutBatch, int]] = []
     groups = stale = 0
     while True:
@@ -205,24 +252,32 @@ def _take_batches(
         if not page:
             return taken, stale
         for batch in page:
-            lag = staleness(run.current_version, batch.adapter_version)
-            if outside_window(run.current_version, batch.adapter_version, config.max_staleness):
-                _reject_stale(session, run.id, batch, lag)
+            lag = staleness(base, batch.adapter_version)
+            if outside_window(base, batch.adapter_version, config.max_staleness):
+                _reject_stale(session, run.id, batch, lag, target)
                 stale += 1
                 continue
             if taken and groups + batch.n_groups > max_groups:
                 return taken, stale
-            repo.claim_batch(session, batch.id, run.learner_fencing, lag)
+            repo.claim_batch(session, batch.id, run.learner_fencing, lag, target)
             taken.append((batch, lag))
             groups += batch.n_groups
             if groups >= max_groups:
                 return taken, stale
 
 
-def _reject_stale(session: Session, run_id: uuid.UUID, batch: RolloutBatch, staleness: int) -> None:
-    detail = f"staleness {staleness} above max_staleness"
+def _reject_stale(
+    session: Session, run_id: uuid.UUID, batch: RolloutBatch, staleness: int, target: int
+) -> None:
+    detail = f"staleness {staleness} above max_staleness when trained into version {target}"
     repo.reject_batch(
-        session, batch.id, "stale", detail, from_state="accepted", staleness=staleness
+        session,
+        batch.id,
+        "stale",
+        detail,
+        from_state="accepted",
+        staleness=staleness,
+        target_version=target,
     )
     rows = repo.row_ids_of_batch(session, batch.id)
     queue.requeue(session, run_id, rows, "stale", count_attempt=True)
@@ -232,6 +287,7 @@ def _claimed(
     store: ObjectStore,
     batch: RolloutBatch,
     staleness: int,
+    target: int,
     prompts: list[dict[str, Any]],
     ttl_s: int,
 ) -> ClaimedBatch:
@@ -241,6 +297,7 @@ def _claimed(
         worker_id=batch.worker_id,
         adapter_version=batch.adapter_version,
         staleness=staleness,
+        target_version=target,
         bucket_key=batch.bucket_key,
         sha256=batch.sha256,
         size=batch.bytes,

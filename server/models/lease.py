@@ -53,6 +53,9 @@ class RolloutBatch(UUIDPk, CreatedAt, Base):
     reject_detail: Mapped[str | None] = mapped_column(Text)
     staleness: Mapped[int | None] = mapped_column(Integer)
     claimed_fencing: Mapped[int | None] = mapped_column(BigInteger)
+    # The version the claim will train the batch into (invariant 5): its staleness is measured
+    # from target_version - 1, and publish consumes it into no later version.
+    target_version: Mapped[int | None] = mapped_column(Integer)
     consumed_version: Mapped[int | None] = mapped_column(Integer)
     generation_seconds: Mapped[float | None] = mapped_column(Float)
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSONType)

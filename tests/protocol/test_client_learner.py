@@ -24,7 +24,7 @@ def test_learner_round_trip_through_the_client(app, client) -> None:
     fencing = attached.fencing
     assert api.learner_heartbeat(rid, fencing).status == "running"
     claimed = api.claim_batches(rid, fencing, max_groups=4)
-    assert [b.batch_id for b in claimed.batches] == [batch]
+    assert [(b.batch_id, b.target_version) for b in claimed.batches] == [(batch, 1)]
     assert claimed.batches[0].prompts[0].reference == {"answer": "1"}
 
     files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"w" * 32}
@@ -68,6 +68,14 @@ def test_learner_round_trip_through_the_client(app, client) -> None:
         ),
     )
     assert (result.version, result.consumed_batches) == (1, 1)
+    # The claim names the version it trains into: one a publish has reached is a 409 naming
+    # the current version; a later one is claimed for.
+    later = accepted_batch(app, run.id, worker_id, version=1)
+    with pytest.raises(ConflictError) as behind:
+        api.claim_batches(rid, fencing, max_groups=4, target_version=1)
+    assert behind.value.body["current_version"] == 1
+    ahead = api.claim_batches(rid, fencing, max_groups=4, target_version=3)
+    assert [(b.batch_id, b.target_version, b.staleness) for b in ahead.batches] == [(later, 3, 1)]
     stored = api.post_learner_metrics(
         rid, fencing, [sl.MetricPointIn(step=1, version=1, values={"loss": 0.1})]
     )

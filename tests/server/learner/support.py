@@ -15,7 +15,8 @@ from sqlalchemy import select, update
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.db_types import db_now_plus
-from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
+from server.learner.retention import apply_retention
+from server.models import AdapterVersion, Lease, PromptRow, RolloutBatch, Run, Worker
 from server.runs.service import create_run
 from tests.conftest import mint_token
 
@@ -147,25 +148,36 @@ def attach(client: TestClient, run: RunHandle, fp: str = FP) -> dict[str, Any]:
     return dict(response.json())
 
 
-def claim(client: TestClient, run: RunHandle, fencing: int, max_groups: int = 100) -> Any:
-    return client.post(
-        run.url("batches/claim"),
-        json={"fencing": fencing, "max_groups": max_groups},
-        headers=run.headers,
-    )
+def claim(
+    client: TestClient,
+    run: RunHandle,
+    fencing: int,
+    max_groups: int = 100,
+    *,
+    target_version: int | None = None,
+) -> Any:
+    body: dict[str, Any] = {"fencing": fencing, "max_groups": max_groups}
+    if target_version is not None:
+        body["target_version"] = target_version
+    return client.post(run.url("batches/claim"), json=body, headers=run.headers)
 
 
-def _files(version: int) -> dict[str, tuple[str, bytes]]:
-    return {
+def _files(version: int, checkpoint: bool = True) -> dict[str, tuple[str, bytes]]:
+    files = {
         "adapter_config.json": ("adapter", json.dumps({"r": 8, "v": version}).encode()),
         "adapter_model.safetensors": ("adapter", f"weights of v{version}".encode() * 8),
         "trainer_state.json": ("checkpoint", json.dumps({"step": version}).encode()),
     }
+    if not checkpoint:
+        del files["trainer_state.json"]
+    return files
 
 
-def upload(client: TestClient, run: RunHandle, fencing: int, version: int) -> Any:
+def upload(
+    client: TestClient, run: RunHandle, fencing: int, version: int, *, checkpoint: bool = True
+) -> Any:
     """Ask for the presigned PUTs and upload through them; returns the uploads response."""
-    files = _files(version)
+    files = _files(version, checkpoint)
     body = {
         "fencing": fencing,
         "version": version,
@@ -190,6 +202,7 @@ def publish_body(
     batch_ids: list[uuid.UUID] | list[str] = (),  # type: ignore[assignment]
     *,
     final: bool = False,
+    checkpoint: bool = True,
 ) -> dict[str, Any]:
     def entry(name: str, kind: str, data: bytes) -> dict[str, Any]:
         folder = "adapters" if kind == "adapter" else "checkpoints"
@@ -200,7 +213,7 @@ def publish_body(
             "size": len(data),
         }
 
-    files = _files(version)
+    files = _files(version, checkpoint)
     return {
         "fencing": fencing,
         "version": version,
@@ -221,10 +234,12 @@ def upload_and_publish(
     batch_ids: list[uuid.UUID] | list[str] = (),  # type: ignore[assignment]
     *,
     final: bool = False,
+    checkpoint: bool = True,
 ) -> Any:
-    up = upload(client, run, fencing, version)
+    """Upload and publish `version`; without `checkpoint` it carries no checkpoint files."""
+    up = upload(client, run, fencing, version, checkpoint=checkpoint)
     assert up.status_code == 200, up.text
-    body = publish_body(run, fencing, version, batch_ids, final=final)
+    body = publish_body(run, fencing, version, batch_ids, final=final, checkpoint=checkpoint)
     return client.post(run.url("adapters"), json=body, headers=run.headers)
 
 
@@ -277,4 +292,32 @@ def expire_learner(app: Any, run_id: uuid.UUID) -> None:
     with transaction(app.state.sessionmaker) as session:
         session.execute(
             update(Run).where(Run.id == run_id).values(learner_expires_at=db_now_plus(-1.0))
+        )
+
+
+def version_keys(app: Any, run_id: uuid.UUID, version: int) -> set[str]:
+    """Every bucket key of the version's files (adapter and checkpoint)."""
+    with transaction(app.state.sessionmaker) as session:
+        row = session.execute(
+            select(AdapterVersion).where(
+                AdapterVersion.run_id == run_id, AdapterVersion.version == version
+            )
+        ).scalar_one()
+        return {m["key"] for m in [*row.files.values(), *row.checkpoint_files.values()]}
+
+
+def retain(app: Any, run_id: uuid.UUID) -> list[str]:
+    """Apply retention to the run now; the deleted keys."""
+    with transaction(app.state.sessionmaker) as session:
+        return apply_retention(session, app.state.store, run_id)
+
+
+def deleted_versions(app: Any, run_id: uuid.UUID) -> list[int]:
+    with transaction(app.state.sessionmaker) as session:
+        return sorted(
+            session.execute(
+                select(AdapterVersion.version).where(
+                    AdapterVersion.run_id == run_id, AdapterVersion.deleted.is_(True)
+                )
+            ).scalars()
         )

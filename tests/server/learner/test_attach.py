@@ -33,7 +33,8 @@ def test_attach_moves_pending_to_running_and_stores_fingerprint(app, client) -> 
     assert row.tokenizer_fingerprint == FP
     assert row.learner_fencing == body["fencing"] == row.fencing_seq
     assert body["current_version"] == 0
-    assert body["resume_checkpoint"] is None
+    assert body["resume_checkpoint"] is None and body["resume_adapter"] is None
+    assert body["resume_checkpoint_version"] is None and body["resume_learner_step"] is None
     assert body["run_config"]["max_staleness"] == 1
     assert 0 < body["heartbeat_interval_s"] < body["lease_ttl_s"]
 
@@ -112,6 +113,7 @@ def test_reattach_returns_resume_checkpoint(app, client) -> None:
         "adapter_config.json",
         "adapter_model.safetensors",
     }
+    assert (body["resume_checkpoint_version"], body["resume_learner_step"]) == (1, 1)
 
 
 def test_fingerprint_must_match_once_set(app, client) -> None:

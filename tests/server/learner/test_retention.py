@@ -2,44 +2,20 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from server.db import transaction
-from server.learner.retention import apply_retention
-from server.models import AdapterVersion, Lease, RolloutBatch
+from server.models import Lease, RolloutBatch
 from tests.server.learner.support import (
     accepted_batch,
     attach,
+    deleted_versions,
     make_run,
     make_worker,
+    retain,
     upload_and_publish,
+    version_keys,
 )
-
-
-def _keys(app, run_id, version: int) -> set[str]:  # type: ignore[no-untyped-def]
-    with transaction(app.state.sessionmaker) as session:
-        row = session.execute(
-            select(AdapterVersion).where(
-                AdapterVersion.run_id == run_id, AdapterVersion.version == version
-            )
-        ).scalar_one()
-        return {m["key"] for m in [*row.files.values(), *row.checkpoint_files.values()]}
-
-
-def _retain(app, run_id) -> list[str]:  # type: ignore[no-untyped-def]
-    with transaction(app.state.sessionmaker) as session:
-        return apply_retention(session, app.state.store, run_id)
-
-
-def _deleted_versions(app, run_id) -> list[int]:  # type: ignore[no-untyped-def]
-    with transaction(app.state.sessionmaker) as session:
-        return sorted(
-            session.execute(
-                select(AdapterVersion.version).where(
-                    AdapterVersion.run_id == run_id, AdapterVersion.deleted.is_(True)
-                )
-            ).scalars()
-        )
 
 
 def test_retention_keeps_what_work_in_flight_needs(app, client) -> None:
@@ -67,15 +43,15 @@ def test_retention_keeps_what_work_in_flight_needs(app, client) -> None:
         )
         session.execute(update(Lease).where(Lease.id == lease_id).values(state="active"))
     store = app.state.store
-    everything = {v: _keys(app, run.id, v) for v in range(1, 7)}
+    everything = {v: version_keys(app, run.id, v) for v in range(1, 7)}
 
     # current 6, max_staleness 1: 4, 5, 6 by the window; 3 by an accepted batch; 2 by a lease.
-    deleted = _retain(app, run.id)
+    deleted = retain(app, run.id)
     assert set(deleted) == everything[1]
-    assert _deleted_versions(app, run.id) == [1]
+    assert deleted_versions(app, run.id) == [1]
     assert all(store.head(k) is None for k in everything[1])
     assert all(store.head(k) is not None for v in range(2, 7) for k in everything[v])
-    assert _retain(app, run.id) == []  # idempotent
+    assert retain(app, run.id) == []  # idempotent
 
     # The lease ends and the batch is consumed: 2 and 3 are no longer protected.
     with transaction(app.state.sessionmaker) as session:
@@ -85,8 +61,8 @@ def test_retention_keeps_what_work_in_flight_needs(app, client) -> None:
             .where(RolloutBatch.id == batch_on_3)
             .values(state="consumed", consumed_version=6)
         )
-    assert set(_retain(app, run.id)) == everything[2] | everything[3]
-    assert _deleted_versions(app, run.id) == [1, 2, 3]
+    assert set(retain(app, run.id)) == everything[2] | everything[3]
+    assert deleted_versions(app, run.id) == [1, 2, 3]
     assert all(store.head(k) is not None for v in (4, 5, 6) for k in everything[v])
 
 
@@ -96,10 +72,10 @@ def test_retention_keeps_the_final_version_and_latest_checkpoint(app, client) ->
     for version in (1, 2, 3):
         final = version == 3
         assert upload_and_publish(client, run, fencing, version, final=final).status_code == 200
-    everything = {v: _keys(app, run.id, v) for v in (1, 2, 3)}
+    everything = {v: version_keys(app, run.id, v) for v in (1, 2, 3)}
     # max_staleness 0 → the window is {2, 3}; 3 is also final and the latest checkpoint.
-    assert set(_retain(app, run.id)) == everything[1]
-    assert _deleted_versions(app, run.id) == [1]
+    assert set(retain(app, run.id)) == everything[1]
+    assert deleted_versions(app, run.id) == [1]
     assert all(app.state.store.head(k) is not None for v in (2, 3) for k in everything[v])
 
 
@@ -113,7 +89,7 @@ def test_the_retention_job_applies_it_to_every_run(app, client) -> None:  # type
         for version in (1, 2, 3):
             assert upload_and_publish(client, run, fencing, version).status_code == 200
     context = JobContext(app.state.settings, app.state.sessionmaker, lambda: app.state.store)
-    expected = sum(len(_keys(app, run.id, 1)) for run in runs)
+    expected = sum(len(version_keys(app, run.id, 1)) for run in runs)
     assert run_job("retention", context) == expected
-    assert [_deleted_versions(app, run.id) for run in runs] == [[1], [1]]
+    assert [deleted_versions(app, run.id) for run in runs] == [[1], [1]]
     assert run_job("retention", context) == 0
