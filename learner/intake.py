@@ -111,7 +111,7 @@ class Intake:
     def load(self, batch: ClaimedBatch) -> IntakeResult:
         """Raise BatchRejected (reason checksum / invalid / prompt_mismatch / reward_error) when
         unusable. Safe to call from any thread (rewards run in the child processes' main
-        threads)."""
+        threads); raises RewardPoolClosed when `close()` ran meanwhile (not a rejection)."""
         path = self.work_dir / "batches" / f"{batch.batch_id}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

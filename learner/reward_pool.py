@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import threading
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -42,6 +43,11 @@ log = logging.getLogger(__name__)
 # Waiting in the parent past the child's own (pebble) timeout: a task may first wait for a
 # fresh child to start and import the rewards, which the per-task timeout does not count.
 START_TIMEOUT_S = 300.0
+
+
+class RewardPoolClosed(Exception):
+    """The pool was closed before or while scoring (the learner is stopping): not the batch's
+    fault, so not a rejection."""
 
 
 class RewardBatchFailed(Exception):
@@ -90,6 +96,9 @@ class RewardPool:
         self.specs = list(specs)
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        self._lock = threading.Lock()
+        self._in_flight: set[concurrent.futures.Future[Any]] = set()
+        self._closed = False
         users = _user_rewards([s.name for s in self.specs])
         self._pool = ProcessPool(
             max_workers=processes,
@@ -142,22 +151,40 @@ class RewardPool:
         return f"the batch's rewards did not finish within {self.timeout_s:g} s (timeout)"
 
     def _run(self, spec: RewardSpecLike, left: float, args: tuple[Any, ...]) -> list[float]:
-        future = self._pool.submit(score_one, left, spec.name, dict(spec.kwargs), *args)
+        with self._lock:
+            if self._closed:
+                raise RewardPoolClosed("the reward pool is closed")
+            future = self._pool.submit(score_one, left, spec.name, dict(spec.kwargs), *args)
+            self._in_flight.add(future)
         try:
             return future.result(timeout=left + self.start_timeout_s)  # type: ignore[no-any-return]
-        except (TimeoutError, concurrent.futures.TimeoutError) as exc:
-            future.cancel()  # pebble kills a cancelled task's child and starts a fresh one
-            raise RewardBatchFailed(
-                spec.name, self._timed_out() + "; its process was killed"
-            ) from exc
-        except ProcessExpired as exc:
-            raise RewardBatchFailed(spec.name, f"its process died ({exc})") from exc
         except Exception as exc:
-            raise RewardBatchFailed(spec.name, _describe(exc)) from exc
+            if self._closed:
+                raise RewardPoolClosed("the reward pool was closed while scoring") from exc
+            raise self._failure(spec, future, exc) from exc
+        finally:
+            with self._lock:
+                self._in_flight.discard(future)
+
+    def _failure(
+        self, spec: RewardSpecLike, future: concurrent.futures.Future[Any], exc: Exception
+    ) -> RewardBatchFailed:
+        if isinstance(exc, TimeoutError | concurrent.futures.TimeoutError):
+            future.cancel()  # pebble kills a cancelled task's child and starts a fresh one
+            return RewardBatchFailed(spec.name, self._timed_out() + "; its process was killed")
+        if isinstance(exc, ProcessExpired):
+            return RewardBatchFailed(spec.name, f"its process died ({exc})")
+        return RewardBatchFailed(spec.name, _describe(exc))
 
     def close(self) -> None:
-        """Stop the children (a running reward is killed)."""
+        """Stop the children (a running reward is killed); a `score` in flight in another
+        thread raises RewardPoolClosed at once."""
+        with self._lock:
+            self._closed = True
+            in_flight = list(self._in_flight)
         self._pool.stop()
+        for future in in_flight:  # a stopped pebble pool settles no more futures
+            future.cancel()
         self._pool.join(timeout=10)
 
     def __enter__(self) -> RewardPool:

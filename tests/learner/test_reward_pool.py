@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from learner.reward_pool import RewardBatchFailed, RewardPool
+from learner.reward_pool import RewardBatchFailed, RewardPool, RewardPoolClosed
 from protocol.rewards import BUILTINS, RewardError, resolve
 from protocol.run_config import RewardSpec
 
@@ -123,3 +123,27 @@ def test_the_batch_deadline_covers_all_its_rewards() -> None:
         assert time.monotonic() - started < 6.0
     with RewardPool([spec("slow", seconds=1.2)], timeout_s=2.0) as pool:
         assert pool.score(["p"], ["x"], {}).total == [1.0]
+
+
+def test_close_kills_the_children_and_ends_a_score_in_flight() -> None:
+    """The learner stopping mid-batch: the score in another thread ends at once, not as a
+    batch failure (which would reject the batch), and no child is left behind."""
+    pool = RewardPool([spec("pid"), spec("sleepy")], timeout_s=60.0)
+    child = int(pool.score(["p"], ["x"], {}).total[0] - 1.0)
+    outcome: list[BaseException] = []
+
+    def hang() -> None:
+        try:
+            pool.score(["p"], ["sleep"], {})
+        except BaseException as exc:  # noqa: BLE001
+            outcome.append(exc)
+
+    thread = threading.Thread(target=hang)
+    thread.start()
+    time.sleep(0.5)
+    pool.close()
+    thread.join(5)
+    assert not thread.is_alive() and isinstance(outcome[0], RewardPoolClosed)
+    assert _gone(child), "close left the child running"
+    with pytest.raises(RewardPoolClosed):
+        pool.score(["p"], ["x"], {})
