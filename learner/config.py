@@ -67,7 +67,21 @@ class LearnerSettings(BaseSettings):
         10,
         ge=1,
         description="Upload the resume checkpoint (optimizer state, step, scheduler, RNG) with "
-        "every Nth version and the final one; the adapter travels with every version. A "
+        "every Nth version, version 1, the final one and the first of each attachment; the "
+        "adapter travels with every version. A "
         "restart resumes the current version's weights with the latest checkpoint's optimizer "
         'state (docs/architecture.md, "The learner").',
+    )
+    reward_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest time the run's reward functions may take on one batch (all of "
+        "them together, in their child process); past it the process is killed, a fresh one "
+        "started and the batch rejected `reward_error`.",
+    )
+    reward_processes: int = Field(
+        1,
+        ge=1,
+        description="Warm child processes that run the reward functions (forkserver; each "
+        "imports the run's user rewards once).",
     )

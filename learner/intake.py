@@ -1,6 +1,7 @@
 """Claimed batch → groups ready to train: download with sha256, the validating reader (with the
 learner's own prompt tokenization, so mismatches are `prompt_mismatch`), rewards on the decoded
-completions and the rows' reference columns."""
+completions and the rows' reference columns, scored in child processes (learner/reward_pool.py;
+a reward that raises or times out on the batch rejects it `reward_error`)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from learner.data import Completion, Group
+from learner.reward_pool import RewardBatchFailed, RewardPool
 from learner.transfers import ObjectMissing
 from protocol.batch_format import METADATA_KEY
 from protocol.batches import BatchExpectations, BatchRejected, RolloutBatchData, read_batch
 from protocol.layout import parse_batch_key
-from protocol.rewards import combine
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import ClaimedBatch
 from protocol.transfer import ChecksumMismatch, download_url
@@ -32,7 +33,9 @@ class IntakeResult:
 
 
 class Intake:
-    """Downloads, validates and scores claimed batches for one run."""
+    """Downloads, validates and scores claimed batches for one run. Starting it starts the
+    reward processes and raises RewardError when a reward cannot be resolved; `close()` (or
+    `with`) stops them."""
 
     def __init__(
         self,
@@ -43,6 +46,8 @@ class Intake:
         fingerprint: str,
         work_dir: Path,
         download: Callable[[str, Path, str | None], int] = download_url,
+        reward_timeout_s: float = 60.0,
+        reward_processes: int = 1,
     ) -> None:
         self.run_id = run_id
         self.config = config
@@ -51,6 +56,18 @@ class Intake:
         self.work_dir = work_dir
         self.download = download  # the learner passes one that retries through an outage
         self.adapter_sha256: dict[int, str | None] = {0: None}  # versions whose sha256 we know
+        self.rewards = RewardPool(
+            config.rewards, timeout_s=reward_timeout_s, processes=reward_processes
+        )
+
+    def close(self) -> None:
+        self.rewards.close()
+
+    def __enter__(self) -> Intake:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def _expectations(self, batch: ClaimedBatch, adapter_sha256: str | None) -> BatchExpectations:
         from lm.chat import encode_prompt
@@ -92,7 +109,9 @@ class Intake:
         return read_batch(path, self._expectations(batch, stamped))
 
     def load(self, batch: ClaimedBatch) -> IntakeResult:
-        """Raise BatchRejected (reason checksum / invalid / prompt_mismatch) when unusable."""
+        """Raise BatchRejected (reason checksum / invalid / prompt_mismatch / reward_error) when
+        unusable. Safe to call from any thread (rewards run in the child processes' main
+        threads); raises RewardPoolClosed when `close()` ran meanwhile (not a rejection)."""
         path = self.work_dir / "batches" / f"{batch.batch_id}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -121,7 +140,10 @@ class Intake:
         columns: dict[str, Sequence[Any]] = {
             k: [rows[i].reference.get(k) for i in data.prompt_row_ids] for k in keys
         }
-        rewards = combine(self.config.rewards, prompts, texts, columns)
+        try:
+            rewards = self.rewards.score(prompts, texts, columns)
+        except RewardBatchFailed as exc:
+            raise BatchRejected("reward_error", str(exc), check="reward") from exc
         g = self.config.group_size
         groups = []
         for start in range(0, data.n_samples, g):

@@ -117,7 +117,8 @@ class Session:
         self.published_version = attach.current_version
         self.building = attach.current_version + 1  # the version the next trained step joins
         self.frozen = FrozenWeights(self.config.max_staleness)
-        self.trainer = self._load(attach)
+        # the reward processes start first: a reward that cannot be imported fails the run
+        # before the model is loaded
         self.intake = Intake(
             run_id=self.run_id,
             config=self.config,
@@ -125,7 +126,14 @@ class Session:
             fingerprint=learner.fingerprint,
             work_dir=self.dir,
             download=self.retrier.download,
+            reward_timeout_s=settings.reward_timeout_s,
+            reward_processes=settings.reward_processes,
         )
+        try:
+            self.trainer = self._load(attach)
+        except BaseException:
+            self.intake.close()
+            raise
         for f in attach.resume_adapter or []:
             if f.name == ADAPTER_WEIGHTS:  # the server's version sha256 (content address)
                 self.intake.adapter_sha256[self.published_version] = f.sha256
@@ -413,6 +421,7 @@ class Session:
     def close(self) -> None:
         """Stop the background calls (their next lease check raises) and wait for them."""
         self.stopping.set()
+        self.intake.close()  # a reward running on the intake thread ends at once
         for call in (self.next_step, self.publishing):
             if call is not None:
                 call.join(CLOSE_WAIT_S)

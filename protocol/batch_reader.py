@@ -2,7 +2,8 @@
 
 `read_batch(path, expect)` returns the batch or raises `BatchRejected(reason, detail, check=)`:
 `reason` is the wire reason the learner sends to `batches/{batch}/reject` (`checksum`,
-`invalid`, `prompt_mismatch`), `check` names the precise failed check.
+`invalid`, `prompt_mismatch`; the learner's intake adds `reward_error`), `check` names the
+precise failed check.
 
 Memory is bounded on a hostile file before anything is decoded: the file size, the footer
 length (read from the last 8 bytes), Thrift limits on the footer, then the row count, row
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 from protocol.batch_format import BATCH_SCHEMA, FINISH_REASONS, METADATA_KEY, BatchMetadata
 from protocol.batch_validate import RowError, check_rows
 
-RejectReason = Literal["invalid", "checksum", "prompt_mismatch"]
+RejectReason = Literal["invalid", "checksum", "prompt_mismatch", "reward_error"]
 LOGPROB_EPSILON = 1e-5
 _MAGIC = b"PAR1"
 

@@ -169,29 +169,55 @@ def _values(name: str, out: Any, n: int) -> list[float]:
     return values
 
 
+def score_one(
+    name: str,
+    kwargs: dict[str, Any],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]],
+) -> list[float]:
+    """One reward's values on aligned completions (None → NaN); RewardError when unusable."""
+    fn = resolve(name)
+    out = fn(list(prompts), list(completions), **{**columns, **kwargs})
+    return _values(name, out, len(completions))
+
+
+def check_aligned(
+    prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]]
+) -> None:
+    n = len(completions)
+    if len(prompts) != n or any(len(col) != n for col in columns.values()):
+        raise RewardError("prompts, completions and every column need one entry per completion")
+
+
+def weighted(
+    specs: Sequence[RewardSpecLike], values: Sequence[list[float]], n: int
+) -> CombinedRewards:
+    """Sum `weight × value` over the rewards' values (one list of n per spec, in order; NaN
+    values are skipped, as TRL's nansum). Keys of `per_reward` are the reward names, suffixed
+    #2, #3… on repeats."""
+    total = [0.0] * n
+    per_reward: dict[str, list[float]] = {}
+    for spec, spec_values in zip(specs, values, strict=True):
+        key, k = spec.name, 1
+        while key in per_reward:
+            k += 1
+            key = f"{spec.name}#{k}"
+        per_reward[key] = spec_values
+        for i, v in enumerate(spec_values):
+            if not math.isnan(v):
+                total[i] += spec.weight * v
+    return CombinedRewards(total=total, per_reward=per_reward)
+
+
 def combine(
     specs: Sequence[RewardSpecLike],
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: dict[str, Sequence[Any]],
 ) -> CombinedRewards:
-    """Call every reward and sum `weight × value` per completion (NaN values are skipped, as
-    TRL's nansum). Keys of `per_reward` are the reward names, suffixed #2, #3… on repeats."""
-    n = len(completions)
-    if len(prompts) != n or any(len(col) != n for col in columns.values()):
-        raise RewardError("prompts, completions and every column need one entry per completion")
-    total = [0.0] * n
-    per_reward: dict[str, list[float]] = {}
-    for spec in specs:
-        fn = resolve(spec.name)
-        out = fn(list(prompts), list(completions), **{**columns, **spec.kwargs})
-        values = _values(spec.name, out, n)
-        key, k = spec.name, 1
-        while key in per_reward:
-            k += 1
-            key = f"{spec.name}#{k}"
-        per_reward[key] = values
-        for i, v in enumerate(values):
-            if not math.isnan(v):
-                total[i] += spec.weight * v
-    return CombinedRewards(total=total, per_reward=per_reward)
+    """Call every reward in this process and sum their weighted values (`weighted`). The
+    learner scores through learner/reward_pool.py instead, in child processes."""
+    check_aligned(prompts, completions, columns)
+    values = [score_one(s.name, s.kwargs, prompts, completions, columns) for s in specs]
+    return weighted(specs, values, len(completions))

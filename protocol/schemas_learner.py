@@ -147,7 +147,7 @@ class ClaimResponse(_Response):
     stale_rejected: int = Field(0, description="Batches rejected as stale during this claim.")
 
 
-RejectReason = Literal["checksum", "invalid", "prompt_mismatch", "spot_check"]
+RejectReason = Literal["checksum", "invalid", "prompt_mismatch", "spot_check", "reward_error"]
 
 
 class FailRequest(FencedRequest):

@@ -40,6 +40,7 @@ LIVE_LEASES_SHOWN = 50
 EVENTS_SHOWN = 50
 CHART_BUCKETS = 60
 CHART_POINTS = 1000
+GIB = float(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ def run_live(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
         "drift": drift,
         "clip_fraction": stats.clip_fraction_of(latest) if latest else None,
         "latest": latest,
+        "learner_busy": _num(latest, "learner_busy"),
+        "peak_memory_gib": _scaled(latest, "peak_memory_bytes", 1.0 / GIB),
         "proxy": telemetry.proxy_stats(session, run_id),
         "ledger": ledger_model(session, run_id),
         "adapters": adapters.list_versions(session, run_id),
@@ -141,35 +144,45 @@ def _num(values: dict[str, Any], *keys: str) -> float | None:
     return None
 
 
+# (chart key, [(metric name, scale)]) of the learner series charted per step; a point that
+# lacks a name (a learner that does not report it) leaves a gap.
+STEP_SERIES: dict[str, list[tuple[str, float]]] = {
+    "clip": [("clip_low", 1.0), ("clip_high", 1.0)],
+    "ratio": [("ratio_min", 1.0), ("ratio_mean", 1.0), ("ratio_max", 1.0)],
+    "tokens": [("tokens_per_s", 1.0)],
+    "pipeline": [("learner_busy", 1.0), ("padding_fraction", 1.0)],
+    "timing": [("intake_wait_s", 1.0), ("publish_s", 1.0)],
+    "memory": [("peak_memory_bytes", 1.0 / GIB)],
+}
+
+
+def _scaled(values: dict[str, Any], key: str, scale: float) -> float | None:
+    value = _num(values, key)
+    return value * scale if value is not None else None
+
+
 def learner_charts(points: list[tuple[int, int | None, Any]]) -> dict[str, Any]:
-    """uPlot data ([x, y1, y2, …]) of the learner series."""
-    steps: list[int] = []
-    low: list[float | None] = []
-    high: list[float | None] = []
-    rmin: list[float | None] = []
-    rmax: list[float | None] = []
-    rmean: list[float | None] = []
-    tps: list[float | None] = []
+    """uPlot data ([x, y1, y2, …]) of the learner series: reward mean per version, and the
+    STEP_SERIES per step."""
+    steps = [step for step, _version, _values in points]
     by_version: dict[int, list[float]] = defaultdict(list)
-    for step, version, values in points:
-        values = values or {}
-        steps.append(step)
-        low.append(_num(values, "clip_low"))
-        high.append(_num(values, "clip_high"))
-        rmin.append(_num(values, "ratio_min"))
-        rmax.append(_num(values, "ratio_max"))
-        rmean.append(_num(values, "ratio_mean"))
-        tps.append(_num(values, "tokens_per_s"))
-        reward = _num(values, "reward_mean")
+    for _step, version, values in points:
+        reward = _num(values or {}, "reward_mean")
         if reward is not None and version is not None:
             by_version[version].append(reward)
     versions = sorted(by_version)
-    return {
-        "reward": [versions, [sum(by_version[v]) / len(by_version[v]) for v in versions]],
-        "clip": [steps, low, high],
-        "ratio": [steps, rmin, rmean, rmax],
-        "tokens": [steps, tps],
+    out: dict[str, Any] = {
+        "reward": [versions, [sum(by_version[v]) / len(by_version[v]) for v in versions]]
     }
+    for chart, names in STEP_SERIES.items():
+        out[chart] = [
+            steps,
+            *(
+                [_scaled(values or {}, key, scale) for _s, _v, values in points]
+                for key, scale in names
+            ),
+        ]
+    return out
 
 
 def _buckets(session: Session, run_id: uuid.UUID) -> int:
@@ -223,6 +236,15 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
             "data": learner["ratio"],
         },
         "tokens": {"labels": ["step", "tokens/s"], "data": learner["tokens"]},
+        "pipeline": {
+            "labels": ["step", "learner busy", "padding fraction"],
+            "data": learner["pipeline"],
+        },
+        "timing": {
+            "labels": ["step", "intake wait (s)", "publish (s)"],
+            "data": learner["timing"],
+        },
+        "memory": {"labels": ["step", "peak memory (GiB)"], "data": learner["memory"]},
         "waste": {
             "labels": ["time", "stale waste", "threshold"],
             "data": [waste["x"], waste["waste"], [config.alarms.stale_waste] * len(waste["x"])],

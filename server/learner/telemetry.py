@@ -27,7 +27,15 @@ from server.workers import repository as workers
 
 # Rejections made after a batch was accepted (at claim, by the learner, or at completion).
 AFTER_ACCEPTANCE = frozenset(
-    {"stale", "checksum", "invalid", "prompt_mismatch", "spot_check", "run_completed"}
+    {
+        "stale",
+        "checksum",
+        "invalid",
+        "prompt_mismatch",
+        "spot_check",
+        "reward_error",
+        "run_completed",
+    }
 )
 
 

@@ -3,8 +3,10 @@ number of server processes answer the same figures)."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -23,6 +25,31 @@ from server.workers.service import effective_price
 
 P = "asyncgrpo_"
 DEFAULT_WINDOW_MINUTES = AlarmConfig.model_fields["window_minutes"].default
+# Latest learner step figures of each running run: (metric name the learner posts, gauge, help).
+LEARNER_GAUGES = (
+    (
+        "learner_busy",
+        "run_learner_busy",
+        "Learner: time in forward/backward/optimizer ÷ wall time since the previous step "
+        "(latest step).",
+    ),
+    (
+        "intake_wait_s",
+        "run_learner_intake_wait_seconds",
+        "Learner: wait for batches (latest step).",
+    ),
+    ("publish_s", "run_learner_publish_seconds", "Learner: publish time (latest step)."),
+    (
+        "padding_fraction",
+        "run_learner_padding_fraction",
+        "Learner: padded ÷ computed positions of the step's micro-batches (latest step).",
+    ),
+    (
+        "peak_memory_bytes",
+        "run_learner_peak_memory_bytes",
+        "Learner: peak memory, CUDA allocator on GPU, process RSS on CPU (latest step).",
+    ),
+)
 
 
 def _active_leases(session: Session, column: object) -> dict[uuid.UUID, int]:
@@ -72,6 +99,10 @@ def run_metrics(session: Session) -> Iterator[Metric]:
     )
     spent = GaugeMetricFamily(P + "run_spent_usd", "Spend attributed to the run.", labels=labels)
     budget = GaugeMetricFamily(P + "run_budget_usd", "The run's budget.", labels=labels)
+    learner = {
+        name: GaugeMetricFamily(P + gauge, text, labels=labels)
+        for name, gauge, text in LEARNER_GAUGES
+    }
     in_flight = _active_leases(session, Lease.run_id)
     for run in runs:
         rid = str(run.id)
@@ -85,14 +116,27 @@ def run_metrics(session: Session) -> Iterator[Metric]:
         w = stale_waste(session, run.id, window_minutes * 60)
         waste.add_metric([rid], w.ratio)
         generated.add_metric([rid], w.generated)
-        value = stats.latest_clip_fraction(session, run.id)
+        latest = stats.latest_learner_values(session, run.id) or {}
+        value = stats.clip_fraction_of(latest)
         if value is not None:
             clip.add_metric([rid], value)
+        if run.status == "running":
+            _add_learner_figures(learner, rid, latest)
         spent.add_metric([rid], run.spent_usd)
         if run.budget_usd is not None:
             budget.add_metric([rid], run.budget_usd)
     yield from (info, version, leases, groups, waste, generated, clip, spent, budget)
+    yield from learner.values()
     yield from _run_breakdowns(session)
+
+
+def _add_learner_figures(
+    families: dict[str, GaugeMetricFamily], run_id: str, latest: Mapping[str, Any]
+) -> None:
+    for name, family in families.items():
+        value = latest.get(name)
+        if isinstance(value, int | float) and math.isfinite(value):
+            family.add_metric([run_id], float(value))
 
 
 def _run_breakdowns(session: Session) -> Iterator[Metric]:

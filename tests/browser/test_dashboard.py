@@ -232,6 +232,11 @@ def test_dashboard_in_chromium(server: tuple[str, Any]) -> None:
                     "ratio_max": 1.2,
                     "ratio_mean": 1.0,
                     "tokens_per_s": 250.0,
+                    "learner_busy": 0.9,
+                    "padding_fraction": 0.2,
+                    "intake_wait_s": 0.05,
+                    "publish_s": 0.5,
+                    "peak_memory_bytes": 2 << 30,
                 },
             )
             for s in range(3)
@@ -249,6 +254,8 @@ def test_dashboard_in_chromium(server: tuple[str, Any]) -> None:
         _wait_text(page, '[data-rejected="stale"]', r"^1$")
         assert page.locator('a[href$="/adapters/1/adapter_model.safetensors"]').count() == 1
         page.locator('[data-chart="reward"] canvas').first.wait_for(timeout=10_000)
+        page.locator('[data-chart="pipeline"] canvas').first.wait_for(timeout=10_000)
+        _wait_text(page, "#kpi-peak-memory", r"^2\.00 GiB$")
         page.wait_for_timeout(2500)  # one more chart poll
         _shot(page, "06-run-detail")
 

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from server.db import transaction
 from server.models import MetricPoint, Run, Token
 from tests.conftest import mint_token
+from tests.server.learner.support import attach, make_run
 
 
 def _csrf(html: str) -> str:
@@ -237,3 +238,60 @@ def test_cost_and_planner_pages(client: TestClient, admin_token: str) -> None:
     r = client.get("/planner?rank=0", headers={"HX-Request": "true"})
     assert "rank must be between" in r.text and "<html" not in r.text
     assert client.get("/static/vendor/htmx-2.0.11.min.js").status_code == 200
+
+
+PIPELINE = {
+    "learner_busy": 0.8,
+    "intake_wait_s": 0.25,
+    "publish_s": 1.5,
+    "padding_fraction": 0.125,
+    "peak_memory_bytes": 3 << 29,  # 1.5 GiB
+}
+
+
+def test_learner_pipeline_telemetry_on_the_run_page(
+    client: TestClient,
+    app,
+    admin_token: str,  # type: ignore[no-untyped-def]
+) -> None:
+    """Points posted through the learner API: the pipeline figures chart per step; a point of
+    a learner that does not report them leaves gaps, and the page still renders."""
+    run = make_run(app)
+    fencing = attach(client, run)["fencing"]
+    points = [
+        {"step": 0, "version": 0, "values": {"loss": 1.0}},
+        {"step": 1, "version": 0, "values": {**PIPELINE, "loss": 0.9}},
+        {"step": 2, "version": 1, "values": {**PIPELINE, "learner_busy": 0.6, "publish_s": None}},
+    ]
+    stored = client.post(
+        run.url("metrics"), json={"fencing": fencing, "points": points}, headers=run.headers
+    )
+    assert stored.status_code == 200, stored.text
+    login(client, admin_token)
+    page = client.get(f"/runs/{run.id}")
+    assert page.status_code == 200
+    for chart in ("pipeline", "timing", "memory"):
+        assert f'data-chart="{chart}"' in page.text
+    assert re.search(r'id="kpi-learner-busy">60\.0%<', page.text)
+    assert re.search(r'id="kpi-peak-memory">1\.50 GiB<', page.text)
+    data = client.get(f"/runs/{run.id}/charts.json").json()
+    assert data["pipeline"]["labels"] == ["step", "learner busy", "padding fraction"]
+    assert data["pipeline"]["data"] == [[0, 1, 2], [None, 0.8, 0.6], [None, 0.125, 0.125]]
+    assert data["timing"]["data"] == [[0, 1, 2], [None, 0.25, 0.25], [None, 1.5, None]]
+    assert data["memory"]["data"] == [[0, 1, 2], [None, 1.5, 1.5]]
+
+
+def test_run_page_without_pipeline_telemetry(client: TestClient, app, admin_token: str) -> None:  # type: ignore[no-untyped-def]
+    run = make_run(app)
+    fencing = attach(client, run)["fencing"]
+    client.post(
+        run.url("metrics"),
+        json={"fencing": fencing, "points": [{"step": 0, "values": {"loss": 1.0}}]},
+        headers=run.headers,
+    )
+    login(client, admin_token)
+    page = client.get(f"/runs/{run.id}")
+    assert page.status_code == 200
+    assert 'id="kpi-learner-busy">—<' in page.text and 'id="kpi-peak-memory">—<' in page.text
+    data = client.get(f"/runs/{run.id}/charts.json").json()
+    assert data["pipeline"]["data"] == [[0], [None], [None]]

@@ -67,6 +67,32 @@ def test_reject_requeues_rows_and_counts_against_the_worker(app, client) -> None
     assert twice.status_code == 409
 
 
+def test_reward_error_rejections_requeue_and_count_as_accepted(app, client, admin_headers) -> None:
+    """A reward that raised or timed out on a batch (the learner's `reward_error`): its rows
+    re-queued with an attempt, dropped `reward_error_exhausted` after max_attempts, and the
+    batch counted as accepted (it passed `complete`) in the proxy figures."""
+    run = make_run(app, max_attempts=2)
+    fencing = attach(client, run)["fencing"]
+    worker_id, _ = make_worker(app)
+    for attempt in (1, 2):
+        batch = accepted_batch(app, run.id, worker_id, version=0)
+        claim(client, run, fencing)
+        response = client.post(
+            run.url(f"batches/{batch}/reject"),
+            json={"fencing": fencing, "reason": "reward_error", "detail": "reward 'm:f': timeout"},
+            headers=run.headers,
+        )
+        assert response.status_code == 200, response.text
+        assert (response.json()["requeued"], response.json()["dropped"]) == (
+            (2, 0) if attempt == 1 else (0, 2)
+        )
+    states = sorted(row_states(app, run.id).values())
+    assert states[:2] == [("dropped", 2, "reward_error_exhausted")] * 2
+    proxy = client.get(run.url("metrics"), headers=admin_headers).json()["proxy"]
+    assert proxy["rejected_by_reason"] == {"reward_error": 2}
+    assert proxy["batches_accepted"] == 2
+
+
 def test_spot_check_above_threshold_quarantines_the_worker(app, client) -> None:
     hook = "http://127.0.0.1:9/hook"
     run = make_run(app, alarms={"spot_check_mismatch": 0.05, "webhook_url": hook})

@@ -11,6 +11,7 @@ from sqlalchemy import update
 from server.db import transaction
 from server.models import MetricPoint, Run
 from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
+from tests.server.learner.support import attach, make_run
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -58,3 +59,48 @@ def test_metrics_carry_run_and_worker_figures(client: TestClient, app: Any) -> N
     assert samples[("asyncgrpo_worker_price_per_hour", wid)] == 2.5
     assert 0 <= samples[("asyncgrpo_worker_last_seen_age_seconds", wid)] < 60
     assert l2 is not None
+
+
+def test_learner_pipeline_gauges_of_running_runs(client: TestClient, app: Any) -> None:
+    """The latest learner step's pipeline figures, posted through the learner API, as gauges
+    of each running run; a run whose learner does not report them has none."""
+    running = make_run(app)
+    fencing = attach(client, running)["fencing"]
+    points = [
+        {"step": 3, "values": {"learner_busy": 0.5, "peak_memory_bytes": 1}},
+        {
+            "step": 4,
+            "values": {
+                "learner_busy": 0.75,
+                "intake_wait_s": 0.125,
+                "publish_s": 2.0,
+                "padding_fraction": 0.25,
+                "peak_memory_bytes": 123456789,
+            },
+        },
+    ]
+    posted = client.post(
+        running.url("metrics"), json={"fencing": fencing, "points": points}, headers=running.headers
+    )
+    assert posted.status_code == 200, posted.text
+    silent = make_run(app)
+    silent_fencing = attach(client, silent)["fencing"]
+    client.post(
+        silent.url("metrics"),
+        json={"fencing": silent_fencing, "points": [{"step": 0, "values": {"loss": 1.0}}]},
+        headers=silent.headers,
+    )
+    samples = _samples(client.get("/metrics").text)
+    rid = (("run_id", str(running.id)),)
+    assert samples[("asyncgrpo_run_learner_busy", rid)] == 0.75
+    assert samples[("asyncgrpo_run_learner_intake_wait_seconds", rid)] == 0.125
+    assert samples[("asyncgrpo_run_learner_publish_seconds", rid)] == 2.0
+    assert samples[("asyncgrpo_run_learner_padding_fraction", rid)] == 0.25
+    assert samples[("asyncgrpo_run_learner_peak_memory_bytes", rid)] == 123456789
+    assert not [
+        key for key in samples if key[1] == (("run_id", str(silent.id)),) and "learner" in key[0]
+    ]
+    with transaction(app.state.sessionmaker) as session:
+        session.execute(update(Run).where(Run.id == running.id).values(status="paused"))
+    samples = _samples(client.get("/metrics").text)
+    assert ("asyncgrpo_run_learner_busy", rid) not in samples

@@ -1,0 +1,130 @@
+"""The intake's rewards against the real server (uvicorn, Postgres, local store): batches are
+claimed through the client, loaded in a background thread (as the learner's intake thread
+does), and a batch on which a reward hangs is rejected `reward_error` through the client, its
+prompts re-queued with an attempt counted, while the other batch scores in a fresh child."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from learner.intake import Intake
+from protocol.batches import BatchRejected
+from protocol.client import AsyncGrpoClient
+from protocol.run_config import RunConfig
+from server.db import transaction
+from server.models import PromptRow, RolloutBatch
+from tests.conftest import make_settings
+from tests.learner.test_e2e_learner import _real_batch
+from tests.live_server import serve_in_thread
+from tests.server.learner.support import make_run, make_worker
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+MOD = "tests.learner.rewards_for_tests"
+ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+
+
+@pytest.fixture
+def live(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """The server on a free port, with a learner lease that outlasts the test (no heartbeat)."""
+    from server.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    settings = make_settings(pg_url, tmp_path / "bucket", learner_lease_ttl_s=300.0)
+    app = create_app(settings.model_copy(update={"public_url": base}), migrate=True)
+    with serve_in_thread(app, port):
+        yield base, app
+
+
+def _load_in_thread(intake: Intake, batch: Any) -> tuple[Any, float]:
+    """Intake.load in a non-main thread: the result or the exception, and the seconds taken."""
+    out: list[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(intake.load(batch))
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            out.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(120)
+    assert out, "the intake thread did not finish"
+    return out[0], time.monotonic() - started
+
+
+def test_a_hanging_reward_rejects_its_batch_reward_error(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from lm.chat import tokenizer_fingerprint
+    from lm.models import load_tokenizer
+
+    base, app = live
+    # The completions are each prompt's answer and "no": `sleepy` hangs on the one batch that
+    # holds the answer "2"; `by_alarm` needs its process's main thread.
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": ROWS},
+        rewards=[
+            {"name": f"{MOD}:sleepy", "kwargs": {"when": "2"}},
+            {"name": f"{MOD}:by_alarm", "weight": 0.5},
+        ],
+    )
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    for _ in range(2):
+        _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+    client = AsyncGrpoClient(base, run.token)
+    attach = client.learner_attach(str(run.id), str(tokenizer_fingerprint(tok)))
+    claimed = client.claim_batches(str(run.id), attach.fencing, 4).batches
+    assert len(claimed) == 2
+    config = RunConfig.model_validate(attach.run_config)
+    outcomes: dict[str, Any] = {}
+    with Intake(
+        run_id=str(run.id),
+        config=config,
+        tokenizer=tok,
+        fingerprint=str(tokenizer_fingerprint(tok)),
+        work_dir=tmp_path / "work",
+        reward_timeout_s=2.0,
+    ) as intake:
+        for batch in claimed:
+            result, seconds = _load_in_thread(intake, batch)
+            answers = {str(p.reference["answer"]) for p in batch.prompts}
+            outcomes["hang" if "2" in answers else "good"] = (batch, result, seconds)
+    bad, rejected, seconds = outcomes["hang"]
+    assert isinstance(rejected, BatchRejected), rejected
+    assert (rejected.reason, rejected.check) == ("reward_error", "reward")
+    assert f"{MOD}:sleepy" in rejected.detail and "within 2 s (timeout)" in rejected.detail
+    assert seconds < 10
+    _, good, _ = outcomes["good"]
+    assert not isinstance(good, BaseException), good
+    lengths = good.rewards_by_name[f"{MOD}:by_alarm"]
+    assert good.rewards_by_name[f"{MOD}:sleepy"] == [1.0] * len(lengths)
+    assert [g.rewards for g in good.groups] == [
+        [1.0 + 0.5 * lengths[i], 1.0 + 0.5 * lengths[i + 1]] for i in range(0, len(lengths), 2)
+    ]
+    answer = client.reject_batch(
+        str(run.id), str(bad.batch_id), attach.fencing, rejected.reason, rejected.detail
+    )
+    assert (answer.requeued, answer.dropped) == (2, 0)
+    with transaction(app.state.sessionmaker) as session:
+        row = session.get(RolloutBatch, bad.batch_id)
+        assert row is not None
+        assert (row.state, row.reject_reason) == ("rejected", "reward_error")
+        assert row.reject_detail is not None and "sleepy" in row.reject_detail
+        requeued = session.execute(
+            select(PromptRow.state, PromptRow.attempts).where(
+                PromptRow.run_id == run.id, PromptRow.last_requeue_reason == "reward_error"
+            )
+        ).all()
+    assert sorted(requeued) == [("queued", 1), ("queued", 1)]
