@@ -634,6 +634,7 @@ def _gib(value: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(BANNER, flush=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every file is local; a GPU box has no network
     common.exit_on_sigterm()
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
