@@ -617,7 +617,12 @@ def print_report(f: dict[str, Any]) -> None:
         rows,
     )
     if f["rejected_batches"]:
-        print(f"REJECTED BATCHES: {f['rejected_batches']}")
+        print(f"rejected batches by reason: {f['rejected_batches']}")
+    if "invalid" in f["rejected_batches"]:
+        print(
+            "INVALID BATCHES: the learner's log says which check; ids past the tokenizer's "
+            "would mean this transformers ignored generation_config.json's suppress_tokens"
+        )
     print(BANNER, flush=True)
 
 
