@@ -145,6 +145,7 @@ def learner(
     model: str = typer.Option(None, help="The run's base model (HF id, folder or alias)."),
     threads: int = typer.Option(None, help="torch threads."),
     device: str = typer.Option(None, help="torch device (cpu, cuda, …)."),
+    dtype: str = typer.Option(None, help="Base weights dtype: float32, bfloat16 or float16."),
     work_dir: str = typer.Option(None, help="Local folder for batches and checkpoints."),
     max_versions: int = typer.Option(None, help="Exit after publishing this version."),
     overlap: bool = typer.Option(
@@ -168,6 +169,7 @@ def learner(
         "model": model,
         "threads": threads,
         "device": device,
+        "dtype": dtype,
         "work_dir": work_dir,
         "max_versions": max_versions,
         "overlap": overlap,

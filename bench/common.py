@@ -14,6 +14,7 @@ time hides in a figure).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -122,8 +123,29 @@ def postgres_db() -> Iterator[str]:
         admin.dispose()
 
 
+# Short long-polls and back-offs (the e2e suite's), so that a benchmark's figures are not made
+# of waits the settings chose.
+FAST_SERVER_ENV = {
+    "ASYNCGRPO_JOBS__MODE": "inprocess",
+    "ASYNCGRPO_JOBS__SWEEP_INTERVAL_S": "1",
+    "ASYNCGRPO_LEASE_LONG_POLL_S": "1",
+    "ASYNCGRPO_LEARNER_LEASE_TTL_S": "60",
+}
+FAST_WORKER_ENV = {
+    "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "1",
+    "ASYNCGRPO_WORKER_IDLE_BACKOFF_MIN_S": "0.2",
+    "ASYNCGRPO_WORKER_IDLE_BACKOFF_MAX_S": "1",
+    "ASYNCGRPO_WORKER_RETRY_MAX_S": "2",
+    "ASYNCGRPO_WORKER_HTTP_TIMEOUT_S": "30",
+}
+FAST_LEARNER_ENV = {
+    "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
+    "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "1",
+}
+
+
 def cluster_config(work: Path, database_url: str, s3: S3, **worker_env: str) -> ClusterConfig:
-    """The e2e suite's settings (short long-polls and back-offs), on moto S3."""
+    """The fast settings above, on Postgres and moto S3."""
     return ClusterConfig(
         work_dir=work / "cluster",
         database_url=database_url,
@@ -136,24 +158,9 @@ def cluster_config(work: Path, database_url: str, s3: S3, **worker_env: str) -> 
             "secret_access_key": S3_KEYS[1],
         },
         secret_key=SECRET,
-        server_env={
-            "ASYNCGRPO_JOBS__MODE": "inprocess",
-            "ASYNCGRPO_JOBS__SWEEP_INTERVAL_S": "1",
-            "ASYNCGRPO_LEASE_LONG_POLL_S": "1",
-            "ASYNCGRPO_LEARNER_LEASE_TTL_S": "60",
-        },
-        worker_env={
-            "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "1",
-            "ASYNCGRPO_WORKER_IDLE_BACKOFF_MIN_S": "0.2",
-            "ASYNCGRPO_WORKER_IDLE_BACKOFF_MAX_S": "1",
-            "ASYNCGRPO_WORKER_RETRY_MAX_S": "2",
-            "ASYNCGRPO_WORKER_HTTP_TIMEOUT_S": "30",
-            **worker_env,
-        },
-        learner_env={
-            "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
-            "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "1",
-        },
+        server_env=dict(FAST_SERVER_ENV),
+        worker_env={**FAST_WORKER_ENV, **worker_env},
+        learner_env=dict(FAST_LEARNER_ENV),
     )
 
 
@@ -336,6 +343,43 @@ def run_figures(database_url: str, run_id: str, group_size: int) -> RunFigures:
         reward_mean=reward_sum / samples if samples else 0.0,
         waste=whole_run_waste(database_url, run),
     )
+
+
+# -- time intervals and log stamps ---------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """A span of time, epoch seconds."""
+
+    start: float
+    end: float
+
+    def overlap(self, a: float, b: float) -> float:
+        return max(0.0, min(b, self.end) - max(a, self.start))
+
+
+def union_overlap(intervals: list[tuple[float, float]], window: Window) -> float:
+    """Seconds of the window covered by at least one interval."""
+    total, reach = 0.0, window.start
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, window.end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+def log_stamp(pattern: str, log_text: str) -> re.Match[str] | None:
+    """The first log line matching `pattern` (a regex); group 1 is its `%(asctime)s` stamp
+    (read it with `log_time`), the pattern's own groups follow."""
+    return re.search(rf"^(.{{23}}) .*{pattern}", log_text, re.M)
+
+
+def first_generation(log_text: str, run_id: str, version: int) -> float | None:
+    """Epoch seconds at which a worker's log first says it generates with `version`."""
+    found = log_stamp(rf"generating with run={run_id} v{version}$", log_text)
+    return log_time(found.group(1)) if found else None
 
 
 # -- output --------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import common, report  # noqa: E402
+from bench.common import Window, union_overlap  # noqa: E402
 from bench.leases import SECRET, serve  # noqa: E402
 from worker.backends.simulated import lease_seconds  # noqa: E402
 from worker.config import SimulatedSettings  # noqa: E402
@@ -114,15 +115,6 @@ def build_batch(work: Path) -> Batch:
 
 
 @dataclass
-class Window:
-    start: float
-    end: float
-
-    def overlap(self, a: float, b: float) -> float:
-        return max(0.0, min(b, self.end) - max(a, self.start))
-
-
-@dataclass
 class Stats:
     window: Window
     lat: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CALLS})
@@ -156,17 +148,6 @@ class Stats:
                 out[f"{name}_p{q}_ms"] = ms
         out["empty_acquires"], out["errors"] = self.empty, self.errors
         return out
-
-
-def union_overlap(intervals: list[tuple[float, float]], window: Window) -> float:
-    """Seconds of the window covered by at least one interval."""
-    total, reach = 0.0, window.start
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, window.end)
-        if b > a:
-            total += b - a
-            reach = b
-    return total
 
 
 # -- the fleet, over HTTP or raw SQL ------------------------------------------------------------

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import sys
 import tempfile
 import time
@@ -89,18 +88,14 @@ class Pickup:
     download_s: float
 
 
-def _stamp(pattern: str, log_text: str) -> re.Match[str] | None:
-    return re.search(rf"^(.{{23}}) .*{pattern}", log_text, re.M)
-
-
 def pickup(log_text: str, run_id: str, version: int) -> Pickup | None:
     """When a worker downloaded, loaded and first generated with `version` (None: not yet)."""
-    down = _stamp(rf"adapter run={run_id} v{version} downloaded in ([0-9.]+)s", log_text)
-    ready = _stamp(rf"adapter run={run_id} v{version} ready \(", log_text)
-    gen = _stamp(rf"generating with run={run_id} v{version}$", log_text)
-    if down is None or ready is None or gen is None:
+    down = common.log_stamp(rf"adapter run={run_id} v{version} downloaded in ([0-9.]+)s", log_text)
+    ready = common.log_stamp(rf"adapter run={run_id} v{version} ready \(", log_text)
+    generating_at = common.first_generation(log_text, run_id, version)
+    if down is None or ready is None or generating_at is None:
         return None
-    return Pickup(common.log_time(gen.group(1)), common.log_time(ready.group(1)),
+    return Pickup(generating_at, common.log_time(ready.group(1)),
                   common.log_time(down.group(1)), float(down.group(2)))  # fmt: skip
 
 

@@ -8,6 +8,7 @@ hyper-parameters are not here: they come from the run's config, which attach ret
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,6 +32,11 @@ class LearnerSettings(BaseSettings):
     name: str = Field("learner", description="A name for this learner process.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default).")
     device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Dtype of the frozen base weights; the LoRA weights, their gradients and "
+        "the optimizer state stay fp32 (PEFT keeps adapter weights in fp32).",
+    )
     work_dir: Path = Field(
         DEFAULT_WORK_DIR,
         description="Local folder for downloaded batches, adapters and checkpoints.",

@@ -171,7 +171,8 @@ class Session:
 
         settings = self.learner.settings
         torch.manual_seed(self.config.seed)
-        base = load_model(self.config.base_model, device=settings.device)
+        dtype = getattr(torch, settings.dtype)
+        base = load_model(self.config.base_model, dtype=dtype, device=settings.device)
         if attach.resume_adapter:
             folder = _download_files(
                 self.retrier, attach.resume_adapter, self.dir / "resume" / "adapter"

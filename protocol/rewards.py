@@ -6,12 +6,14 @@ strings), and every reference column of the prompt rows is passed as a keyword a
 one value per completion. A function may return None for a completion it does not apply to
 (as in TRL); `combine` then skips it in the weighted sum.
 
-Built-ins: `numeric_match`, `answer_format`, `length_limit`. User code: `"module:function"`,
+Built-ins: `numeric_match`, `answer_format`, `length_limit`, `hash_score` (no signal: for speed
+checks with random weights, bench/gpu_check.py). User code: `"module:function"`,
 imported lazily (by the learner, never at run validation, where only the syntax is checked).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import math
@@ -92,10 +94,25 @@ def length_limit(
     return scores
 
 
+def hash_score(
+    prompts: Sequence[Any], completions: Sequence[Any], salt: str = "", **_: Any
+) -> list[float | None]:
+    """A score in [0, 1) read off the sha256 of `salt` + the completion's text: the same text
+    always scores the same, different texts score apart. It rewards nothing in particular, so
+    that a model with random weights (whose completions a real reward scores all alike, and
+    all-equal groups are skipped) still trains on every group: speed checks only."""
+    scores: list[float | None] = []
+    for completion in completions:
+        digest = hashlib.sha256((salt + _text(completion)).encode()).digest()
+        scores.append(int.from_bytes(digest[:8], "big") / 2**64)
+    return scores
+
+
 BUILTINS: dict[str, RewardFn] = {
     "numeric_match": numeric_match,
     "answer_format": answer_format,
     "length_limit": length_limit,
+    "hash_score": hash_score,
 }
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet import Stats, Window, union_overlap
+from bench.common import Window, union_overlap
+from bench.fleet import Stats
 
 
 def test_union_counts_overlapping_leases_once_and_clips_to_the_window() -> None:

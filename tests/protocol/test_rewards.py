@@ -63,6 +63,22 @@ def test_length_limit_scores_by_length() -> None:
     assert got == [1.0, 1.0, 0.5, 0.0, 0.0]
 
 
+def test_hash_score_is_a_fixed_function_of_salt_and_text() -> None:
+    texts = [f"completion {i}" for i in range(64)]
+    scores = rewards.hash_score(["q"] * 64, texts)
+    assert all(0.0 <= s < 1.0 for s in scores)  # type: ignore[operator]
+    assert len(set(scores)) == 64  # distinct texts score apart: a group is never all-equal
+    assert rewards.hash_score(["other prompt"] * 64, texts) == scores  # the prompt plays no part
+    assert rewards.hash_score(["q"], [[{"role": "assistant", "content": "completion 3"}]]) == [
+        scores[3]
+    ]
+    salted = rewards.hash_score(["q"] * 64, texts, salt="run-2")
+    assert sum(a != b for a, b in zip(salted, scores, strict=True)) == 64
+    # spread over [0, 1): a quarter of the scores in each quarter, give or take
+    quarters = [sum(q / 4 <= s < (q + 1) / 4 for s in scores) for q in range(4)]  # type: ignore[operator]
+    assert min(quarters) >= 6
+
+
 def test_resolve_builtins_and_unknown_names() -> None:
     assert resolve("numeric_match") is rewards.numeric_match
     with pytest.raises(RewardError, match="unknown reward 'nope'"):

@@ -444,13 +444,16 @@ class TransformersBackend(Backend):
             generation_config=self._config(sampling),
             stopping_criteria=StoppingCriteriaList([_StopRows(cancels)]),
         )
-        new_tokens = out.sequences[:, input_ids.shape[1] :].cpu()  # (B, S)
+        new_tokens = out.sequences[:, input_ids.shape[1] :]  # (B, S), on the device
         # One (B, V) logits tensor per step: take each sampled token's log-prob step by step
-        # instead of stacking (B, S, V) (facts.md pitfall 5).
-        logprobs = torch.empty(new_tokens.shape, dtype=torch.float32)  # (B, S)
+        # instead of stacking (B, S, V) (facts.md pitfall 5), on the device: only the (B, S)
+        # result crosses to the host (a (B, V) copy and a one-thread log_softmax per step
+        # would cost more than the decode step on a GPU).
+        logprobs = torch.empty(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
         for step, logits in enumerate(out.logits):
-            scaled = torch.log_softmax(logits.float().cpu() / sampling.temperature, dim=-1)
+            scaled = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
             logprobs[:, step] = scaled.gather(1, new_tokens[:, step : step + 1]).squeeze(1)
+        new_tokens, logprobs = new_tokens.cpu(), logprobs.cpu()
         return [
             self._completion(p, g, new_tokens[i].tolist(), logprobs[i].tolist())
             for i, (p, g) in enumerate(chunk)
