@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.pipeline import LengthMix, StepPoint, busy_series, prebuild
+from bench.pipeline import (
+    LengthMix,
+    StepPoint,
+    busy_series,
+    efficiency_after_first_step,
+    prebuild,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,6 +59,18 @@ def test_busy_is_the_learner_metric_when_posted_else_step_time_over_the_gap() ->
     assert busy_series(posted) == ([0.5, 0.5], "learner_busy (learner metric)")
 
 
+def test_efficiency_after_the_first_step_compares_steps_two_on() -> None:
+    points = [
+        StepPoint(1, 1, 100.0, {"step_seconds": 9.0, "completion_tokens": 10}),
+        StepPoint(2, 2, 110.0, {"step_seconds": 8.0, "completion_tokens": 20}),
+        StepPoint(3, 3, 120.0, {"step_seconds": 8.0, "completion_tokens": 30}),
+    ]
+    pre = {"step_seconds": [5.0, 8.0, 8.0], "tokens": [10, 20, 30]}
+    # loop: 50 tokens in 20 s; preloaded: 50 tokens in 16 s
+    assert efficiency_after_first_step(points, pre) == pytest.approx(0.8)
+    assert efficiency_after_first_step(points[:1], pre) is None
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.postgres
@@ -66,7 +84,8 @@ def test_a_tiny_run_reports_positive_figures() -> None:
     figures = json.loads(done.stdout.strip().splitlines()[-1])["modes"]["serial"]
     assert figures["steps"] == 2
     assert figures["completion_tokens"] == figures["preloaded_completion_tokens"] > 0
-    for name in ("pipeline_efficiency", "loop_tokens_per_s", "preloaded_tokens_per_s",
+    for name in ("pipeline_efficiency", "pipeline_efficiency_after_first_step",
+                 "loop_tokens_per_s", "preloaded_tokens_per_s",
                  "learner_busy_median", "loop_wall_s"):  # fmt: skip
         assert figures[name] > 0, name
     assert figures["batches_rejected"] == 0
