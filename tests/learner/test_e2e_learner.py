@@ -49,8 +49,14 @@ def live(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
         yield base, app, bucket
 
 
-def _samples(session: Any, rows: list[PromptRow], config: RunConfig, tok: Any) -> list[Any]:
-    """Per prompt one correct and one wrong completion, tokenized as a worker would."""
+Scorer = Callable[[list[int], list[int]], list[float]]
+
+
+def _samples(
+    session: Any, rows: list[PromptRow], config: RunConfig, tok: Any, score: Scorer | None = None
+) -> list[Any]:
+    """Per prompt one correct and one wrong completion, tokenized as a worker would; behaviour
+    log-probs from `score(prompt ids, completion ids)` (default: -1 each)."""
     from lm.chat import encode_prompt
 
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -60,7 +66,8 @@ def _samples(session: Any, rows: list[PromptRow], config: RunConfig, tok: Any) -
         ids = encode_prompt(tok, data.prompt, config.grpo.system_prompt)
         for g, text in enumerate([str(data.reference["answer"]), "no"]):
             comp = tok.encode(text, add_special_tokens=False) + [eos]
-            samples.append(RolloutSample(row.id, g, ids, comp, [-1.0] * len(comp), "stop"))
+            logprobs = score(ids, comp) if score is not None else [-1.0] * len(comp)
+            samples.append(RolloutSample(row.id, g, ids, comp, logprobs, "stop"))
     return samples
 
 
@@ -72,11 +79,12 @@ def _real_batch(
     tok: Any,
     tmp: Path,
     put: Callable[[str, bytes], Any] | None = None,
+    score: Scorer | None = None,
 ) -> uuid.UUID:
     """What acquire + upload + complete leave behind, with a real Parquet file: the next two
     queued rows leased and accepted into one completed lease's batch (committed at once, so
     the learner never sees it half-written). `put` stores the object (default: the app's
-    store)."""
+    store); `score` gives the behaviour log-probs (see `_samples`)."""
     from lm.chat import tokenizer_fingerprint
 
     with transaction(app.state.sessionmaker) as session:
@@ -121,7 +129,7 @@ def _real_batch(
             sampling=config.sampling.model_dump(),
         )
         path = tmp / f"{lease.id}.parquet"
-        info = write_batch(path, meta, _samples(session, rows, config, tok))
+        info = write_batch(path, meta, _samples(session, rows, config, tok, score))
         key = batch_key(run_id, lease.id, fencing)
         (put or app.state.store.put_bytes)(key, path.read_bytes())
         batch = RolloutBatch(

@@ -19,11 +19,13 @@ from server.learner.ledger import ledger_model
 from server.models import AdapterVersion, RolloutBatch, Run
 from tests.e2e.tcp_proxy import TcpProxy
 from tests.learner.s3_live import wait_log
-from tests.learner.test_e2e_learner import _learner, _real_batch, _wait_version
+from tests.learner.test_e2e_learner import ROWS as SIX_ROWS
+from tests.learner.test_e2e_learner import _learner, _real_batch, _wait_version, live
 from tests.s3_fixtures import S3Endpoint
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
+__all__ = ["live"]  # the fixture of tests/learner/test_e2e_learner.py
 ROWS = [{"prompt": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(8)]
 SETTINGS = {"TRANSFER_RETRY_CAP_S": "1", "CHECKPOINT_EVERY_VERSIONS": "100"}
 
@@ -190,3 +192,87 @@ def test_a_lost_lease_stops_the_background_publish(
     with transaction(app.state.sessionmaker) as session:
         ledger = ledger_model(session, run.id)
     assert ledger.balanced, ledger
+
+
+def _scorer(model: Any, pad_id: int) -> Any:
+    from lm.logprobs import completion_logprobs
+
+    def score(prompt: list[int], completion: list[int]) -> list[float]:
+        return completion_logprobs(model, [prompt], [completion], 1.0, pad_id=pad_id)[0]
+
+    return score
+
+
+def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path) -> Any:
+    """The base model with a published version's adapter, read from the bucket folder."""
+    from lm.adapter_io import load_adapter_version
+    from lm.models import load_model
+
+    with transaction(app.state.sessionmaker) as session:
+        files = session.execute(
+            select(AdapterVersion.files).where(
+                AdapterVersion.run_id == run_id, AdapterVersion.version == version
+            )
+        ).scalar_one()
+    folder = tmp / f"adapter-v{version}"
+    folder.mkdir()
+    for name, meta in files.items():
+        (folder / name).write_bytes((bucket / meta["key"]).read_bytes())
+    return load_adapter_version(load_model("smollm2-135m-instruct"), folder)
+
+
+def test_spot_checks_score_against_the_batchs_own_version(
+    live: tuple[str, Any, Path], tmp_path: Path
+) -> None:
+    """Every batch spot-checked (fraction 1), each generated with the real log-probs of its
+    version: the one trained into v3 was generated with v1 and is checked after the learner has
+    trained past v1, so only v1's frozen weights give it a mismatch of ~0."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from learner.spotcheck import compare_logprobs
+    from lm.models import load_model, load_tokenizer
+
+    torch.set_num_threads(1)
+    base, app, bucket = live
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": SIX_ROWS},
+        max_staleness=5,
+        lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        grpo={"spot_check_fraction": 1.0, "learning_rate": 5e-2},
+        sampling={"max_new_tokens": 8, "temperature": 1.0},
+    )
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    log = tmp_path / "learner.log"
+    v0 = _scorer(load_model("smollm2-135m-instruct"), pad)
+    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path, score=v0)]
+    proc = _learner(base, run, tmp_path / "work", log)
+    try:
+        _wait_version(app, run.id, 1, proc, log)
+        v1 = _scorer(_version_model(app, bucket, run.id, 1, tmp_path), pad)
+        batches += [_real_batch(app, run.id, worker_id, 1, tok, tmp_path, score=v1) for _ in (0, 1)]
+        assert proc.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+    consumed = _consumed(app, run.id)
+    assert sorted(consumed[b] or 0 for b in batches) == [1, 2, 3]  # none rejected
+    with transaction(app.state.sessionmaker) as session:
+        checks, mismatch = session.execute(
+            text("SELECT spot_checks, spot_check_mismatch FROM workers WHERE id = :id"),
+            {"id": worker_id},
+        ).one()
+        last_key = session.execute(
+            select(RolloutBatch.bucket_key).where(RolloutBatch.id == batches[-1])
+        ).scalar_one()
+    assert checks == 3 and mismatch < 1e-3, (checks, mismatch)
+    # the control: the weights the learner held when it checked that batch (v2's, trained
+    # past v1) are far from the ones that generated it, so the check above used v1's
+    last = pq.read_table(bucket / last_key).to_pydict()
+    v2 = _scorer(_version_model(app, bucket, run.id, 2, tmp_path), pad)
+    pairs = zip(last["prompt_token_ids"], last["completion_token_ids"], strict=True)
+    recomputed = [v2(p, c) for p, c in pairs]
+    assert compare_logprobs(last["behaviour_logprobs"], recomputed).mean_abs_diff > 1e-2
