@@ -1,10 +1,19 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from learner.data import Completion, Group, collate, micro_batches, plan_step, step_micro_batches
+from learner.data import (
+    Completion,
+    Group,
+    collate,
+    micro_batches,
+    padding_fraction,
+    plan_step,
+    step_micro_batches,
+)
 from learner.loss import grpo_loss
 
 
@@ -82,11 +91,12 @@ def test_collate_aligns_completion_tokens_and_eos() -> None:
     assert mb.advantages.tolist() == [0.5, -0.5, 0.0, 0.0]
 
 
-def test_micro_batches_respect_the_token_budget() -> None:
+def test_in_order_micro_batches_respect_the_token_budget() -> None:
     # padded size = count × (longest prompt + longest completion)
-    assert micro_batches([(2, 1), (1, 2), (1, 1), (4, 1), (1, 1)], 9) == [[0, 1], [2], [3], [4]]
-    assert micro_batches([(1, 1), (1, 1), (1, 1), (1, 1)], 6) == [[0, 1, 2], [3]]
-    assert micro_batches([(10, 10), (1, 1)], 8) == [[0], [1]]  # too long: alone
+    sizes = [(2, 1), (1, 2), (1, 1), (4, 1), (1, 1)]
+    assert micro_batches(sizes, 9, by_length=False) == [[0, 1], [2], [3], [4]]
+    assert micro_batches([(1, 1)] * 4, 6, by_length=False) == [[0, 1, 2], [3]]
+    assert micro_batches([(10, 10), (1, 1)], 8, by_length=False) == [[0], [1]]  # too long: alone
     plan = plan_step(
         GROUPS,
         loss_type="dapo",
@@ -94,6 +104,72 @@ def test_micro_batches_respect_the_token_budget() -> None:
         max_completion_tokens=8,
         skip_zero_advantage=False,
     )
-    mbs = step_micro_batches(plan, token_budget=10, pad_id=0)
-    assert sum(mb.packed.input_ids.shape[0] for mb in mbs) == 4
-    assert all(mb.packed.input_ids.numel() <= 10 for mb in mbs)
+    for by_length in (False, True):
+        mbs = step_micro_batches(plan, token_budget=10, pad_id=0, by_length=by_length)
+        assert sum(mb.packed.input_ids.shape[0] for mb in mbs) == 4
+        assert all(mb.packed.input_ids.numel() <= 10 for mb in mbs)
+
+
+def test_bucketing_groups_like_lengths_by_hand() -> None:
+    # Longest completion first: 1 (1, 8), 3 (1, 8), 0 (2, 2), 2 (1, 2), 4 (1, 1). By length the
+    # two 8-token completions share one micro-batch (width 9, nothing padded) and the short
+    # ones another (width 2 + 2: 1 + 2 = 3 of 12 padded): 3 of 30 positions, 0.10. In order,
+    # 1 and 2, then 3 and 4 share width 9: 6 + 7 = 13 of 40 positions padded.
+    sizes = [(2, 2), (1, 8), (1, 2), (1, 8), (1, 1)]
+    assert micro_batches(sizes, 18) == [[1, 3], [0, 2, 4]]
+    assert micro_batches(sizes, 18, by_length=False) == [[0], [1, 2], [3, 4]]
+
+
+def test_a_sequence_longer_than_the_budget_goes_alone() -> None:
+    sizes = [(4, 3), (40, 100), (4, 2), (3, 3)]
+    parts = micro_batches(sizes, 20)
+    assert [1] in parts
+    assert sorted(i for part in parts for i in part) == [0, 1, 2, 3]
+
+
+def lognormal_mix(seed: int, *, median: float = 256, sigma: float = 0.75, cap: int = 1024):
+    """8 prompts (24–96 tokens) × 8 completions, lognormal lengths capped at `cap`."""
+    rng = random.Random(seed)
+    sizes = []
+    for _ in range(8):
+        prompt = rng.randint(24, 96)
+        for _ in range(8):
+            length = round(math.exp(rng.gauss(math.log(median), sigma)))
+            sizes.append((prompt, min(cap, max(1, length))))
+    return sizes
+
+
+def padded_share(sizes: list[tuple[int, int]], parts: list[list[int]]) -> float:
+    computed = sum(
+        len(p) * (max(sizes[i][0] for i in p) + max(sizes[i][1] for i in p)) for p in parts
+    )
+    return 1 - sum(a + b for a, b in sizes) / computed
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("median", "cap", "budget"), [(256, 1024, 4096), (128, 512, 2048)])
+def test_bucketing_pads_at_most_a_tenth_of_a_long_tailed_mix(seed, median, cap, budget) -> None:  # type: ignore[no-untyped-def]
+    sizes = lognormal_mix(seed, median=median, cap=cap)
+    parts = micro_batches(sizes, budget)
+    assert sorted(i for part in parts for i in part) == list(range(len(sizes)))  # each once
+    for part in parts:
+        width = max(sizes[i][0] for i in part) + max(sizes[i][1] for i in part)
+        assert len(part) * width <= budget
+    assert padded_share(sizes, parts) <= 0.10
+    in_order = micro_batches(sizes, budget, by_length=False)
+    assert padded_share(sizes, in_order) > 0.25  # what the in-order rule pads on this mix
+    # not one row each: fewer than half as many micro-batches as rows
+    assert len(parts) < len(sizes) / 2
+
+
+def test_padding_fraction_of_packed_micro_batches() -> None:
+    plan = plan_step(
+        GROUPS,
+        loss_type="dapo",
+        scale_rewards="none",
+        max_completion_tokens=8,
+        skip_zero_advantage=False,
+    )
+    mb = collate(plan.sequences, pad_id=0)  # 4 rows × (2 + 4): 4 + 5 + 2 + 5 = 16 real of 24
+    assert padding_fraction([mb]) == pytest.approx(8 / 24)
+    assert padding_fraction([]) == 0.0
