@@ -18,6 +18,7 @@ from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.leases.paths import CallPaths
 from server.limits import BodySizeLimit
+from server.security_headers import SecurityHeaders
 from server.storage_factory import make_store
 from server.versions.service import make_watch
 
@@ -68,6 +69,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         version="0.1.0",
         description="Asynchronous GRPO + LoRA on elastic, preemptible GPUs.",
         lifespan=lifespan,
+        docs_url=None,  # server/api_docs.py serves /docs from the package, no CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -83,9 +86,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     from server.dashboard.web import install as install_dashboard
 
     install_dashboard(app)
+    from server.api_docs import install as install_api_docs
+
+    install_api_docs(app)
     app.add_middleware(
         BodySizeLimit, max_bytes=settings.security.max_body_bytes, exempt_prefixes=("/blobs/",)
     )
+    app.add_middleware(SecurityHeaders)  # outermost: the 413s carry the headers too
     return app
 
 

@@ -54,7 +54,7 @@ def test_one_file_hash_helper() -> None:
 
 
 def test_events_are_inserted_in_one_place() -> None:
-    """Every event goes through server/events (so each reaches the run's webhook): a
+    """Every event goes through server/events (so each alarm reaches the run's webhook): a
     quarantine event inserted elsewhere once never did."""
     inserters = {
         module

@@ -48,6 +48,9 @@ PLAIN_FIELDS = (
     "alarms.no_version_minutes",
     "alarms.webhook_url",
 )
+# Fields RunConfig requires but the form lets stay empty: empty takes this default, as the page
+# says (the alias of the small model lm/models.py ships, the demo's model).
+FORM_DEFAULTS = {"base_model": "smollm2-135m-instruct"}
 DATASET_FIELDS = ("dataset.kind", "dataset.generator", "dataset.size", "dataset.seed")
 OTHER_FIELDS = ("dataset.file", "rewards", "reward.custom", "lora.target_modules")
 ALL_FIELDS = frozenset(PLAIN_FIELDS + DATASET_FIELDS + OTHER_FIELDS)
@@ -108,6 +111,8 @@ def to_config_dict(form: Any, jsonl: str | None, result: FormResult) -> dict[str
         value = form.get(name)
         if isinstance(value, str) and value.strip() != "":
             _put(config, name, value.strip())
+        elif name in FORM_DEFAULTS:
+            _put(config, name, FORM_DEFAULTS[name])
     config["dataset"] = _dataset(form, jsonl, result)
     config["rewards"] = _rewards(form)
     modules = str(form.get("lora.target_modules") or "").strip()

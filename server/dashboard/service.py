@@ -119,6 +119,7 @@ def run_live(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
         "run": run,
         "detail": detail,
         "config": runs.get_config(run),
+        "actions": lifecycle.admin_actions_from(run.status),
         "stale_waste": waste,
         "drift": drift,
         "clip_fraction": stats.clip_fraction_of(latest) if latest else None,
@@ -214,6 +215,11 @@ def spend_chart(session: Session, run_id: uuid.UUID, bucket_s: int) -> dict[str,
     return {"x": xs, "cumulative": total}
 
 
+# Axis kinds read by static/app.js: x "int" (integer ticks) unless "time"; y "count" (integers
+# from 0), "zero" (from 0), "compact" (from 0, 1.2k labels), "ratio" (decimals around 1).
+INT_X = {"x": "int"}
+
+
 def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
     """All chart data of the run page (one JSON document polled by the page)."""
     run = runs.get_run(session, run_id)
@@ -226,39 +232,61 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
     budget = config.budget_usd
     clip_limit = config.alarms.clip_fraction
     return {
-        "reward": {"labels": ["version", "reward mean"], "data": learner["reward"]},
+        "reward": {"labels": ["version", "reward mean"], "data": learner["reward"], **INT_X},
         "clip": {
             "labels": ["step", "clip low", "clip high", "threshold (low+high)"],
             "data": [*learner["clip"], [clip_limit] * len(learner["clip"][0])],
+            **INT_X,
+            "y": "zero",
         },
         "ratio": {
             "labels": ["step", "ratio min", "ratio mean", "ratio max"],
             "data": learner["ratio"],
+            **INT_X,
+            "y": "ratio",
         },
-        "tokens": {"labels": ["step", "tokens/s"], "data": learner["tokens"]},
+        "tokens": {
+            "labels": ["step", "tokens/s"],
+            "data": learner["tokens"],
+            **INT_X,
+            "y": "compact",
+        },
         "pipeline": {
             "labels": ["step", "learner busy", "padding fraction"],
             "data": learner["pipeline"],
+            **INT_X,
+            "y": "zero",
         },
         "timing": {
             "labels": ["step", "intake wait (s)", "publish (s)"],
             "data": learner["timing"],
+            **INT_X,
+            "y": "zero",
         },
-        "memory": {"labels": ["step", "peak memory (GiB)"], "data": learner["memory"]},
+        "memory": {
+            "labels": ["step", "peak memory (GiB)"],
+            "data": learner["memory"],
+            **INT_X,
+            "y": "zero",
+        },
         "waste": {
             "labels": ["time", "stale waste", "threshold"],
             "data": [waste["x"], waste["waste"], [config.alarms.stale_waste] * len(waste["x"])],
             "time": True,
+            "y": "zero",
         },
         "rejections": {
             "labels": ["time", *(f"{r} (samples)" for r in waste["reasons"])],
             "data": [waste["x"], *waste["by_reason"]],
             "time": True,
+            "y": "count",
         },
         "staleness": {
             "labels": ["staleness", "consumed batches"],
             "data": [[int(k) for k in histogram], list(histogram.values())],
             "bars": True,
+            **INT_X,
+            "y": "count",
         },
         "spend": {
             "labels": ["time", "spend USD", *(["budget USD"] if budget else [])],
@@ -268,5 +296,6 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
                 *([[budget] * len(spend["x"])] if budget else []),
             ],
             "time": True,
+            "y": "zero",
         },
     }

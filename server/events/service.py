@@ -24,7 +24,9 @@ def raise_event(
     severity: str = "warning",
     data: dict[str, Any] | None = None,
 ) -> Event:
-    """Insert an Event and queue a signed delivery to the run's webhook, if it has one."""
+    """Insert an Event and queue a signed delivery to the run's webhook, if it has one.
+    `info` events (publishes, attaches, status changes by an admin) are shown on the dashboard
+    only: the webhook is for alarms and failures."""
     event = repository.insert(
         session,
         run_id=run_id,
@@ -34,7 +36,7 @@ def raise_event(
         message=message,
         data=data or {},
     )
-    if run_id is not None:
+    if run_id is not None and severity != "info":
         url = config_of(session, run_id).alarms.webhook_url
         if url:
             webhooks.enqueue(session, event, url)

@@ -23,6 +23,7 @@ from protocol.schemas_learner import (
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.errors import Conflict, FencingLost, Unprocessable
+from server.events.service import raise_event
 from server.learner import repository as repo
 from server.learner.service import authorize, fence, run_config
 from server.leases import queue
@@ -168,4 +169,13 @@ def publish(
             session, run_id, "final version published" if body.final else "max_versions reached"
         )
         status = "completed"
+    raise_event(
+        session,
+        kind="version.published",
+        severity="info",
+        message=f"version {body.version} published ({consumed} batches consumed)"
+        + ("; the run is completed" if final else ""),
+        run_id=run_id,
+        data={"version": body.version, "final": final},
+    )
     return PublishResponse(version=body.version, run_status=status, consumed_batches=consumed)

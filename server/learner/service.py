@@ -91,6 +91,14 @@ def attach(
         raise _attach_refusal(session, run_id, body.tokenizer_fingerprint)
     lifecycle.move(session, run_id, "attach", "learner attached")
     repo.release_claims(session, run_id)
+    raise_event(
+        session,
+        kind="learner.attached",
+        severity="info",
+        message=f"learner attached at version {run.current_version}",
+        run_id=run_id,
+        data={"fencing": run.learner_fencing, "version": run.current_version},
+    )
     resume = _resume(session, store, settings, run_id, run.current_version)
     return AttachResponse(
         fencing=run.learner_fencing,

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES
 from server.db_types import db_now
 from server.errors import Conflict, NotFound
+from server.events.service import raise_event
 from server.learner import repository as learner_repo
 from server.leases import queue
 from server.leases import repository as leases_repo
@@ -51,6 +52,11 @@ TRANSITIONS: dict[str, Transition] = {
 ADMIN_ACTIONS = tuple(name for name, t in TRANSITIONS.items() if t.actor == "admin")
 
 
+def admin_actions_from(status: str) -> list[str]:
+    """The admin actions a run in this status allows (what the dashboard offers)."""
+    return [name for name in ADMIN_ACTIONS if status in TRANSITIONS[name].from_states]
+
+
 def _target(transition: Transition) -> Any:
     if transition.to_status == RESUME:
         return case((Run.learner_attached_at.is_(None), "pending"), else_="running")
@@ -81,6 +87,14 @@ def admin_action(session: Session, run_id: uuid.UUID, action: str, reason: str |
     if run is None:
         raise NotFound(f"run {run_id} not found")
     if moved:
+        raise_event(
+            session,
+            kind="run.status",
+            severity="info",
+            message=f"{action}: the run is {run.status}" + (f" ({reason})" if reason else ""),
+            run_id=run_id,
+            data={"action": action, "status": run.status},
+        )
         return run
     allowed = ", ".join(sorted(TRANSITIONS[action].from_states))
     why = "it has ended" if run.status in TERMINAL else f"{action} needs one of: {allowed}"

@@ -65,6 +65,44 @@ def server(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
         yield url, app
 
 
+# Every CSP violation reaches the console: Chromium logs the refusals itself, and the page's
+# securitypolicyviolation events are logged too (an init script runs outside the page's CSP).
+REPORT_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", (e) => {
+  console.error(`CSP violation: ${e.violatedDirective} blocked ${e.blockedURI || "inline"}`);
+});
+"""
+
+
+def watch_csp(page: Any) -> list[str]:
+    """The CSP violations this page reports, collected as they happen."""
+    violations: list[str] = []
+
+    def on_console(message: Any) -> None:
+        text = message.text
+        if "Content Security Policy" in text or text.startswith("CSP violation"):
+            violations.append(text)
+
+    page.add_init_script(REPORT_VIOLATIONS)
+    page.on("console", on_console)
+    return violations
+
+
+@pytest.fixture
+def chromium() -> Iterator[tuple[Any, list[str]]]:
+    """A page in Chromium and the CSP violations it reports: none allowed at teardown."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1360, "height": 900})
+        violations = watch_csp(page)
+        yield page, violations
+        page.wait_for_timeout(300)  # late console messages
+        browser.close()
+    assert violations == [], violations
+
+
 def _shot(page: Any, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
@@ -172,108 +210,183 @@ def _create_run_through_form(page: Any, base: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
+def _ticks(page: Any, chart: str, axis: str) -> list[str]:
+    """The tick labels uPlot drew on a chart's axis (app.js records them)."""
+    el = page.locator(f'[data-chart="{chart}"]')
+    deadline = time.monotonic() + 10
+    while not el.get_attribute(f"data-{axis}-ticks") and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+    return str(el.get_attribute(f"data-{axis}-ticks") or "").split("|")
+
+
+def _check_axes(page: Any) -> None:
+    """Integer ticks on version/step/staleness axes, counts and rates from 0, compact labels
+    for tokens/s, distinct labels on a narrow ratio axis."""
+    for chart in ("reward", "tokens", "ratio", "staleness"):
+        ticks = _ticks(page, chart, "x")
+        assert ticks and all(re.fullmatch(r"-?\d+", t) for t in ticks), (chart, ticks)
+    tokens = _ticks(page, "tokens", "y")
+    assert tokens[0] == "0" and all(re.fullmatch(r"\d+(\.\d)?k", t) for t in tokens[1:]), tokens
+    ratio = _ticks(page, "ratio", "y")
+    assert len(ratio) >= 3 and len(set(ratio)) == len(ratio), ratio
+    staleness = _ticks(page, "staleness", "y")
+    assert staleness[0] == "0" and all(re.fullmatch(r"\d+", t) for t in staleness), staleness
+
+
+def _file_names_unbroken(page: Any) -> None:
+    """In a narrow window an adapter file name wraps as a whole, never mid-word."""
+    page.set_viewport_size({"width": 420, "height": 900})
+    links = page.locator("a.file-name")
+    assert links.count() >= 2
+    for i in range(links.count()):
+        lines = links.nth(i).evaluate("a => a.getClientRects().length")
+        assert lines == 1, links.nth(i).inner_text()
+    page.set_viewport_size({"width": 1360, "height": 900})
+
+
 @pytest.mark.timeout(240)
-def test_dashboard_in_chromium(server: tuple[str, Any]) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_dashboard_in_chromium(server: tuple[str, Any], chromium: tuple[Any, list[str]]) -> None:
     base, app = server
+    page, _violations = chromium
     admin = mint_token(app, "admin", name="browser")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1360, "height": 900})
-        page.goto(f"{base}/runs")
-        assert page.url.endswith("/login")
-        page.fill("#token", admin)
-        _shot(page, "01-login")
-        page.press("#token", "Enter")  # keyboard submit
-        page.wait_for_url(f"{base}/runs")
+    page.goto(f"{base}/runs")
+    assert page.url.endswith("/login")
+    page.fill("#token", admin)
+    _shot(page, "01-login")
+    page.press("#token", "Enter")  # keyboard submit
+    page.wait_for_url(f"{base}/runs")
 
-        run_id, learner_token = _create_run_through_form(page, base)
+    run_id, learner_token = _create_run_through_form(page, base)
 
-        page.goto(f"{base}/runs")
-        assert page.locator(f'tr[data-run="{run_id}"]').inner_text().startswith("browser-run")
-        _shot(page, "04-runs")
+    page.goto(f"{base}/runs")
+    assert page.locator(f'tr[data-run="{run_id}"]').inner_text().startswith("browser-run")
+    _shot(page, "04-runs")
 
-        page.goto(f"{base}/workers")
-        page.fill("#rt-name", "browser pool")
-        page.fill("#rt-uses", "2")
-        page.click("button:has-text('Create registration token')")
-        worker_cmd = page.locator("#worker-command").inner_text()
-        reg = re.search(r"--registration-token (agr_reg_\S+)", worker_cmd)
-        assert reg and worker_cmd.startswith(f"asyncgrpo worker --server {base} ")
-        _shot(page, "05-workers-token")
+    page.goto(f"{base}/workers")
+    page.fill("#rt-name", "browser pool")
+    page.fill("#rt-uses", "2")
+    page.click("button:has-text('Create registration token')")
+    worker_cmd = page.locator("#worker-command").inner_text()
+    reg = re.search(r"--registration-token (agr_reg_\S+)", worker_cmd)
+    assert reg and worker_cmd.startswith(f"asyncgrpo worker --server {base} ")
+    _shot(page, "05-workers-token")
 
-        page.goto(f"{base}/runs/{run_id}")
-        _wait_text(page, "#run-status", "pending")
+    page.goto(f"{base}/runs/{run_id}")
+    _wait_text(page, "#run-status", "pending")
+    _wait_text(page, '[data-chart="reward"]', "nothing yet")
+    assert page.locator(".actions button").all_inner_texts() == ["Pause", "Cancel"]
 
-        # -- the real API: a learner and two workers -----------------------------------
-        anon = AsyncGrpoClient(base)
-        workers = []
-        for name, gpu in (("spot-a", "H100"), ("spot-b", "A10G")):
-            out = anon.register_worker(
-                reg.group(1), name=name, gpu_type=gpu, price_per_hour=2, models=[MODEL]
-            )
-            workers.append(AsyncGrpoClient(base, out["token"]))
-        learner = AsyncGrpoClient(base, learner_token)
-        fencing = learner.learner_attach(run_id, "fp-browser").fencing
-        _wait_text(page, "#run-status", "running")
-        for w in workers:
-            _worker_batch(w, group_size=2)
-        _wait_text(page, '[data-batches="accepted"]', r"^2$")
-        points = [
-            sl.MetricPointIn(
-                step=s,
-                version=0,
-                values={
-                    "reward_mean": 0.1 * s,
-                    "clip_low": 0.01,
-                    "clip_high": 0.02,
-                    "ratio_min": 0.9,
-                    "ratio_max": 1.2,
-                    "ratio_mean": 1.0,
-                    "tokens_per_s": 250.0,
-                    "learner_busy": 0.9,
-                    "padding_fraction": 0.2,
-                    "intake_wait_s": 0.05,
-                    "publish_s": 0.5,
-                    "peak_memory_bytes": 2 << 30,
-                },
-            )
-            for s in range(3)
-        ]
-        learner.post_learner_metrics(run_id, fencing, points)
-        first = learner.claim_batches(run_id, fencing, max_groups=1)
-        assert len(first.batches) == 1
-        _publish(learner, run_id, fencing, [str(first.batches[0].batch_id)])
-        _wait_text(page, "#kpi-version", r"^1$")
-        second = learner.claim_batches(run_id, fencing, max_groups=1)
-        assert second.stale_rejected == 1  # v0 batch at version 1 with max_staleness 0
-        # 2 of 4 generated samples rejected stale: 50 % over the 20 % threshold.
-        page.locator('[data-alarm="stale_waste"]').wait_for(timeout=15_000)
-        _wait_text(page, "#kpi-stale-waste", r"50\.0%")
-        _wait_text(page, '[data-rejected="stale"]', r"^1$")
-        assert page.locator('a[href$="/adapters/1/adapter_model.safetensors"]').count() == 1
-        page.locator('[data-chart="reward"] canvas').first.wait_for(timeout=10_000)
-        page.locator('[data-chart="pipeline"] canvas').first.wait_for(timeout=10_000)
-        _wait_text(page, "#kpi-peak-memory", r"^2\.00 GiB$")
-        page.wait_for_timeout(2500)  # one more chart poll
-        _shot(page, "06-run-detail")
+    # -- the real API: a learner and two workers -----------------------------------
+    anon = AsyncGrpoClient(base)
+    workers = []
+    for name, gpu in (("spot-a", "H100"), ("spot-b", "A10G")):
+        out = anon.register_worker(
+            reg.group(1), name=name, gpu_type=gpu, price_per_hour=2, models=[MODEL]
+        )
+        workers.append(AsyncGrpoClient(base, out["token"]))
+    learner = AsyncGrpoClient(base, learner_token)
+    fencing = learner.learner_attach(run_id, "fp-browser").fencing
+    _wait_text(page, "#run-status", "running")
+    _wait_text(page, '[aria-label="Events"]', "learner.attached")
+    assert page.locator(".actions button").all_inner_texts() == ["Pause", "Cancel"]
+    for w in workers:
+        _worker_batch(w, group_size=2)
+    _wait_text(page, '[data-batches="accepted"]', r"^2$")
+    points = [
+        sl.MetricPointIn(
+            step=s,
+            version=0,
+            values={
+                "reward_mean": 0.1 * s,
+                "clip_low": 0.01,
+                "clip_high": 0.02,
+                "ratio_min": 0.9996,  # a narrow band: labels need decimals
+                "ratio_max": 1.0004,
+                "ratio_mean": 1.0,
+                "tokens_per_s": 12_000.0 + 1500 * s,  # labels need compact units
+                "learner_busy": 0.9,
+                "padding_fraction": 0.2,
+                "intake_wait_s": 0.05,
+                "publish_s": 0.5,
+                "peak_memory_bytes": 2 << 30,
+            },
+        )
+        for s in range(3)
+    ]
+    learner.post_learner_metrics(run_id, fencing, points)
+    first = learner.claim_batches(run_id, fencing, max_groups=1)
+    assert len(first.batches) == 1
+    _publish(learner, run_id, fencing, [str(first.batches[0].batch_id)])
+    _wait_text(page, "#kpi-version", r"^1$")
+    second = learner.claim_batches(run_id, fencing, max_groups=1)
+    assert second.stale_rejected == 1  # v0 batch at version 1 with max_staleness 0
+    # 2 of 4 generated samples rejected stale: 50 % over the 20 % threshold.
+    page.locator('[data-alarm="stale_waste"]').wait_for(timeout=15_000)
+    _wait_text(page, "#kpi-stale-waste", r"50\.0%")
+    _wait_text(page, '[data-rejected="stale"]', r"^1$")
+    assert page.locator('a[href$="/adapters/1/adapter_model.safetensors"]').count() == 1
+    page.locator('[data-chart="reward"] canvas').first.wait_for(timeout=10_000)
+    page.locator('[data-chart="pipeline"] canvas').first.wait_for(timeout=10_000)
+    _wait_text(page, "#kpi-peak-memory", r"^2\.00 GiB$")
+    page.wait_for_timeout(2500)  # one more chart poll
+    _wait_text(page, '[aria-label="Events"]', "version.published")
+    _check_axes(page)
+    _shot(page, "06-run-detail")
+    _file_names_unbroken(page)
 
-        page.goto(f"{base}/runs")
-        page.locator('[data-alarm="stale_waste"]').wait_for()
-        _shot(page, "07-runs-alarm")
-        page.goto(f"{base}/workers")
-        assert page.locator('tr[data-worker="spot-a"]').count() == 1
-        _shot(page, "08-workers")
-        page.goto(f"{base}/cost")
-        _shot(page, "09-cost")
-        page.goto(f"{base}/planner?model=llama-2-7b&rank=8&targets=qv&link_gbps=1")
-        assert page.locator("#plan-adapter-mb").inner_text() == "8.4 MB"
-        page.select_option("#p-targets", "all-linear")
-        page.fill("#p-rank", "16")
-        page.press("#p-rank", "Tab")
-        _wait_text(page, "#plan-adapter-mb", r"^80\.0 MB$")
-        _shot(page, "10-planner")
-        browser.close()
-        for c in (anon, learner, *workers):
-            c.close()
+    page.goto(f"{base}/runs")
+    page.locator('[data-alarm="stale_waste"]').wait_for()
+    _shot(page, "07-runs-alarm")
+    page.goto(f"{base}/workers")
+    assert page.locator('tr[data-worker="spot-a"]').count() == 1
+    _shot(page, "08-workers")
+    page.goto(f"{base}/cost")
+    _shot(page, "09-cost")
+    page.goto(f"{base}/planner?model=llama-2-7b&rank=8&targets=qv&link_gbps=1")
+    assert page.locator("#plan-adapter-mb").inner_text() == "8.4 MB"
+    page.select_option("#p-targets", "all-linear")
+    page.fill("#p-rank", "16")
+    page.press("#p-rank", "Tab")
+    _wait_text(page, "#plan-adapter-mb", r"^80\.0 MB$")
+    _shot(page, "10-planner")
+    for c in (anon, learner, *workers):
+        c.close()
+
+
+@pytest.mark.timeout(120)
+def test_api_docs_offline_under_the_csp(
+    server: tuple[str, Any], chromium: tuple[Any, list[str]]
+) -> None:
+    """/docs renders Swagger UI from the package: every request stays on the server, and the
+    favicon is found."""
+    base, _app = server
+    page, violations = chromium
+    elsewhere: list[str] = []
+    missing: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(base) else elsewhere.append(r.url))
+    page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
+    page.goto(f"{base}/docs")
+    page.locator(".swagger-ui .info .title").wait_for(timeout=20_000)
+    assert "asyncgrpo" in page.locator(".swagger-ui .info .title").inner_text()
+    page.locator(".opblock").first.wait_for()
+    _shot(page, "11-api-docs")
+    page.goto(f"{base}/login")
+    assert elsewhere == [] and missing == [], (elsewhere, missing)
+    assert violations == []
+
+
+def test_the_csp_watch_sees_a_violation(
+    server: tuple[str, Any], chromium: tuple[Any, list[str]]
+) -> None:
+    """The watcher is live: an inline script the page tries to run is refused and reported."""
+    base, _app = server
+    page, violations = chromium
+    page.goto(f"{base}/login")
+    page.evaluate(
+        "() => { const s = document.createElement('script');"
+        " s.textContent = 'window.ran = 1'; document.body.appendChild(s); }"
+    )
+    page.wait_for_timeout(300)
+    assert page.evaluate("() => window.ran") is None
+    assert violations and any("script-src" in v for v in violations), violations
+    violations.clear()
