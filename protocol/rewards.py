@@ -133,7 +133,7 @@ def check_name(name: str) -> None:
     if name in BUILTINS:
         return
     if _USER_REF.match(name):
-        _refuse_stdlib(name.partition(":")[0])
+        _refuse_stdlib(name)
         return
     near = difflib.get_close_matches(name, BUILTINS, n=1, cutoff=0.8)
     if _ENTRY_POINT_NAME.match(name) and not near:
@@ -147,12 +147,12 @@ def check_name(name: str) -> None:
     )
 
 
-def _refuse_stdlib(module_name: str) -> None:
-    top = module_name.split(".")[0]
-    if top in sys.stdlib_module_names:
+def _refuse_stdlib(name: str) -> None:
+    module_name = name.partition(":")[0]
+    if module_name.split(".")[0] in sys.stdlib_module_names:
         raise RewardError(
-            f"reward module {module_name!r} is part of Python's standard library: a reward "
-            "comes from a user module or entry point that the learner's operator allows"
+            f"reward {name!r}: module {module_name!r} is part of Python's standard library; a "
+            "reward comes from a user module or entry point that the learner's operator allows"
         )
 
 

@@ -81,7 +81,7 @@ def test_a_misconfigured_standby_does_not_fail_a_run_another_learner_holds(app, 
     with pytest.raises(ConflictError, match="my_entry_point"):
         learner.learner_attach(str(run.id), FP, reward_names=RewardAllowlist().names())
     row = run_row(app, run.id)
-    assert row.status == "running" and row.status_reason is None
+    assert row.status == "running" and row.status_reason == "learner attached"
     assert _events(app, run) == []
 
 
