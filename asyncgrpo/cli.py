@@ -157,6 +157,12 @@ def learner(
     checkpoint_every_versions: int = typer.Option(
         None, help="Upload the optimizer state with every Nth version (default 10)."
     ),
+    reward_module: list[str] = typer.Option(  # noqa: B008 - typer reads it, never mutates it
+        None,
+        "--reward-module",
+        help="Allow the run's `module:function` rewards from this module (repeatable); with "
+        "the entry points of the group asyncgrpo.rewards, the only user code loaded.",
+    ),
 ) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
     Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
@@ -174,6 +180,7 @@ def learner(
         "max_versions": max_versions,
         "overlap": overlap,
         "checkpoint_every_versions": checkpoint_every_versions,
+        "reward_modules": reward_module or None,
     }
     settings = _parse(LearnerSettings, given)
     from learner.main import main as learner_main

@@ -7,12 +7,14 @@ hyper-parameters are not here: they come from the run's config, which attach ret
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+_MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
 
 
@@ -91,3 +93,18 @@ class LearnerSettings(BaseSettings):
         description="Warm child processes that run the reward functions (forkserver; each "
         "imports the run's user rewards once).",
     )
+    reward_modules: list[str] = Field(
+        default_factory=list,
+        description="Modules whose functions the run may name as rewards (`module:function`); "
+        "with the entry points of the group `asyncgrpo.rewards` installed here, the only user "
+        "code the learner loads. Built-ins are always allowed. Environment: a JSON list in "
+        "ASYNCGRPO_LEARNER_REWARD_MODULES.",
+    )
+
+    @field_validator("reward_modules")
+    @classmethod
+    def _module_paths(cls, modules: list[str]) -> list[str]:
+        for module in modules:
+            if not _MODULE_PATH.match(module):
+                raise ValueError(f"{module!r} is not a dotted module path (e.g. my_rewards.math)")
+        return modules

@@ -19,6 +19,7 @@ from learner.transfers import ObjectMissing
 from protocol.batch_format import METADATA_KEY
 from protocol.batches import BatchExpectations, BatchRejected, RolloutBatchData, read_batch
 from protocol.layout import parse_batch_key
+from protocol.rewards import BUILTINS_ONLY, RewardAllowlist
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import ClaimedBatch
 from protocol.transfer import ChecksumMismatch, download_url
@@ -48,6 +49,7 @@ class Intake:
         download: Callable[[str, Path, str | None], int] = download_url,
         reward_timeout_s: float = 60.0,
         reward_processes: int = 1,
+        rewards_allowed: RewardAllowlist = BUILTINS_ONLY,
     ) -> None:
         self.run_id = run_id
         self.config = config
@@ -57,7 +59,10 @@ class Intake:
         self.download = download  # the learner passes one that retries through an outage
         self.adapter_sha256: dict[int, str | None] = {0: None}  # versions whose sha256 we know
         self.rewards = RewardPool(
-            config.rewards, timeout_s=reward_timeout_s, processes=reward_processes
+            config.rewards,
+            timeout_s=reward_timeout_s,
+            processes=reward_processes,
+            allowed=rewards_allowed,
         )
 
     def close(self) -> None:

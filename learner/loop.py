@@ -36,9 +36,10 @@ from learner.transfers import BucketRefused, Retrier
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
 from protocol.client import AsyncGrpoClient, ConflictError
-from protocol.rewards import RewardError
+from protocol.rewards import RewardAllowlist, RewardError
 from protocol.run_config import RunConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
+from protocol.schemas_learner import MISSING_REWARDS
 from protocol.staleness import staleness
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ class Session:
             download=self.retrier.download,
             reward_timeout_s=settings.reward_timeout_s,
             reward_processes=settings.reward_processes,
+            rewards_allowed=learner.rewards_allowed,
         )
         try:
             self.trainer = self._load(attach)
@@ -453,17 +455,22 @@ class Learner:
         self.fingerprint = str(tokenizer_fingerprint(self.tokenizer))
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.rewards_allowed = RewardAllowlist.discover(settings.reward_modules)
 
     def attach(self) -> sl.AttachResponse:
         """Attach, waiting as a standby while another learner holds the run."""
         while True:
             try:
                 return self.client.learner_attach(
-                    self.settings.run_id, self.fingerprint, name=self.settings.name
+                    self.settings.run_id,
+                    self.fingerprint,
+                    name=self.settings.name,
+                    reward_names=self.rewards_allowed.names(),
                 )
             except ConflictError as exc:
-                if "run is " in str(exc.detail) or "fingerprint" in str(exc.detail):
-                    raise RunFinished(str(exc.detail)) from exc
+                detail = str(exc.detail)
+                if any(s in detail for s in ("run is ", "fingerprint", MISSING_REWARDS)):
+                    raise RunFinished(detail) from exc
                 log.info("another learner holds the run; standing by")
                 time.sleep(self.settings.standby_retry_s)
 

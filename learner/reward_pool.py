@@ -7,9 +7,9 @@ where each reward runs in a child's main thread. A reward that outlives the batc
 killed with its process (pebble: SIGTERM, then SIGKILL) and the pool starts a fresh child.
 
 Two kinds of failure (docs/architecture.md, "Rewards"):
-- a reward that cannot be resolved (unknown name, module that does not import) would stop every
-  learner the same way: `RewardPool(...)` checks every name in a child and raises `RewardError`,
-  which fails the run;
+- a reward that cannot be resolved (unknown name, a module or entry point outside the host's
+  `RewardAllowlist`, a module that does not import) would stop every learner the same way:
+  `RewardPool(...)` checks every name in a child and raises `RewardError`, which fails the run;
 - a reward that raises, returns something unusable, dies or times out on one batch:
   `score` raises `RewardBatchFailed`, and the intake rejects that batch `reward_error`.
 """
@@ -29,7 +29,9 @@ from pebble import ProcessExpired, ProcessPool
 
 from protocol.rewards import (
     BUILTINS,
+    BUILTINS_ONLY,
     CombinedRewards,
+    RewardAllowlist,
     RewardError,
     RewardSpecLike,
     check_aligned,
@@ -63,25 +65,26 @@ def _user_rewards(names: Sequence[str]) -> list[str]:
     return sorted({n for n in names if n not in BUILTINS})
 
 
-def _warm(names: Sequence[str]) -> None:
+def _warm(names: Sequence[str], allowed: RewardAllowlist) -> None:
     """Pool initializer: import the reward modules in each new child before its first batch.
     Errors are left to `_check` (an initializer that raises makes pebble restart the child in
     a loop)."""
     for name in names:
         try:
-            resolve(name)
+            resolve(name, allowed)
         except Exception:  # noqa: BLE001 - reported by _check, which runs next
             pass
 
 
-def _check(names: Sequence[str]) -> None:
+def _check(names: Sequence[str], allowed: RewardAllowlist) -> None:
     for name in names:
-        resolve(name)
+        resolve(name, allowed)
 
 
 class RewardPool:
     """Scores completions with the run's rewards in `processes` warm child processes; one
-    batch may take at most `timeout_s` of reward time (all its rewards together)."""
+    batch may take at most `timeout_s` of reward time (all its rewards together). The children
+    load user rewards only from `allowed` (built-ins only by default)."""
 
     def __init__(
         self,
@@ -90,12 +93,14 @@ class RewardPool:
         timeout_s: float = 60.0,
         processes: int = 1,
         start_timeout_s: float = START_TIMEOUT_S,
+        allowed: RewardAllowlist = BUILTINS_ONLY,
     ) -> None:
         if timeout_s <= 0 or processes < 1:
             raise ValueError("timeout_s must be > 0 and processes >= 1")
         self.specs = list(specs)
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        self.allowed = allowed
         self._lock = threading.Lock()
         self._in_flight: set[concurrent.futures.Future[Any]] = set()
         self._closed = False
@@ -103,7 +108,7 @@ class RewardPool:
         self._pool = ProcessPool(
             max_workers=processes,
             initializer=_warm,
-            initargs=(users,),
+            initargs=(users, allowed),
             context=multiprocessing.get_context("forkserver"),
         )
         try:
@@ -114,7 +119,7 @@ class RewardPool:
 
     def _check(self, names: list[str]) -> None:
         """Resolve every user reward in a child: RewardError (the run fails) when one cannot."""
-        future = self._pool.submit(_check, self.start_timeout_s, names)
+        future = self._pool.submit(_check, self.start_timeout_s, names, self.allowed)
         try:
             future.result(timeout=2 * self.start_timeout_s)
         except RewardError:
@@ -154,7 +159,17 @@ class RewardPool:
         with self._lock:
             if self._closed:
                 raise RewardPoolClosed("the reward pool is closed")
-            future = self._pool.submit(score_one, left, spec.name, dict(spec.kwargs), *args)
+            prompts, completions, columns = args
+            future = self._pool.submit(
+                score_one,
+                left,
+                spec.name,
+                dict(spec.kwargs),
+                prompts,
+                completions,
+                columns,
+                self.allowed,
+            )
             self._in_flight.add(future)
         try:
             return future.result(timeout=left + self.start_timeout_s)  # type: ignore[no-any-return]

@@ -7,19 +7,26 @@ one value per completion. A function may return None for a completion it does no
 (as in TRL); `combine` then skips it in the weighted sum.
 
 Built-ins: `numeric_match`, `answer_format`, `length_limit`, `hash_score` (no signal: for speed
-checks with random weights, bench/gpu_check.py). User code: `"module:function"`,
-imported lazily (by the learner, never at run validation, where only the syntax is checked).
+checks with random weights, bench/gpu_check.py). User code comes only from what the learner's
+operator allows where the learner runs (`RewardAllowlist`): an entry point of the group
+`asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a module
+listed with `--reward-module`. Run validation checks the syntax only (the server cannot know what
+a learner host allows) and refuses standard-library modules (`os:system`), which are never a
+reward; the learner imports nothing outside its allowlist (docs/architecture.md, "Rewards").
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
+import importlib.metadata
 import inspect
 import math
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
@@ -29,6 +36,9 @@ _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _USER_REF = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}$")
+_ENTRY_POINT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,199}$")
+ENTRY_POINT_GROUP = "asyncgrpo.rewards"
+ANY_FUNCTION = "*"  # `module:*` in a learner's reported names: any function of an allowed module
 
 
 class RewardError(ValueError):
@@ -117,15 +127,33 @@ BUILTINS: dict[str, RewardFn] = {
 
 
 def check_name(name: str) -> None:
-    """Raise RewardError unless `name` is a built-in or has `module:function` syntax.
-    Nothing is imported: user modules exist only where the learner runs."""
-    if name in BUILTINS or _USER_REF.match(name):
+    """Raise RewardError unless `name` is a built-in, an entry-point name or `module:function`
+    of a module outside the standard library. Nothing is imported: user modules exist only
+    where the learner runs, and only its operator's allowlist decides which load."""
+    if name in BUILTINS:
+        return
+    if _USER_REF.match(name):
+        _refuse_stdlib(name)
+        return
+    near = difflib.get_close_matches(name, BUILTINS, n=1, cutoff=0.8)
+    if _ENTRY_POINT_NAME.match(name) and not near:
         return
     known = ", ".join(sorted(BUILTINS))
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise RewardError(
-        f"unknown reward {name!r}: use a built-in ({known}) or 'module:function' "
-        "(dotted module path, a colon, a function name)"
+        f"unknown reward {name!r}{hint}: use a built-in ({known}), the name of an entry point "
+        f"in the group {ENTRY_POINT_GROUP!r} or 'module:function' (dotted module path, a colon, "
+        "a function name)"
     )
+
+
+def _refuse_stdlib(name: str) -> None:
+    module_name = name.partition(":")[0]
+    if module_name.split(".")[0] in sys.stdlib_module_names:
+        raise RewardError(
+            f"reward {name!r}: module {module_name!r} is part of Python's standard library; a "
+            "reward comes from a user module or entry point that the learner's operator allows"
+        )
 
 
 def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
@@ -141,12 +169,66 @@ def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
         raise RewardError(f"{name} takes no argument {', '.join(unknown)} (it takes: {hint})")
 
 
-def resolve(name: str) -> RewardFn:
-    """The callable for a built-in name, or the imported `module:function`."""
+@dataclass(frozen=True)
+class RewardAllowlist:
+    """The user rewards a learner host may load, as its operator configured them: modules
+    (`--reward-module`; their `module:function` names load) and the installed entry points of
+    the group `asyncgrpo.rewards` (name → `module:attr`). Built-ins are always allowed. It is
+    passed to the reward processes, which resolve names against it and import nothing else."""
+
+    modules: frozenset[str] = frozenset()
+    entry_points: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def discover(cls, modules: Iterable[str] = ()) -> RewardAllowlist:
+        """The given modules and the entry points installed where this process runs."""
+        found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        return cls(frozenset(modules), {ep.name: ep.value for ep in found})
+
+    def names(self) -> list[str]:
+        """What the learner reports at attach: built-ins, entry-point names and `module:*`
+        for each allowed module."""
+        modules = [f"{m}:{ANY_FUNCTION}" for m in sorted(self.modules)]
+        return sorted(BUILTINS) + sorted(self.entry_points) + modules
+
+
+BUILTINS_ONLY = RewardAllowlist()
+
+
+def not_loadable(names: Iterable[str], loadable: Iterable[str]) -> list[str]:
+    """The run's reward names a learner cannot load, given the names it reported
+    (`RewardAllowlist.names`: exact names and `module:*`)."""
+    known = set(loadable)
+    missing = []
+    for name in names:
+        module = name.partition(":")[0]
+        if name in BUILTINS or name in known or f"{module}:{ANY_FUNCTION}" in known:
+            continue
+        if name not in missing:
+            missing.append(name)
+    return missing
+
+
+def resolve(name: str, allowed: RewardAllowlist = BUILTINS_ONLY) -> RewardFn:
+    """The callable for a built-in name, an allowed entry point or `module:function` of an
+    allowed module; RewardError (and nothing imported) for anything else."""
     if name in BUILTINS:
         return BUILTINS[name]
     check_name(name)
+    if name in allowed.entry_points:
+        return _load_entry_point(name, allowed.entry_points[name])
+    if not _USER_REF.match(name):
+        raise RewardError(
+            f"reward {name!r} is not an entry point of the group {ENTRY_POINT_GROUP!r} "
+            "installed where the learner runs"
+        )
     module_name, _, attr = name.partition(":")
+    if module_name not in allowed.modules:
+        raise RewardError(
+            f"reward module {module_name!r} is not allowed on this learner host: its operator "
+            "allows modules with --reward-module (ASYNCGRPO_LEARNER_REWARD_MODULES) and entry "
+            f"points of the group {ENTRY_POINT_GROUP!r}"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -154,6 +236,17 @@ def resolve(name: str) -> RewardFn:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardError(f"{module_name!r} has no callable {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _load_entry_point(name: str, value: str) -> RewardFn:
+    entry = importlib.metadata.EntryPoint(name=name, value=value, group=ENTRY_POINT_GROUP)
+    try:
+        fn = entry.load()
+    except (ImportError, AttributeError) as exc:
+        raise RewardError(f"cannot load the reward entry point {name!r} ({value}): {exc}") from exc
+    if not callable(fn):
+        raise RewardError(f"the reward entry point {name!r} ({value}) is not callable")
     return fn  # type: ignore[no-any-return]
 
 
@@ -192,9 +285,10 @@ def score_one(
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: dict[str, Sequence[Any]],
+    allowed: RewardAllowlist = BUILTINS_ONLY,
 ) -> list[float]:
     """One reward's values on aligned completions (None → NaN); RewardError when unusable."""
-    fn = resolve(name)
+    fn = resolve(name, allowed)
     out = fn(list(prompts), list(completions), **{**columns, **kwargs})
     return _values(name, out, len(completions))
 
@@ -232,9 +326,10 @@ def combine(
     prompts: Sequence[Any],
     completions: Sequence[Any],
     columns: dict[str, Sequence[Any]],
+    allowed: RewardAllowlist = BUILTINS_ONLY,
 ) -> CombinedRewards:
     """Call every reward in this process and sum their weighted values (`weighted`). The
     learner scores through learner/reward_pool.py instead, in child processes."""
     check_aligned(prompts, completions, columns)
-    values = [score_one(s.name, s.kwargs, prompts, completions, columns) for s in specs]
+    values = [score_one(s.name, s.kwargs, prompts, completions, columns, allowed) for s in specs]
     return weighted(specs, values, len(completions))

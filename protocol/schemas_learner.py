@@ -40,11 +40,28 @@ Sha256Hex = Annotated[
 ]
 
 
+# The start of attach's 409 detail when the learner cannot load a reward of the run.
+MISSING_REWARDS = "this learner cannot load the run's reward"
+
+RewardName = Annotated[
+    str,
+    Field(min_length=1, max_length=300, description="A reward name, or `module:*`."),
+]
+
+
 class AttachRequest(_Request):
     tokenizer_fingerprint: str = Field(
         min_length=1, max_length=128, description="Fingerprint of the learner's tokenizer."
     )
     name: str = Field("learner", max_length=200, description="A name for this learner process.")
+    reward_names: list[RewardName] | None = Field(
+        None,
+        max_length=1000,
+        description="The rewards this learner's host allows (protocol/rewards.py "
+        "RewardAllowlist.names): built-ins, entry-point names of the group asyncgrpo.rewards "
+        "and `module:*` for each allowed module. A run naming another reward is failed at "
+        "attach (409). None (an older learner): not checked at attach.",
+    )
 
 
 class StoredFile(_Response):

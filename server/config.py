@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protocol.outbound import OutboundPolicy
 
 EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
 EMBEDDED_BUCKET_URL = "./bucket"
@@ -176,6 +179,30 @@ class Settings(BaseSettings):
     print_admin_token: bool = Field(
         True, description="On first start with no admin token, create one and print it once."
     )
+    outbound_allow_private: bool = Field(
+        False,
+        description="Let outbound calls for runs (webhooks) reach loopback, link-local and "
+        "private addresses (protocol/outbound.py); off, only public addresses are reached.",
+    )
+    outbound_allow_cidrs: list[str] = Field(
+        default_factory=list,
+        description="Networks outbound calls may reach although not public, e.g. "
+        '["10.20.0.0/16"] (a JSON list in ASYNCGRPO_OUTBOUND_ALLOW_CIDRS).',
+    )
+
+    @field_validator("outbound_allow_cidrs")
+    @classmethod
+    def _networks(cls, cidrs: list[str]) -> list[str]:
+        for cidr in cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not a network (CIDR), e.g. 10.20.0.0/16") from exc
+        return cidrs
+
+    def outbound_policy(self) -> OutboundPolicy:
+        """The policy every outbound call for a run goes through."""
+        return OutboundPolicy.from_settings(self.outbound_allow_private, self.outbound_allow_cidrs)
 
     @property
     def embedded(self) -> bool:

@@ -136,6 +136,10 @@ async def create_run(
     if upload is not None and not isinstance(upload, str):
         jsonl = (await upload.read()).decode("utf-8", errors="replace")
     result = forms.parse(form, jsonl)
+    refusal = result.config and runs.webhook_refusal(result.config, settings.outbound_policy())
+    if refusal:
+        result.add("alarms.webhook_url", refusal)
+        result.config = None
     if result.config is None:
         context = _new_run_context({k: v for k, v in form.items() if isinstance(v, str)})
         context["errors"] = result.errors

@@ -77,6 +77,7 @@ def deliver(ctx: JobContext) -> dict[str, int]:
         max_attempts=jobs.webhook_max_attempts,
         backoff_s=jobs.webhook_backoff_s,
         timeout_s=jobs.webhook_timeout_s,
+        policy=ctx.settings.outbound_policy(),
     )
 
 

@@ -4,7 +4,9 @@ The receiver verifies `X-AsyncGRPO-Signature: sha256=<hex>` = HMAC-SHA256(secret
 with the server's secret key (settings.secret_key()). Every delivery and its attempts are kept
 in `webhook_deliveries` (the delivery log). Deliveries are claimed with a compare-and-set on
 their next attempt time, so two job runners never post the same attempt twice; HTTP happens
-outside any database transaction.
+outside any database transaction, through the outbound policy (protocol/outbound.py): a
+destination it refuses is an attempt that failed with the reason, retried like any other
+(a name may resolve elsewhere later).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from protocol.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, client
 from server.db import is_postgres, transaction
 from server.db_types import db_now, db_now_plus
 from server.models import Event, WebhookDelivery
@@ -136,9 +139,13 @@ def record(
 
 
 def post(
-    url: str, payload: dict[str, Any], secret: str, timeout_s: float
+    url: str,
+    payload: dict[str, Any],
+    secret: str,
+    timeout_s: float,
+    policy: OutboundPolicy = PUBLIC_ONLY,
 ) -> tuple[int | None, str | None]:
-    """POST the signed JSON body; returns (status, error)."""
+    """POST the signed JSON body through `policy`; returns (status, error)."""
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     headers = {
         "Content-Type": "application/json",
@@ -147,7 +154,10 @@ def post(
         "User-Agent": "asyncgrpo-webhooks/1",
     }
     try:
-        response = httpx.post(url, content=body, headers=headers, timeout=timeout_s)
+        with client(policy, timeout_s=timeout_s) as http:
+            response = http.post(url, content=body, headers=headers)
+    except OutboundRefused as exc:
+        return None, f"outbound policy: {exc}"[:500]
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:500]
     error = None if response.is_success else response.text[:500]
@@ -161,14 +171,15 @@ def deliver_due(
     max_attempts: int = 8,
     backoff_s: float = 2.0,
     timeout_s: float = 10.0,
+    policy: OutboundPolicy = PUBLIC_ONLY,
 ) -> dict[str, int]:
-    """One delivery pass: claim what is due, POST each, record each outcome. Returns counts by
-    resulting state."""
+    """One delivery pass: claim what is due, POST each (through `policy`), record each
+    outcome. Returns counts by resulting state."""
     with transaction(factory) as session:
         claimed = claim_due(session)
     counts: dict[str, int] = {}
     for item in claimed:
-        status, error = post(item.url, item.payload, secret, timeout_s)
+        status, error = post(item.url, item.payload, secret, timeout_s, policy)
         with transaction(factory) as session:
             state = record(
                 session,

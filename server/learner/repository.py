@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from protocol.schemas import TERMINAL_RUN_STATUSES
@@ -56,6 +56,11 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
     ).scalar_one_or_none()
 
 
+def lease_free() -> ColumnElement[bool]:
+    """No learner holds a live lease on the run (never attached, or expired)."""
+    return or_(Run.learner_expires_at.is_(None), Run.learner_expires_at <= db_now())
+
+
 def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) -> FencedRun | None:
     """Take the learner lease if none is live: a strictly higher fencing token from
     Run.fencing_seq, the lease's expiry in database time, the tokenizer fingerprint stored (or
@@ -66,7 +71,7 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
         .where(
             Run.id == run_id,
             Run.status.not_in(TERMINAL_RUN_STATUSES),
-            or_(Run.learner_expires_at.is_(None), Run.learner_expires_at <= db_now()),
+            lease_free(),
             or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint),
         )
         .values(

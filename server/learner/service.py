@@ -10,8 +10,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from protocol import rewards
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import (
+    MISSING_REWARDS,
     AttachRequest,
     AttachResponse,
     ClaimedBatch,
@@ -85,6 +87,8 @@ def attach(
     body: AttachRequest,
 ) -> AttachResponse:
     authorize(token, run_id)
+    if body.reward_names is not None:
+        _refuse_missing_rewards(session, run_id, body.reward_names)
     ttl = settings.learner_lease_ttl_s
     run = repo.attach(session, run_id, body.tokenizer_fingerprint, ttl)
     if run is None:
@@ -111,6 +115,39 @@ def attach(
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,
     )
+
+
+def _refuse_missing_rewards(session: Session, run_id: uuid.UUID, loadable: list[str]) -> None:
+    """A learner whose host cannot load one of the run's rewards could never train it: the
+    run fails at once with the reason (unless another learner holds a live lease: that one
+    can), and attach answers 409 naming the rewards. The failure is committed here, before
+    the 409 rolls the request's transaction back."""
+    missing = rewards.not_loadable([r.name for r in run_config(session, run_id).rewards], loadable)
+    if not missing:
+        return
+    reason = (
+        f"{MISSING_REWARDS}s {', '.join(missing)}: its operator allows user rewards with "
+        "--reward-module or entry points of the group asyncgrpo.rewards"
+    )
+    failed = lifecycle.move(session, run_id, "fail", reason[:2000], repo.lease_free())
+    if not failed and _has_ended(session, run_id):
+        return  # attach refuses it as an ended run
+    if failed:
+        raise_event(
+            session,
+            kind="run.failed",
+            severity="critical",
+            message=f"run failed: {reason}",
+            run_id=run_id,
+            data={"reason": reason, "missing_rewards": missing},
+        )
+        session.commit()
+    raise Conflict(reason, missing_rewards=missing, run_failed=failed)
+
+
+def _has_ended(session: Session, run_id: uuid.UUID) -> bool:
+    run = repo.get_run(session, run_id)
+    return run is None or run.status in lifecycle.TERMINAL
 
 
 def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Exception:

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query, status
 
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
-from server.deps import AdminDep, SessionDep
+from server.deps import AdminDep, SessionDep, SettingsDep
+from server.errors import Unprocessable
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
@@ -18,8 +19,13 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=Transaction
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunCreated)
-def create_run(config: RunConfig, session: SessionDep, _admin: AdminDep) -> RunCreated:
+def create_run(
+    config: RunConfig, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+) -> RunCreated:
     """Create a run (pending until its learner attaches); the learner token is shown once."""
+    refusal = service.webhook_refusal(config, settings.outbound_policy())
+    if refusal is not None:
+        raise Unprocessable(refusal, field="alarms.webhook_url")
     run, learner_token = service.create_run(session, config)
     return RunCreated(run=service.detail(session, run), learner_token=learner_token)
 

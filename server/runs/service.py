@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from protocol import datasets
+from protocol.outbound import OutboundPolicy
 from protocol.run_config import GeneratorDataset, RunConfig
 from server.errors import NotFound
 from server.models import Run
@@ -32,6 +33,14 @@ def _dataset_rows(config: RunConfig) -> Iterator[tuple[Any, dict[str, Any]]]:
     for row in rows:
         record = datasets.split_row(row)
         yield record.prompt, record.reference
+
+
+def webhook_refusal(config: RunConfig, policy: OutboundPolicy) -> str | None:
+    """Why the run's webhook URL is refused at creation: an IP literal the outbound policy does
+    not allow (a host name is checked when a delivery resolves it)."""
+    url = config.alarms.webhook_url
+    reason = policy.literal_refusal(url) if url else None
+    return f"the webhook URL's host is refused: {reason}" if reason else None
 
 
 def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:

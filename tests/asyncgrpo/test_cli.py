@@ -46,3 +46,29 @@ def test_worker_and_learner_entry_points_do_not_import_the_web_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_learner_reward_modules_from_options_and_environment(monkeypatch):  # type: ignore[no-untyped-def]
+    """`--reward-module` (repeatable) or ASYNCGRPO_LEARNER_REWARD_MODULES (a JSON list) reach
+    the learner's settings; a name that is not a module path is a clear error."""
+    from typer.testing import CliRunner
+
+    import learner.main
+    from asyncgrpo.cli import app
+
+    seen = []
+    monkeypatch.setattr(learner.main, "main", lambda settings: seen.append(settings) or 0)
+    base = ["learner", "--server", "http://h:8000", "--run", "r", "--token", "agr_lrn_x"]
+    modules = ["--reward-module", "my_rewards", "--reward-module", "my_rewards.math"]
+    runner = CliRunner()
+    assert runner.invoke(app, base + modules).exit_code == 0
+    assert seen[-1].reward_modules == ["my_rewards", "my_rewards.math"]
+    monkeypatch.setenv("ASYNCGRPO_LEARNER_REWARD_MODULES", '["from_env"]')
+    assert runner.invoke(app, base).exit_code == 0
+    assert seen[-1].reward_modules == ["from_env"]
+    monkeypatch.delenv("ASYNCGRPO_LEARNER_REWARD_MODULES")
+    assert runner.invoke(app, base).exit_code == 0
+    assert seen[-1].reward_modules == []
+    bad = runner.invoke(app, [*base, "--reward-module", "os system"])
+    assert bad.exit_code == 2 and "not a dotted module path" in bad.output
+    assert len(seen) == 3

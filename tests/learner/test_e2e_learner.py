@@ -313,10 +313,17 @@ def test_a_batch_missing_from_the_bucket_is_rejected_not_reclaimed(live, tmp_pat
         proc.wait(10)
 
 
-def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A run whose reward function cannot be imported would stop every learner the same way:
-    the learner reports it (`/learner/fail`), the run is `failed` with the reason and an event,
-    and the learner exits non-zero instead of leaving the run `running` forever."""
+@pytest.mark.parametrize(
+    "allowed",
+    [None, '["asyncgrpo_tests_no_such_module"]'],
+    ids=["not-allowed-at-attach", "allowed-but-not-importable"],
+)
+def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path, allowed) -> None:  # type: ignore[no-untyped-def]
+    """A run whose reward function cannot be loaded would stop every learner the same way:
+    the run is `failed` with the reason and an event, and the learner exits non-zero instead
+    of leaving the run pending or running forever. A module its host does not allow is refused
+    at attach (the learner reports what it can load; nothing is imported); an allowed module
+    that does not import fails in the reward processes (`/learner/fail`)."""
     from lm.models import load_tokenizer
 
     base, app, _bucket = live
@@ -329,7 +336,8 @@ def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path) ->
     worker_id, _ = make_worker(app)
     _real_batch(app, run.id, worker_id, 0, load_tokenizer("smollm2-135m-instruct"), tmp_path)
     log = tmp_path / "learner.log"
-    proc = _learner(base, run, tmp_path / "work", log)
+    settings = {"REWARD_MODULES": allowed} if allowed else None
+    proc = _learner(base, run, tmp_path / "work", log, settings)
     try:
         assert proc.wait(240) == 1, log.read_text()[-3000:]
     finally:
@@ -340,6 +348,10 @@ def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path) ->
         assert row is not None and row.status == "failed", log.read_text()[-3000:]
         assert row.status_reason is not None
         assert "asyncgrpo_tests_no_such_module" in row.status_reason
+        expected = "cannot import" if allowed else "cannot load the run's reward"
+        assert expected in row.status_reason, row.status_reason
+        if not allowed:
+            assert row.learner_attached_at is None  # refused before taking the lease
         kinds = session.execute(
             select(Event.kind).where(Event.run_id == run.id, Event.severity != "info")
         ).scalars()

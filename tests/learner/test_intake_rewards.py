@@ -18,6 +18,7 @@ from sqlalchemy import select
 from learner.intake import Intake
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient
+from protocol.rewards import RewardAllowlist
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.models import PromptRow, RolloutBatch
@@ -96,6 +97,7 @@ def test_a_hanging_reward_rejects_its_batch_reward_error(live, tmp_path: Path) -
         fingerprint=str(tokenizer_fingerprint(tok)),
         work_dir=tmp_path / "work",
         reward_timeout_s=2.0,
+        rewards_allowed=RewardAllowlist(modules=frozenset({MOD})),
     ) as intake:
         for batch in claimed:
             result, seconds = _load_in_thread(intake, batch)

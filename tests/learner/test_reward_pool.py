@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from learner.reward_pool import RewardBatchFailed, RewardPool, RewardPoolClosed
-from protocol.rewards import BUILTINS, RewardError, resolve
+from protocol.rewards import BUILTINS, RewardAllowlist, RewardError, resolve
 from protocol.run_config import RewardSpec
 
 pytestmark = pytest.mark.timeout(120)
 MOD = "tests.learner.rewards_for_tests"
+ALLOWED = RewardAllowlist(modules=frozenset({MOD, "asyncgrpo_tests_no_such_module"}))
 
 
 def spec(name: str, weight: float = 1.0, **kwargs: Any) -> RewardSpec:
@@ -41,7 +42,7 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 
 
 def test_a_hung_reward_is_killed_and_the_next_batch_scores_in_a_fresh_child() -> None:
-    with RewardPool([spec("pid"), spec("sleepy", 2.0)], timeout_s=2.0) as pool:
+    with RewardPool([spec("pid"), spec("sleepy", 2.0)], timeout_s=2.0, allowed=ALLOWED) as pool:
         first = pool.score(["p", "q"], ["ok", "fine"], {})
         warm = int(first.per_reward[f"{MOD}:pid"][0])
         assert warm != os.getpid()
@@ -61,14 +62,14 @@ def test_a_hung_reward_is_killed_and_the_next_batch_scores_in_a_fresh_child() ->
 
 
 def test_a_reward_raising_on_one_batch_fails_that_batch_only() -> None:
-    with RewardPool([spec("flaky", 3.0)], timeout_s=30.0) as pool:
+    with RewardPool([spec("flaky", 3.0)], timeout_s=30.0, allowed=ALLOWED) as pool:
         with pytest.raises(RewardBatchFailed, match="raised ValueError: boom in a completion"):
             pool.score(["p", "q"], ["boom", "x"], {})
         assert pool.score(["p", "q"], ["a", "b"], {}).total == [1.5, 1.5]
 
 
 def test_unusable_output_and_a_dying_process_fail_that_batch_only() -> None:
-    with RewardPool([spec("dies"), spec("numeric_match")], timeout_s=30.0) as pool:
+    with RewardPool([spec("dies"), spec("numeric_match")], timeout_s=30.0, allowed=ALLOWED) as pool:
         with pytest.raises(RewardBatchFailed, match="process died"):
             pool.score(["p"], ["die"], {"answer": ["1"]})
         with pytest.raises(RewardBatchFailed, match="needs an `answer` reference column"):
@@ -78,7 +79,7 @@ def test_unusable_output_and_a_dying_process_fail_that_batch_only() -> None:
 
 
 def test_a_sigalrm_reward_works_when_scoring_from_a_thread() -> None:
-    alarm = resolve(f"{MOD}:by_alarm")
+    alarm = resolve(f"{MOD}:by_alarm", ALLOWED)
     errors: list[BaseException] = []
     results: list[Any] = []
 
@@ -95,7 +96,7 @@ def test_a_sigalrm_reward_works_when_scoring_from_a_thread() -> None:
     thread.start()
     thread.join()
     assert errors and "main thread" in str(errors[0])
-    with RewardPool([spec("by_alarm")], timeout_s=30.0) as pool:
+    with RewardPool([spec("by_alarm")], timeout_s=30.0, allowed=ALLOWED) as pool:
         thread = threading.Thread(target=pooled, args=(pool,))
         thread.start()
         thread.join(60)
@@ -111,24 +112,26 @@ def test_a_sigalrm_reward_works_when_scoring_from_a_thread() -> None:
 )
 def test_a_reward_that_cannot_be_resolved_fails_at_start(name: str, message: str) -> None:
     with pytest.raises(RewardError, match=message):
-        RewardPool([spec("numeric_match"), spec(name)], timeout_s=5.0)
+        RewardPool([spec("numeric_match"), spec(name)], timeout_s=5.0, allowed=ALLOWED)
 
 
 def test_the_batch_deadline_covers_all_its_rewards() -> None:
     """Two rewards of 1.2 s each: either alone fits in 2 s, both do not."""
-    with RewardPool([spec("slow", seconds=1.2), spec("slow", seconds=1.2)], timeout_s=2.0) as pool:
+    with RewardPool(
+        [spec("slow", seconds=1.2), spec("slow", seconds=1.2)], timeout_s=2.0, allowed=ALLOWED
+    ) as pool:
         started = time.monotonic()
         with pytest.raises(RewardBatchFailed, match=r"within 2 s \(timeout\)"):
             pool.score(["p"], ["x"], {})
         assert time.monotonic() - started < 6.0
-    with RewardPool([spec("slow", seconds=1.2)], timeout_s=2.0) as pool:
+    with RewardPool([spec("slow", seconds=1.2)], timeout_s=2.0, allowed=ALLOWED) as pool:
         assert pool.score(["p"], ["x"], {}).total == [1.0]
 
 
 def test_close_kills_the_children_and_ends_a_score_in_flight() -> None:
     """The learner stopping mid-batch: the score in another thread ends at once, not as a
     batch failure (which would reject the batch), and no child is left behind."""
-    pool = RewardPool([spec("pid"), spec("sleepy")], timeout_s=60.0)
+    pool = RewardPool([spec("pid"), spec("sleepy")], timeout_s=60.0, allowed=ALLOWED)
     child = int(pool.score(["p"], ["x"], {}).total[0] - 1.0)
     outcome: list[BaseException] = []
 
@@ -147,3 +150,27 @@ def test_close_kills_the_children_and_ends_a_score_in_flight() -> None:
     assert _gone(child), "close left the child running"
     with pytest.raises(RewardPoolClosed):
         pool.score(["p"], ["x"], {})
+
+
+def test_the_children_load_only_what_the_allowlist_names() -> None:
+    """The allowlist travels to the child processes: the same module is refused there without
+    it and loads with it, by module or as an entry point."""
+    with pytest.raises(RewardError, match=f"reward module '{MOD}' is not allowed on this"):
+        RewardPool([spec("pid")], timeout_s=5.0)
+    entry_point = RewardSpec(name="my_pid")
+    with pytest.raises(RewardError, match="'my_pid' is not an entry point"):
+        RewardPool([entry_point], timeout_s=5.0)
+    by_entry_point = RewardAllowlist(entry_points={"my_pid": f"{MOD}:pid"})
+    with RewardPool([entry_point], timeout_s=30.0, allowed=by_entry_point) as pool:
+        child = pool.score(["p"], ["c"], {}).per_reward["my_pid"][0]
+    assert child != float(os.getpid())  # scored in a child, through the entry point
+
+
+def test_a_standard_library_reward_is_refused_even_when_its_module_is_listed() -> None:
+    allowed = RewardAllowlist(modules=frozenset({"os", "subprocess"}))
+    for name in ("os:system", "subprocess:run"):
+        # run validation refuses these names too: model_construct stands for a run stored
+        # before it did
+        stored = RewardSpec.model_construct(name=name, weight=1.0, kwargs={})
+        with pytest.raises(RewardError, match="standard library"):
+            RewardPool([stored], timeout_s=5.0, allowed=allowed)

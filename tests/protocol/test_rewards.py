@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from protocol import rewards
-from protocol.rewards import RewardError, combine, resolve
+from protocol.rewards import RewardAllowlist, RewardError, combine, not_loadable, resolve
 
 
 def spec(name: str, weight: float = 1.0, **kwargs: object) -> SimpleNamespace:
@@ -81,12 +81,17 @@ def test_hash_score_is_a_fixed_function_of_salt_and_text() -> None:
 
 def test_resolve_builtins_and_unknown_names() -> None:
     assert resolve("numeric_match") is rewards.numeric_match
-    with pytest.raises(RewardError, match="unknown reward 'nope'"):
+    with pytest.raises(RewardError, match="'nope' is not an entry point"):
         resolve("nope")
+    with pytest.raises(RewardError, match="unknown reward 'nope me'"):
+        resolve("nope me")
+    allowed = RewardAllowlist(
+        modules=frozenset({"no_such_module_for_asyncgrpo", "protocol.rewards"})
+    )
     with pytest.raises(RewardError, match="cannot import reward module"):
-        resolve("no_such_module_for_asyncgrpo:f")
+        resolve("no_such_module_for_asyncgrpo:f", allowed)
     with pytest.raises(RewardError, match="has no callable 'nothing_here'"):
-        resolve("protocol.rewards:nothing_here")
+        resolve("protocol.rewards:nothing_here", allowed)
 
 
 def test_resolve_imports_user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,10 +103,94 @@ def test_resolve_imports_user_module(tmp_path: Path, monkeypatch: pytest.MonkeyP
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        fn = resolve("my_user_rewards:shout")
+        fn = resolve(
+            "my_user_rewards:shout", RewardAllowlist(modules=frozenset({"my_user_rewards"}))
+        )
         assert fn(["q", "q"], ["HELLO", "hello"]) == [1.0, 0.0]
     finally:
         sys.modules.pop("my_user_rewards", None)
+
+
+def _importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A module `name` on sys.path that records being imported."""
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent("""
+        import sys
+        sys.modules["builtins"].__dict__.setdefault("_asyncgrpo_imported", []).append(__name__)
+
+        def score(prompts, completions, **columns):
+            return [0.25] * len(completions)
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_a_module_outside_the_allowlist_is_never_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _importable(tmp_path, monkeypatch, "asyncgrpo_unlisted_rewards")
+    other = RewardAllowlist(modules=frozenset({"asyncgrpo_other_rewards"}))
+    for allowed in (RewardAllowlist(), other):
+        with pytest.raises(RewardError, match="'asyncgrpo_unlisted_rewards' is not allowed"):
+            resolve("asyncgrpo_unlisted_rewards:score", allowed)
+    assert "asyncgrpo_unlisted_rewards" not in sys.modules
+    import builtins
+
+    assert "asyncgrpo_unlisted_rewards" not in getattr(builtins, "_asyncgrpo_imported", [])
+
+
+def test_standard_library_rewards_are_refused_even_when_listed() -> None:
+    allowed = RewardAllowlist(modules=frozenset({"os", "os.path", "subprocess", "builtins"}))
+    for name in ("os:system", "os.path:join", "subprocess:run", "builtins:eval"):
+        with pytest.raises(RewardError, match="standard library"):
+            rewards.check_name(name)
+        with pytest.raises(RewardError, match="standard library"):
+            resolve(name, allowed)
+
+
+def test_an_installed_entry_point_loads_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny installed distribution (a dist-info folder on sys.path) declares the entry point
+    `graded = asyncgrpo_ep_rewards:score` in the group asyncgrpo.rewards."""
+    _importable(tmp_path, monkeypatch, "asyncgrpo_ep_rewards")
+    dist = tmp_path / "asyncgrpo_ep_rewards-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: asyncgrpo-ep-rewards\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[asyncgrpo.rewards]\ngraded = asyncgrpo_ep_rewards:score\n"
+    )
+    try:
+        with pytest.raises(RewardError, match="'graded' is not an entry point"):
+            resolve("graded")
+        allowed = RewardAllowlist.discover()
+        assert allowed.entry_points["graded"] == "asyncgrpo_ep_rewards:score"
+        assert "graded" in allowed.names()
+        assert resolve("graded", allowed)(["q"], ["c"]) == [0.25]
+        # the entry point allows itself, not its module's other names
+        with pytest.raises(RewardError, match="is not allowed"):
+            resolve("asyncgrpo_ep_rewards:score", allowed)
+    finally:
+        sys.modules.pop("asyncgrpo_ep_rewards", None)
+
+
+def test_reported_names_and_what_a_learner_cannot_load() -> None:
+    allowed = RewardAllowlist(
+        modules=frozenset({"pkg.mod"}), entry_points={"graded": "pkg.other:score"}
+    )
+    names = allowed.names()
+    assert set(rewards.BUILTINS) <= set(names) and "graded" in names and "pkg.mod:*" in names
+    run = ["numeric_match", "graded", "pkg.mod:f", "pkg.mod.sub:f", "pkg:f", "other", "other"]
+    assert not_loadable(run, names) == ["pkg.mod.sub:f", "pkg:f", "other"]
+    assert not_loadable(run, RewardAllowlist().names()) == [
+        "graded",
+        "pkg.mod:f",
+        "pkg.mod.sub:f",
+        "pkg:f",
+        "other",
+    ]
 
 
 def test_combine_weights_rewards_and_reports_each() -> None:
@@ -163,9 +252,12 @@ def test_combine_refuses_bad_outputs_and_misaligned_columns() -> None:
 
 def test_check_name_and_kwargs() -> None:
     rewards.check_name("pkg.sub_mod:fn_2")
-    for bad in ("pkg.:fn", "pkg:fn:x", ":fn", "pkg mod:fn", "1pkg:fn"):
+    rewards.check_name("my_entry-point.v2")  # an entry-point name
+    for bad in ("pkg.:fn", "pkg:fn:x", ":fn", "pkg mod:fn", "1pkg:fn", "a b", ""):
         with pytest.raises(RewardError):
             rewards.check_name(bad)
+    with pytest.raises(RewardError, match="did you mean 'numeric_match'"):
+        rewards.check_name("numeric_macth")
     rewards.check_kwargs("length_limit", {"max_chars": 10})
     rewards.check_kwargs("pkg:fn", {"anything": 1})
     with pytest.raises(RewardError, match="answer_format takes no argument limit"):

@@ -143,7 +143,8 @@ RULES = [
         "heartbeat_interval_s must be less than lease_ttl_s (120.0)",
     ),
     ("rewards", [], "rewards", "rewards must list at least one reward"),
-    ("rewards.0.name", "no_such_reward", "rewards.0.name", "unknown reward 'no_such_reward'"),
+    ("rewards.0.name", "numeric_mach", "rewards.0.name", "did you mean 'numeric_match'"),
+    ("rewards.0.name", "os:system", "rewards.0.name", "part of Python's standard library"),
     ("rewards.0.name", "my module:fn", "rewards.0.name", "'module:function'"),
     ("rewards.0.name", "pkg.mod:", "rewards.0.name", "'module:function'"),
     (

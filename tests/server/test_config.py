@@ -48,3 +48,18 @@ def test_every_settings_field_is_described():
                 walk(ann)
 
     walk(Settings)
+
+
+def test_outbound_policy_from_environment(monkeypatch):
+    monkeypatch.delenv("ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE", raising=False)
+    monkeypatch.delenv("ASYNCGRPO_OUTBOUND_ALLOW_CIDRS", raising=False)
+    strict = Settings().outbound_policy()
+    assert strict.refusal("10.20.1.1") is not None and strict.refusal("127.0.0.1") is not None
+    monkeypatch.setenv("ASYNCGRPO_OUTBOUND_ALLOW_CIDRS", '["10.20.0.0/16"]')
+    some = Settings().outbound_policy()
+    assert some.refusal("10.20.1.1") is None and some.refusal("127.0.0.1") is not None
+    monkeypatch.setenv("ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE", "true")
+    assert Settings().outbound_policy().refusal("127.0.0.1") is None
+    monkeypatch.setenv("ASYNCGRPO_OUTBOUND_ALLOW_CIDRS", '["10.20.0.0/33"]')
+    with pytest.raises(ValidationError, match="is not a network"):
+        Settings()

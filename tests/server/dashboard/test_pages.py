@@ -112,6 +112,20 @@ def test_new_run_errors_are_inline_and_nothing_is_created(
         assert session.execute(select(Run)).first() is None
 
 
+def test_a_loopback_webhook_is_a_field_error_in_the_form(
+    client: TestClient,
+    app,
+    admin_token: str,  # type: ignore[no-untyped-def]
+) -> None:
+    csrf = login(client, admin_token)
+    form = {**_form(**{"alarms.webhook_url": "http://127.0.0.1:9/hook"}), "csrf_token": csrf}
+    r = client.post("/runs/new", data=form)
+    assert r.status_code == 422
+    assert re.search(r'data-error-for="alarms\.webhook_url">[^<]*refused', r.text)
+    with transaction(app.state.sessionmaker) as session:
+        assert session.execute(select(Run)).first() is None
+
+
 def test_new_run_from_jsonl_upload_shows_token_and_command_once(
     client: TestClient,
     app,

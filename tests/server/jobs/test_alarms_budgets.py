@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from protocol.outbound import OutboundPolicy
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_types import db_now
 from server.jobs import webhooks
@@ -123,7 +124,13 @@ def test_webhook_is_signed_and_retried_with_backoff(pg_url: str) -> None:
             assert ("no_version", "fired") in evaluate_alarms(session)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            webhooks.deliver_due(factory, secret=TEST_SECRET, max_attempts=5, backoff_s=0.2)
+            webhooks.deliver_due(
+                factory,
+                secret=TEST_SECRET,
+                max_attempts=5,
+                backoff_s=0.2,
+                policy=OutboundPolicy(allow_private=True),  # the receiver is on 127.0.0.1
+            )
             with transaction(factory) as session:
                 delivery = session.execute(select(WebhookDelivery)).scalar_one()
             if delivery.state != "pending":

@@ -79,6 +79,7 @@ def jobs(
         "ASYNCGRPO_JOBS__WEBHOOK_INTERVAL_S": "0.3",
         "ASYNCGRPO_JOBS__WEBHOOK_BACKOFF_S": "0.3",
         "ASYNCGRPO_JOBS__WORKER_SILENT_S": str(SILENT_S),
+        "ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE": "true",  # the webhook receiver is on 127.0.0.1
     }
     log = tmp / "celery.log"
     celery = Path(sys.executable).parent / "celery"

@@ -105,7 +105,8 @@ def test_get_config_parses_the_stored_config(runs_client, admin, db: Session) ->
         ({"sampling": {"top_p": 0.9}}, "sampling.top_p", "top_p must be 1.0"),
         ({"lora": {"rank": 16, "extra": 1}}, "lora.extra", "Extra inputs are not permitted"),
         ({"surprise": True}, "surprise", "Extra inputs are not permitted"),
-        ({"rewards": [{"name": "bogus"}]}, "rewards.0.name", "unknown reward 'bogus'"),
+        ({"rewards": [{"name": "os:system"}]}, "rewards.0.name", "Python's standard library"),
+        ({"rewards": [{"name": "answer_fromat"}]}, "rewards.0.name", "did you mean"),
         (
             {"dataset": {"kind": "jsonl", "rows": [{"prompt": "ok"}, {"answer": "1"}]}},
             "dataset.jsonl.rows.1",

@@ -1,0 +1,153 @@
+"""The one policy for outbound HTTP to addresses a run's config names (webhooks now; any later
+call the server or the learner makes for a run goes through `client`).
+
+A run's creator chooses the URL, so the control plane must not become a way into its own
+network: loopback, link-local, private (RFC 1918, fc00::/7), CGNAT, "this network" and other
+non-global addresses are refused unless the operator allows them (all private ones, or some
+CIDRs). The check runs on the resolved addresses at connect time, inside the HTTP client's
+network backend: the name is resolved once, every address it resolves to is checked, and the
+connection goes to a checked address, so a name that resolves to a public address at
+registration and to 127.0.0.1 later is still refused. TLS keeps the URL's host name for SNI
+and certificate checks (httpcore starts TLS with the request's host, not the connected one).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import httpcore
+import httpx
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], list[str]]
+
+# Refused even where Python calls them global; the rest is `not is_global` or multicast.
+_ALWAYS_CHECKED = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",  # "this network": 0.0.0.0 reaches the local host on Linux
+        "100.64.0.0/10",  # CGNAT shared space
+        "::/96",  # deprecated IPv4-compatible IPv6 (::127.0.0.1)
+    )
+)
+
+
+class OutboundRefused(Exception):
+    """A destination the outbound policy does not allow (nothing was sent)."""
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (getaddrinfo, TCP)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _unwrapped(address: IPAddress) -> IPAddress:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    return address
+
+
+@dataclass(frozen=True)
+class OutboundPolicy:
+    """Which destination addresses outbound calls may reach: global ones always; private,
+    loopback and link-local ones only with `allow_private` or inside `allow_cidrs`."""
+
+    allow_private: bool = False
+    allow_cidrs: tuple[IPNetwork, ...] = ()
+    resolver: Resolver = system_resolver
+
+    @classmethod
+    def from_settings(cls, allow_private: bool, allow_cidrs: Iterable[str]) -> OutboundPolicy:
+        return cls(allow_private, tuple(ipaddress.ip_network(c, strict=False) for c in allow_cidrs))
+
+    def refusal(self, address: str) -> str | None:
+        """Why `address` (an IP literal) may not be reached, or None when it may."""
+        ip = _unwrapped(ipaddress.ip_address(address.split("%")[0]))
+        if self.allow_private or any(ip in net for net in self.allow_cidrs):
+            return None
+        if ip.is_global and not ip.is_multicast and not any(ip in n for n in _ALWAYS_CHECKED):
+            return None
+        return (
+            f"{ip} is a loopback, link-local, private, multicast or otherwise non-public address "
+            "(allowed only with ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE or ASYNCGRPO_OUTBOUND_ALLOW_CIDRS)"
+        )
+
+    def checked_address(self, host: str, port: int) -> str:
+        """Resolve `host`, refuse it unless every address is allowed, return one to connect."""
+        try:
+            addresses = self.resolver(host, port)
+        except OSError as exc:
+            raise OutboundRefused(f"cannot resolve {host!r}: {exc}") from exc
+        if not addresses:
+            raise OutboundRefused(f"{host!r} resolves to no address")
+        for address in addresses:
+            reason = self.refusal(address)
+            if reason is not None:
+                raise OutboundRefused(f"refused {host!r}: {reason}")
+        return addresses[0]
+
+    def literal_refusal(self, url: str) -> str | None:
+        """At registration: why a URL whose host is an IP literal is refused (None for host
+        names: those are checked when a call resolves them)."""
+        host = urlparse(url).hostname
+        if host is None:
+            return None
+        try:
+            ipaddress.ip_address(host.split("%")[0])
+        except ValueError:
+            return None
+        return self.refusal(host)
+
+
+PUBLIC_ONLY = OutboundPolicy()
+
+
+class _CheckingBackend(httpcore.SyncBackend):
+    """httpcore's socket backend, connecting only to addresses the policy allows."""
+
+    def __init__(self, policy: OutboundPolicy) -> None:
+        self.policy = policy
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        address = self.policy.checked_address(host, port)
+        return super().connect_tcp(address, port, timeout, local_address, socket_options)
+
+    def connect_unix_socket(self, *_: Any, **__: Any) -> httpcore.NetworkStream:
+        raise OutboundRefused("unix sockets are not an outbound destination")
+
+
+class _PolicyTransport(httpx.HTTPTransport):
+    def __init__(self, policy: OutboundPolicy) -> None:
+        super().__init__(trust_env=False)
+        # httpx builds its pool without a way to pass a network backend: rebuild it with one
+        # (same TLS context as httpx's default, verified).
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            network_backend=_CheckingBackend(policy),
+        )
+
+
+def client(policy: OutboundPolicy, *, timeout_s: float) -> httpx.Client:
+    """An httpx client whose every connection goes through `policy` (no environment
+    proxies: a proxy would connect on the caller's behalf, unchecked). Refused destinations
+    raise OutboundRefused; redirects are not followed."""
+    return httpx.Client(
+        transport=_PolicyTransport(policy),
+        timeout=timeout_s,
+        trust_env=False,
+        follow_redirects=False,
+    )
