@@ -20,7 +20,9 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
 admin_token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+registration_token_app = typer.Typer(help="Worker registration tokens.", no_args_is_help=True)
 app.add_typer(admin_token_app, name="admin-token")
+app.add_typer(registration_token_app, name="registration-token")
 
 
 def _fail(message: str) -> NoReturn:
@@ -49,6 +51,21 @@ def _settings():  # type: ignore[no-untyped-def]
         _fail("; ".join(e["msg"] for e in exc.errors()))
 
 
+def _with_listening_url(settings: Any, host: str, port: int) -> Any:
+    """Without an explicit public_url, signed URLs must point where this server listens. The
+    environment carries it to `--workers` processes, which build their own settings."""
+    import os
+
+    if "public_url" in settings.model_fields_set:
+        return settings
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in reachable:
+        reachable = f"[{reachable}]"
+    url = f"http://{reachable}:{port}"
+    os.environ["ASYNCGRPO_PUBLIC_URL"] = url
+    return settings.model_copy(update={"public_url": url})
+
+
 @app.command()
 def server(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
@@ -59,7 +76,7 @@ def server(
     embedded default: ./asyncgrpo.db (SQLite), ./bucket, in-process jobs."""
     import uvicorn
 
-    settings = _settings()
+    settings = _with_listening_url(_settings(), host, port)
     if settings.embedded and workers != 1:
         _fail("the embedded SQLite mode runs one server process; use Postgres for --workers > 1")
     if settings.embedded:
@@ -135,6 +152,75 @@ def admin_token_create(name: str = typer.Option("cli", help="A label for the tok
     with transaction(make_sessionmaker(engine)) as session:
         minted = tokens.mint(session, "admin", name=name)
     typer.echo(minted.plaintext)
+
+
+def _revoke_token(kind: str, token_id: str, force: bool) -> None:
+    """Revoke a token straight in the database (works with no admin token left)."""
+    import uuid
+
+    from server.db import make_engine, make_sessionmaker, transaction
+    from server.errors import AppError
+    from server.migrate import upgrade
+    from server.tokens import service as tokens
+
+    try:
+        wanted = uuid.UUID(token_id)
+    except ValueError:
+        _fail(f"not a token id: {token_id!r}")
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    if settings.embedded:
+        upgrade(engine)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            token = tokens.revoke(session, kind, wanted, force=force)
+            typer.echo(f"revoked {kind} token {token.prefix}… ({token.id})")
+    except AppError as exc:
+        _fail(exc.message)
+
+
+def _list_tokens(kind: str) -> None:
+    from server.db import make_engine, make_sessionmaker, transaction
+    from server.migrate import upgrade
+    from server.tokens import service as tokens
+
+    settings = _settings()
+    engine = make_engine(settings.database_url)
+    if settings.embedded:
+        upgrade(engine)
+    with transaction(make_sessionmaker(engine)) as session:
+        for t in tokens.list_tokens(session, kind):
+            state = "revoked" if t.revoked_at else "live"
+            typer.echo(f"{t.id}  {t.prefix}…  {state:7}  {t.name or ''}")
+
+
+@admin_token_app.command("list")
+def admin_token_list() -> None:
+    """Admin tokens: id, prefix, live or revoked, name."""
+    _list_tokens("admin")
+
+
+@registration_token_app.command("list")
+def registration_token_list() -> None:
+    """Registration tokens: id, prefix, live or revoked, name."""
+    _list_tokens("registration")
+
+
+@admin_token_app.command("revoke")
+def admin_token_revoke(
+    token_id: str = typer.Argument(..., help="The token's id (GET /api/v1/admin-tokens)."),
+    force: bool = typer.Option(False, help="Revoke even the last live admin token."),
+) -> None:
+    """Revoke an admin token and end its dashboard sessions."""
+    _revoke_token("admin", token_id, force)
+
+
+@registration_token_app.command("revoke")
+def registration_token_revoke(
+    token_id: str = typer.Argument(..., help="The token's id (GET /api/v1/registration-tokens)."),
+) -> None:
+    """Revoke a registration token: no more workers register with it."""
+    _revoke_token("registration", token_id, False)
 
 
 @app.command()

@@ -25,10 +25,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from protocol import datasets, rewards
-from protocol.schemas import INT_MAX
+from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, free_json
 
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
+MAX_ROW_BYTES = 1024 * KIB  # one dataset row as JSON
+MAX_LORA_RANK = 1024
+MAX_LEARNER_PRICE_PER_HOUR = 10_000.0  # USD; far above any GPU box, far below float overflow
 _SAMPLED = "behaviour log-probs must describe the distribution actually sampled"
 
 
@@ -37,6 +40,8 @@ def _fail(message: str) -> PydanticCustomError:
 
 
 Rule = tuple[Callable[[Any], bool], str]
+# torch.manual_seed and random.seed take it: a non-negative signed 64-bit integer.
+SEED_RULE: Rule = (lambda n: 0 <= n <= BIGINT_MAX, f"must be between 0 and {BIGINT_MAX:,}")
 
 # Completions per prompt: bounded so that a group's counts stay far inside the database's
 # integer columns (an unbounded G was accepted, then every lease acquire failed with a 500).
@@ -65,8 +70,10 @@ class RewardSpec(_Strict):
 
     name: str = Field(description="A built-in reward name, or 'module:function' for user code.")
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
-    kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments passed to the function."
+    kwargs: Annotated[dict[str, Any], AfterValidator(free_json(64 * KIB))] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments passed to the function (JSON of at most 64 KiB, "
+        "nested at most 32 levels, finite numbers only).",
     )
 
     @field_validator("name")
@@ -107,6 +114,7 @@ class GeneratorDataset(_Strict):
             lambda n: 1 <= n <= datasets.MAX_GENERATOR_SIZE,
             f"must be between 1 and {datasets.MAX_GENERATOR_SIZE:,}",
         ),
+        "seed": SEED_RULE,
     }
 
     def n_rows(self) -> int:
@@ -124,10 +132,15 @@ class InlineDataset(_Strict):
     """Rows given at creation (JSONL): a `prompt` column plus reference columns."""
 
     kind: Literal["jsonl"] = "jsonl"
-    rows: list[Annotated[dict[str, Any], AfterValidator(_check_row)]] = Field(
+    rows: list[
+        Annotated[
+            dict[str, Any], AfterValidator(free_json(MAX_ROW_BYTES)), AfterValidator(_check_row)
+        ]
+    ] = Field(
         description="Dataset rows (at most 100,000); each has `prompt` (a non-empty string or "
         "chat messages {role, content} with roles system/user/assistant) and reference columns "
-        "that only the learner's rewards see."
+        "that only the learner's rewards see; a row is at most 1 MiB as JSON, nested at most "
+        "32 levels, with finite numbers only."
     )
 
     @field_validator("rows", mode="before")
@@ -148,7 +161,10 @@ class LoraConfig(_Strict):
     """The LoRA adapter the learner trains and workers load."""
 
     RULES: ClassVar[dict[str, Rule]] = {
-        "rank": (lambda r: r >= 1, "must be at least 1"),
+        "rank": (
+            lambda r: 1 <= r <= MAX_LORA_RANK,
+            f"must be between 1 and {MAX_LORA_RANK} (LoRA ranks are small)",
+        ),
         "alpha": (lambda a: a > 0, "must be greater than 0"),
         "dropout": (lambda d: 0 <= d < 1, "must be in [0, 1)"),
         "target_modules": (
@@ -308,10 +324,17 @@ class RunConfig(_Strict):
         "weight_sync_steps": (lambda n: n >= 1, "must be at least 1"),
         "max_staleness": (lambda n: n >= 0, "must be at least 0 (0 is synchronous GRPO)"),
         "max_attempts": (lambda n: n >= 1, "must be at least 1"),
-        "max_versions": (lambda n: n >= 1, "must be at least 1 when set"),
+        "max_versions": (
+            lambda n: 1 <= n <= INT_MAX,
+            f"must be between 1 and {INT_MAX:,} when set",
+        ),
         "lease_ttl_s": (lambda x: 0 < x <= 86_400, "must be greater than 0 and at most a day"),
         "budget_usd": (lambda x: x > 0, "must be greater than 0 when set"),
-        "learner_price_per_hour": (lambda x: x >= 0, "must be at least 0"),
+        "learner_price_per_hour": (
+            lambda x: 0 <= x <= MAX_LEARNER_PRICE_PER_HOUR,
+            f"must be between 0 and {MAX_LEARNER_PRICE_PER_HOUR:,.0f} USD per hour",
+        ),
+        "seed": SEED_RULE,
         "priority": (lambda p: -1_000_000 <= p <= 1_000_000, "must be in ±1,000,000"),
     }
 

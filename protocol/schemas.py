@@ -5,11 +5,13 @@ Request models forbid unknown fields (the server answers 422 for them).
 
 from __future__ import annotations
 
+import math
 import uuid
-from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # Column ranges the database can store (BIGINT, INTEGER): larger numbers are 422, not a 500.
@@ -25,6 +27,75 @@ RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 
+# Free-form JSON (metrics, reward kwargs, reference columns) is stored as JSON/JSONB and
+# re-encoded on every read: deeper nesting broke the encoder (500s for good), NaN/Infinity and
+# U+0000 are refused by Postgres jsonb. Every such field is checked at the edge by free_json().
+MAX_JSON_DEPTH = 32
+KIB = 1024
+
+
+def check_free_json(value: Any, max_bytes: int) -> Any:
+    """Raise ValueError (the path and the reason) unless `value` nests at most MAX_JSON_DEPTH
+    levels, holds only finite numbers and NUL-free strings, and is about max_bytes or less as
+    JSON. Walks iteratively: a hostile depth cannot exhaust the stack here."""
+    size = 0
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        item, depth, path = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels{_at(path)}")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                _check_text(str(key), path)
+                size += len(str(key)) + 4
+                stack.append((child, depth + 1, f"{path}.{key}" if path else str(key)))
+        elif isinstance(item, list | tuple):
+            stack.extend((c, depth + 1, f"{path}[{i}]") for i, c in enumerate(item))
+            size += len(item) + 2
+        elif isinstance(item, str):
+            _check_text(item, path)
+            size += len(item.encode("utf-8", "surrogatepass")) + 2
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"numbers must be finite, not {item!r}{_at(path)}")
+        else:
+            size += 8
+        if size > max_bytes:
+            raise ValueError(f"larger than {max_bytes:,} bytes as JSON")
+    return value
+
+
+def _at(path: str) -> str:
+    if len(path) > 200:
+        path = path[:200] + "…"
+    return f" (at {path})" if path else ""
+
+
+def _check_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise ValueError(f"text may not contain NUL (\\u0000){_at(path)}")
+
+
+def free_json(max_bytes: int) -> Callable[[Any], Any]:
+    """An AfterValidator body bounding one free-form JSON field (see check_free_json)."""
+
+    def check(value: Any) -> Any:
+        try:
+            return check_free_json(value, max_bytes)
+        except ValueError as exc:
+            raise PydanticCustomError("json_bounds", str(exc)) from None
+
+    return check
+
+
+# A base model name as a run's base_model allows it (RunConfig: 1 to 500 characters).
+MAX_MODEL_NAME = 500
+MAX_WORKER_MODELS = 16
+ModelName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_MODEL_NAME, description="A base model (HF id or alias)."),
+]
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -35,9 +106,9 @@ class _Request(BaseModel):
 class LeaseAcquireRequest(_Request):
     """Ask for a lease; the server answers 204 when nothing is admissible."""
 
-    models: list[str] | None = Field(
+    models: list[ModelName] | None = Field(
         None,
-        max_length=64,
+        max_length=MAX_WORKER_MODELS,
         description="Base models to lease for now; must be among the worker's registered models. "
         "None: all of them.",
     )

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from protocol.schemas import BIGINT_MAX, INT_MAX
+from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, free_json
 
 
 class _Request(BaseModel):
@@ -235,7 +235,11 @@ class PublishRequest(FencedRequest):
         "and with the final one).",
     )
     learner_step: int = Field(ge=0, le=INT_MAX, description="Optimizer steps taken so far.")
-    metrics: dict[str, Any] = Field(default_factory=dict, description="Summary metrics.")
+    metrics: Annotated[dict[str, Any], AfterValidator(free_json(64 * KIB))] = Field(
+        default_factory=dict,
+        description="Summary metrics: JSON of at most 64 KiB, nested at most 32 levels, finite "
+        "numbers only.",
+    )
     consumed_batch_ids: list[uuid.UUID] = Field(
         default_factory=list, description="Claimed batches this version was trained on."
     )
@@ -253,7 +257,9 @@ class MetricPointIn(_Request):
     version: int | None = Field(
         None, ge=0, le=INT_MAX, description="Adapter version being trained."
     )
-    values: dict[str, float | int | None] = Field(description="Named metric values.")
+    values: Annotated[dict[str, float | int | None], AfterValidator(free_json(64 * KIB))] = Field(
+        description="Named metric values (finite numbers or null; at most 64 KiB as JSON)."
+    )
 
 
 class MetricsRequest(FencedRequest):

@@ -122,6 +122,11 @@ class ObjectStore(ABC):
     def head(self, key: str) -> ObjectInfo | None: ...
 
     @abstractmethod
+    def sha256(self, key: str) -> str | None:
+        """The stored object's hex sha256 (the digest its signed PUT enforced), or None when the
+        object is missing or the store kept no checksum for it."""
+
+    @abstractmethod
     def delete(self, key: str) -> None: ...
 
     @abstractmethod

@@ -30,6 +30,7 @@ from protocol.storage import (
     ObjectStore,
     PresignedPut,
     StoreError,
+    sha256_file,
     validate_key,
     validate_prefix,
     validate_sha256_hex,
@@ -41,6 +42,11 @@ _SIG_CONTEXT = b"asyncgrpo/blob-url/v1"
 
 class URLRefused(StoreError):
     """A signed blob URL that does not hold: bad or missing signature, expired, other key."""
+
+
+# A temp file untouched this long belongs to a PUT that will never finish (a live upload writes
+# to it continuously; an upload URL lives url_ttl_s, 15 minutes by default).
+STALE_TEMP_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,29 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError):
             return None
         return ObjectInfo(key=key, size=st.st_size) if path.is_file() else None
+
+    def sha256(self, key: str) -> str | None:
+        path = self.path_for(key)
+        try:
+            return sha256_file(path) if path.is_file() else None
+        except FileNotFoundError:
+            return None
+
+    def sweep_stale_temps(self, older_than_s: float) -> int:
+        """Delete temp files of PUTs that never finished (a crash mid-upload); a live upload
+        keeps its file's mtime fresh, so only files untouched for `older_than_s` go."""
+        if not self._tmp.is_dir():
+            return 0
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for entry in self._tmp.iterdir():
+            try:
+                if entry.is_file() and entry.stat().st_mtime < cutoff:
+                    entry.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue  # finished or swept by another process meanwhile
+        return removed
 
     def delete(self, key: str) -> None:
         path = self.path_for(key)

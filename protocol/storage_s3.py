@@ -9,6 +9,7 @@ body; PresignedPut.headers are exactly the signed headers the client must send.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from collections.abc import Iterator
@@ -167,6 +168,20 @@ class S3Store(ObjectStore):
                 return None
             raise StoreError(f"head {key!r}: {exc}") from exc
         return ObjectInfo(key=key, size=int(response["ContentLength"]))
+
+    def sha256(self, key: str) -> str | None:
+        try:
+            response = self.client.head_object(
+                Bucket=self.bucket, Key=self._full(key), ChecksumMode="ENABLED"
+            )
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return None
+            raise StoreError(f"head {key!r}: {exc}") from exc
+        checksum = response.get("ChecksumSHA256")
+        if not checksum or "-" in checksum:  # absent, or a multipart checksum of checksums
+            return None
+        return base64.b64decode(checksum).hex()
 
     def delete(self, key: str) -> None:
         with _translate(key):

@@ -24,6 +24,7 @@ class BodySizeLimit:
             return
         seen = 0
         rejected = False
+        started = False
 
         async def limited_receive() -> dict[str, Any]:
             nonlocal seen, rejected
@@ -35,11 +36,21 @@ class BodySizeLimit:
                     raise _TooLarge()
             return message
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
+        async def guarded_send(message: dict[str, Any]) -> None:
+            # A body cut off mid-stream (chunked, no Content-Length) may reach the framework as
+            # a parse error (400); that answer is replaced by the 413 below.
+            nonlocal started
             if rejected:
-                await self._reject(send)
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except _TooLarge:
+            pass
+        if rejected and not started:
+            await self._reject(send)
 
     async def _reject(self, send: Any) -> None:
         body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()

@@ -7,7 +7,7 @@ from server.config import Settings
 
 
 def make_store(settings: Settings) -> ObjectStore:
-    from protocol.storage_local import LocalStore
+    from protocol.storage_local import STALE_TEMP_S, LocalStore
     from protocol.storage_s3 import S3Store
 
     url = settings.bucket_url
@@ -23,8 +23,10 @@ def make_store(settings: Settings) -> ObjectStore:
             secret_access_key=settings.s3.secret_access_key,
         )
     root = url[len("file://") :] if url.startswith("file://") else url
-    return LocalStore(
+    store = LocalStore(
         root=root,
         base_url=settings.public_url.rstrip("/") + "/blobs",
         secret_key=settings.secret_key(),
     )
+    store.sweep_stale_temps(STALE_TEMP_S)  # PUTs cut off by a crash of an earlier process
+    return store

@@ -1,8 +1,10 @@
 """Dashboard login: an admin token exchanged for a signed session cookie, and CSRF checks.
 
-The cookie (itsdangerous, keyed by settings.secret_key(), HttpOnly, SameSite=Lax) holds the
-admin token's id and a random CSRF token; it never holds the token itself. Every request
-re-checks that the admin token is still live, so revoking it logs the browser out at once.
+The cookie (itsdangerous, keyed by settings.secret_key(), HttpOnly, SameSite=Lax) holds the id
+of a server-side session row (dashboard_sessions) and a random CSRF token; it never holds the
+token itself. Every request re-checks that the session row and its admin token are both still
+live, so logout, revoking the token or "log out everywhere" end the session at once, even for
+a copy of the cookie kept elsewhere.
 Every POST must carry the session's CSRF token (form field `csrf_token` or header
 `X-CSRF-Token`, which htmx sends from the page's hx-headers). The login form itself uses a
 double-submit cookie, as there is no session yet.
@@ -38,7 +40,7 @@ class CsrfFailed(Exception):
 
 @dataclass(frozen=True)
 class DashboardSession:
-    token_id: uuid.UUID
+    session_id: uuid.UUID
     csrf: str
 
 
@@ -50,8 +52,8 @@ def new_csrf() -> str:
     return secrets.token_urlsafe(24)
 
 
-def set_session(response: Response, settings: Settings, token_id: uuid.UUID) -> None:
-    value = _serializer(settings).dumps({"tid": str(token_id), "csrf": new_csrf()})
+def set_session(response: Response, settings: Settings, session_id: uuid.UUID) -> None:
+    value = _serializer(settings).dumps({"sid": str(session_id), "csrf": new_csrf()})
     response.set_cookie(
         SESSION_COOKIE,
         value,
@@ -68,13 +70,14 @@ def clear_session(response: Response) -> None:
 
 
 def read_session(request: Request, settings: Settings) -> DashboardSession | None:
-    """The signed, unexpired session in the request's cookie, or None."""
+    """The signed, unexpired session in the request's cookie, or None (its row is checked by
+    the caller)."""
     raw = request.cookies.get(SESSION_COOKIE)
     if not raw:
         return None
     try:
         data = _serializer(settings).loads(raw, max_age=settings.dashboard.session_max_age_s)
-        return DashboardSession(uuid.UUID(str(data["tid"])), str(data["csrf"]))
+        return DashboardSession(uuid.UUID(str(data["sid"])), str(data["csrf"]))
     except (BadSignature, KeyError, TypeError, ValueError):
         return None
 

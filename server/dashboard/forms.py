@@ -83,6 +83,8 @@ def _dataset(form: Mapping[str, Any], jsonl: str | None, result: FormResult) -> 
             result.add("dataset.file", "choose a JSONL file (one JSON object per line)")
             return {"kind": "jsonl", "rows": [{"prompt": "placeholder"}]}
         try:
+            if "\x00" in jsonl:
+                raise datasets.DatasetError("the file may not contain NUL (\\u0000) characters")
             rows = datasets.parse_jsonl(jsonl)
         except datasets.DatasetError as exc:
             result.add("dataset.file", str(exc))
@@ -140,9 +142,18 @@ def field_of(loc: tuple[Any, ...]) -> str:
     return "__all__"
 
 
+def _refuse_nul(form: Any, result: FormResult) -> None:
+    """Postgres text cannot hold U+0000: a field carrying one is an error on that field."""
+    for name, value in form.multi_items():
+        if isinstance(value, str) and "\x00" in value:
+            shown = name if name in ALL_FIELDS else "__all__"
+            result.add(shown, "may not contain NUL (\\u0000) characters")
+
+
 def parse(form: Any, jsonl: str | None = None) -> FormResult:
     """Validate the form with RunConfig (the same rules as the API)."""
     result = FormResult()
+    _refuse_nul(form, result)
     data = to_config_dict(form, jsonl, result)
     try:
         config = RunConfig.model_validate(data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now, epoch_bucket, epoch_seconds
@@ -19,25 +19,11 @@ from server.models import (
     MetricPoint,
     RolloutBatch,
     Run,
-    Token,
     Worker,
 )
 from server.runs.repository import config_number
 
 WASTED_LEASE_STATES = ("expired", "aborted")
-
-
-def admin_token_live(session: Session, token_id: uuid.UUID) -> bool:
-    """The admin token behind a dashboard session is still valid (not revoked or expired)."""
-    row = session.execute(
-        select(Token.id).where(
-            Token.id == token_id,
-            Token.kind == "admin",
-            Token.revoked_at.is_(None),
-            or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
-        )
-    ).first()
-    return row is not None
 
 
 def learner_points(

@@ -22,7 +22,7 @@ from server.dashboard.auth import (
 )
 from server.dashboard.web import CsrfDep, LoginDep, render
 from server.deps import SessionDep, SettingsDep, StoreDep
-from server.errors import AppError, NotFound, Unauthorized
+from server.errors import AppError, Conflict, NotFound, Unauthorized
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -32,6 +32,7 @@ from server.workers import repository as workers_repo
 from server.workers import service as workers
 
 router = APIRouter(include_in_schema=False, route_class=TransactionalRoute)
+NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold U+0000
 Action = Literal["pause", "resume", "cancel"]
 
 
@@ -70,13 +71,58 @@ def login(
         set_login_csrf(response, settings, csrf)
         return response
     redirect = RedirectResponse("/runs", status_code=303)
-    set_session(redirect, settings, admin.id)
+    session_id = tokens.start_dashboard_session(
+        session, admin.id, settings.dashboard.session_max_age_s
+    )
+    set_session(redirect, settings, session_id)
     redirect.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
     return redirect
 
 
 @router.post("/logout")
-def logout(_user: CsrfDep) -> Response:
+def logout(session: SessionDep, user: CsrfDep) -> Response:
+    tokens.end_dashboard_session(session, user.session_id)
+    response = RedirectResponse("/login", status_code=303)
+    clear_session(response)
+    return response
+
+
+# -- tokens and sessions ---------------------------------------------------------------------
+
+RevocableKind = Literal["admin", "registration"]
+
+
+def _tokens_page(request: Request, session: SessionDep, flash: str | None = None) -> HTMLResponse:
+    return render(
+        request,
+        "pages/tokens.html",
+        409 if flash else 200,
+        page="tokens",
+        flash=flash,
+        admin_tokens=tokens.list_tokens(session, "admin"),
+        registration_tokens=tokens.list_tokens(session, "registration"),
+    )
+
+
+@router.get("/tokens", response_class=HTMLResponse)
+def tokens_page(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
+    return _tokens_page(request, session)
+
+
+@router.post("/tokens/{kind}/{token_id}/revoke", response_class=HTMLResponse)
+def revoke_token(
+    request: Request, kind: RevocableKind, token_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+) -> Response:
+    try:
+        tokens.revoke(session, kind, token_id)
+    except Conflict as exc:
+        return _tokens_page(request, session, flash=exc.message)
+    return RedirectResponse("/tokens", status_code=303)
+
+
+@router.post("/sessions/revoke-all")
+def log_out_everywhere(session: SessionDep, _user: CsrfDep) -> Response:
+    tokens.end_all_dashboard_sessions(session)
     response = RedirectResponse("/login", status_code=303)
     clear_session(response)
     return response
@@ -251,7 +297,7 @@ def create_registration_token(
     session: SessionDep,
     settings: SettingsDep,
     _user: CsrfDep,
-    name: Annotated[str, Form(max_length=200)] = "",
+    name: Annotated[str, Form(max_length=200, pattern=NO_NUL)] = "",
     ttl_hours: Annotated[float, Form(gt=0, le=24 * 365)] = 24.0,
     max_uses: Annotated[int, Form(ge=1, le=10_000)] = 1,
 ) -> HTMLResponse:

@@ -11,7 +11,6 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from server.dashboard import repository as repo
 from server.dashboard.auth import (
     CsrfFailed,
     DashboardSession,
@@ -21,6 +20,7 @@ from server.dashboard.auth import (
     submitted_csrf,
 )
 from server.deps import SessionDep, SettingsDep, released
+from server.tokens import service as tokens
 
 # Package data: shipped in the wheel (pyproject's [tool.setuptools.package-data]).
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -64,7 +64,7 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 
 def require_login(request: Request, session: SessionDep, settings: SettingsDep) -> DashboardSession:
     user = read_session(request, settings)
-    if user is None or not repo.admin_token_live(session, user.token_id):
+    if user is None or tokens.dashboard_session_token(session, user.session_id) is None:
         raise LoginRequired()
     request.state.csrf = user.csrf
     return released(session, user)

@@ -183,6 +183,9 @@ async def complete(
     info = await to_thread.run_sync(store.head, key)  # the bucket's I/O off the event loop
     if info is None or info.size != manifest.size:
         raise Fallback
+    stored = await to_thread.run_sync(store.sha256, key)
+    if stored is not None and stored != manifest.sha256:
+        raise Fallback  # the portable path answers (422 for a digest that was not signed)
     batch_id = uuid.uuid4()
     batch = {
         "batch_id": batch_id,

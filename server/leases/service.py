@@ -363,6 +363,17 @@ def upload(
     return UploadResponse(key=key, url=put.url, headers=dict(put.headers), expires_in_s=ttl)
 
 
+def _refuse_unsigned_digest(store: ObjectStore, key: str, claimed: str) -> None:
+    """The manifest's sha256 must be the one the upload URL was signed with (the store kept it
+    when it enforced it): 422, the lease untouched, so the worker can complete again."""
+    stored = store.sha256(key)
+    if stored is not None and stored != claimed:
+        raise Unprocessable(
+            f"manifest.sha256 {claimed} is not the sha256 the batch was uploaded with ({stored})",
+            field="manifest.sha256",
+        )
+
+
 def complete(
     session: Session, store: ObjectStore, worker: Worker, lease_id: uuid.UUID, body: CompleteRequest
 ) -> CompleteResponse:
@@ -374,6 +385,8 @@ def complete(
     if manifest.key != key:
         raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
     info = store.head(key)  # object-store I/O before the compare-and-set takes the row lock
+    if info is not None and info.size == manifest.size:  # else rejected below as it was
+        _refuse_unsigned_digest(store, key, manifest.sha256)
     _fence(session, lease_id, worker, body.fencing, **repo.end_values("completed", "completed"))
     rows = repo.leased_rows(session, lease_id)
     reject = None

@@ -5,6 +5,7 @@ from server.models.base import Base
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
 from server.models.run import DatasetRow, PromptRow, Run
+from server.models.session import DashboardSession
 from server.models.telemetry import CostRecord, Event, MetricPoint
 from server.models.token import Token
 from server.models.worker import GpuPrice, Worker
@@ -16,6 +17,7 @@ __all__ = [
     "WebhookDelivery",
     "Base",
     "CostRecord",
+    "DashboardSession",
     "DatasetRow",
     "Event",
     "GpuPrice",

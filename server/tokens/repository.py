@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
-from server.models import Token, Worker
+from server.models import DashboardSession, Token, Worker
 
 
 def db_time(session: Session) -> datetime:
@@ -67,3 +67,87 @@ def count_active(session: Session, kind: str) -> int:
         .select_from(Token)
         .where(Token.kind == kind, Token.revoked_at.is_(None))
     ).scalar_one()
+
+
+def by_id(session: Session, token_id: uuid.UUID) -> Token | None:
+    return session.get(Token, token_id)
+
+
+def list_kind(session: Session, kind: str) -> list[Token]:
+    return list(
+        session.execute(
+            select(Token).where(Token.kind == kind).order_by(Token.created_at.desc())
+        ).scalars()
+    )
+
+
+def revoke_id(session: Session, token_id: uuid.UUID) -> bool:
+    """Revoke one token; False when it was already revoked."""
+    row = session.execute(
+        update(Token)
+        .where(Token.id == token_id, Token.revoked_at.is_(None))
+        .values(revoked_at=db_now())
+        .returning(Token.id)
+    ).first()
+    return row is not None
+
+
+def live_admin_ids(session: Session) -> list[uuid.UUID]:
+    """Admin tokens neither revoked nor expired, locked so two revokes cannot both pass the
+    last-admin guard (FOR UPDATE is a no-op on SQLite, where writers are serialised)."""
+    return list(
+        session.execute(
+            select(Token.id)
+            .where(
+                Token.kind == "admin",
+                Token.revoked_at.is_(None),
+                or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
+            )
+            .with_for_update()
+        ).scalars()
+    )
+
+
+# -- dashboard sessions ------------------------------------------------------------------------
+
+
+def insert_dashboard_session(
+    session: Session, token_id: uuid.UUID, max_age: timedelta
+) -> DashboardSession:
+    row = DashboardSession(token_id=token_id, expires_at=db_time(session) + max_age)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def live_dashboard_session(session: Session, session_id: uuid.UUID) -> uuid.UUID | None:
+    """The admin token id behind a dashboard session, while both the session and the admin
+    token are live; None otherwise."""
+    return session.execute(
+        select(Token.id)
+        .join(DashboardSession, DashboardSession.token_id == Token.id)
+        .where(
+            DashboardSession.id == session_id,
+            DashboardSession.revoked_at.is_(None),
+            DashboardSession.expires_at > db_now(),
+            Token.kind == "admin",
+            Token.revoked_at.is_(None),
+            or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
+        )
+    ).scalar_one_or_none()
+
+
+def revoke_dashboard_sessions(
+    session: Session,
+    *,
+    session_id: uuid.UUID | None = None,
+    token_id: uuid.UUID | None = None,
+) -> int:
+    """Revoke one session, a token's sessions, or (with neither) every live session."""
+    query = update(DashboardSession).where(DashboardSession.revoked_at.is_(None))
+    if session_id is not None:
+        query = query.where(DashboardSession.id == session_id)
+    if token_id is not None:
+        query = query.where(DashboardSession.token_id == token_id)
+    result = session.execute(query.values(revoked_at=db_now()).returning(DashboardSession.id))
+    return len(result.all())

@@ -1,13 +1,20 @@
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
+from typing import Annotated
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Query, status
 
 from server.deps import AdminDep, SessionDep
 from server.routing import TransactionalRoute
 from server.tokens import service
-from server.tokens.schemas import RegistrationTokenCreate, RegistrationTokenCreated
+from server.tokens.schemas import (
+    RegistrationTokenCreate,
+    RegistrationTokenCreated,
+    SessionsEnded,
+    TokenOut,
+)
 
 router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalRoute)
 
@@ -35,3 +42,44 @@ def create_registration_token(
         expires_at=t.expires_at,
         max_uses=t.max_uses,
     )
+
+
+ForceQuery = Annotated[
+    bool,
+    Query(
+        description="Revoke even the last live admin token (locks the API until a new one "
+        "is minted with `asyncgrpo admin-token create`)."
+    ),
+]
+
+
+@router.get("/registration-tokens", response_model=list[TokenOut])
+def list_registration_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
+    return [TokenOut.model_validate(t) for t in service.list_tokens(session, "registration")]
+
+
+@router.post("/registration-tokens/{token_id}/revoke", response_model=TokenOut)
+def revoke_registration_token(
+    token_id: uuid.UUID, session: SessionDep, _admin: AdminDep
+) -> TokenOut:
+    return TokenOut.model_validate(service.revoke(session, "registration", token_id))
+
+
+@router.get("/admin-tokens", response_model=list[TokenOut])
+def list_admin_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
+    return [TokenOut.model_validate(t) for t in service.list_tokens(session, "admin")]
+
+
+@router.post("/admin-tokens/{token_id}/revoke", response_model=TokenOut)
+def revoke_admin_token(
+    token_id: uuid.UUID, session: SessionDep, _admin: AdminDep, force: ForceQuery = False
+) -> TokenOut:
+    """Revoke an admin token and end its dashboard sessions; 409 for the last live one unless
+    force=true."""
+    return TokenOut.model_validate(service.revoke(session, "admin", token_id, force=force))
+
+
+@router.post("/dashboard-sessions/revoke-all", response_model=SessionsEnded)
+def log_out_everywhere(session: SessionDep, _admin: AdminDep) -> SessionsEnded:
+    """End every dashboard session (log out everywhere)."""
+    return SessionsEnded(ended=service.end_all_dashboard_sessions(session))

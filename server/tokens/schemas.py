@@ -20,3 +20,24 @@ class RegistrationTokenCreated(BaseModel):
     prefix: str
     expires_at: datetime | None
     max_uses: int | None
+
+
+class TokenOut(BaseModel):
+    """An admin or registration token as listed: never the token itself."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID = Field(description="The token's id (what revoke takes).")
+    kind: str = Field(description="admin or registration.")
+    prefix: str = Field(description="The token's first characters, to recognise it.")
+    name: str | None = Field(description="Its label.")
+    created_at: datetime = Field(description="When it was minted.")
+    expires_at: datetime | None = Field(description="When it expires; null: never.")
+    uses: int = Field(description="Registrations made with it (registration tokens).")
+    max_uses: int | None = Field(description="Its use limit; null: none.")
+    last_used_at: datetime | None = Field(description="Its last use, where counted.")
+    revoked_at: datetime | None = Field(description="When it was revoked; null: live.")
+
+
+class SessionsEnded(BaseModel):
+    ended: int = Field(description="Dashboard sessions ended by this call.")

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from server.errors import Forbidden, Unauthorized
+from server.errors import Conflict, Forbidden, NotFound, Unauthorized
 from server.models import Token, Worker
 from server.tokens import repository
 
@@ -107,3 +107,49 @@ def revoke_scope(session: Session, kind: str, scope_id: uuid.UUID) -> int:
 
 def admin_token_count(session: Session) -> int:
     return repository.count_active(session, "admin")
+
+
+# -- revocation and dashboard sessions -----------------------------------------------------------
+
+
+def list_tokens(session: Session, kind: str) -> list[Token]:
+    return repository.list_kind(session, kind)
+
+
+def revoke(session: Session, kind: str, token_id: uuid.UUID, *, force: bool = False) -> Token:
+    """Revoke an admin or registration token (idempotent). Revoking an admin token ends its
+    dashboard sessions. The last live admin token is kept unless `force`: without it nobody
+    could call the API or log in until `asyncgrpo admin-token create` is run on the server."""
+    token = repository.by_id(session, token_id)
+    if token is None or token.kind != kind:
+        raise NotFound(f"no {kind} token {token_id}")
+    if kind == "admin" and not force and token.revoked_at is None:
+        live = repository.live_admin_ids(session)
+        if live == [token_id]:
+            raise Conflict(
+                "this is the last live admin token; revoking it locks everyone out "
+                "(pass force=true, then mint a new one with `asyncgrpo admin-token create`)"
+            )
+    repository.revoke_id(session, token_id)
+    if kind == "admin":
+        repository.revoke_dashboard_sessions(session, token_id=token_id)
+    session.refresh(token)
+    return token
+
+
+def start_dashboard_session(session: Session, token_id: uuid.UUID, max_age_s: float) -> uuid.UUID:
+    return repository.insert_dashboard_session(session, token_id, timedelta(seconds=max_age_s)).id
+
+
+def dashboard_session_token(session: Session, session_id: uuid.UUID) -> uuid.UUID | None:
+    """The admin token of a live dashboard session, or None (ended, expired, token revoked)."""
+    return repository.live_dashboard_session(session, session_id)
+
+
+def end_dashboard_session(session: Session, session_id: uuid.UUID) -> None:
+    repository.revoke_dashboard_sessions(session, session_id=session_id)
+
+
+def end_all_dashboard_sessions(session: Session) -> int:
+    """Log out everywhere: every live dashboard session ends; returns how many."""
+    return repository.revoke_dashboard_sessions(session)

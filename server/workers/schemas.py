@@ -5,6 +5,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.schemas import MAX_WORKER_MODELS, ModelName
+
 
 class WorkerRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -13,8 +15,10 @@ class WorkerRegister(BaseModel):
     gpu_type: str = Field("cpu", min_length=1, max_length=100, description="e.g. H100, L4, cpu.")
     gpu_count: int = Field(1, ge=0, le=64, description="GPUs on this box.")
     price_per_hour: float = Field(0.0, ge=0, le=10_000, description="Self-reported USD/hour.")
-    models: list[str] = Field(
-        default_factory=list, max_length=64, description="Base models this worker serves."
+    models: list[ModelName] = Field(
+        default_factory=list,
+        max_length=MAX_WORKER_MODELS,
+        description=f"Base models this worker serves (at most {MAX_WORKER_MODELS}).",
     )
 
 

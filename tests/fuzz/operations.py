@@ -108,6 +108,8 @@ def real_path_ids(seeded: Seeded, method: str, path: str) -> dict[str, str]:
         "lease_id": str(seeded.lease_id),
         "batch_id": str(seeded.batch_id),
         "version": "latest",
+        # No such token: revoking the fuzzer's own admin token would end the other operations.
+        "token_id": "00000000-0000-4000-8000-000000000000",
     }
 
 
@@ -137,6 +139,7 @@ def fill_path(path: str, seeded: Seeded) -> str:
     values = {
         **real_path_ids(seeded, "GET", path),
         "action": "pause",
+        "kind": "registration",
         "name": "adapter_model.safetensors",
     }
     for name, value in values.items():

@@ -1,0 +1,69 @@
+"""`asyncgrpo admin-token list/revoke`, `registration-token revoke`, and `server --port` setting
+the public URL signed URLs point at (issue 17)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.asyncgrpo.test_cli import _run
+
+
+def _ids(out: str) -> list[str]:
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_admin_tokens_are_listed_and_revoked_with_a_last_token_guard(tmp_path: Path) -> None:
+    first = _run(["admin-token", "create", "--name", "one"], tmp_path)
+    second = _run(["admin-token", "create", "--name", "two"], tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    listed = _run(["admin-token", "list"], tmp_path)
+    ids = _ids(listed.stdout)
+    assert len(ids) == 2 and "live" in listed.stdout
+    assert _run(["admin-token", "revoke", ids[0]], tmp_path).returncode == 0
+    refused = _run(["admin-token", "revoke", ids[1]], tmp_path)
+    assert refused.returncode == 2 and "last live admin token" in refused.stderr
+    forced = _run(["admin-token", "revoke", ids[1], "--force"], tmp_path)
+    assert forced.returncode == 0 and "revoked admin token" in forced.stdout
+    assert _run(["admin-token", "list"], tmp_path).stdout.count("revoked") == 2
+
+
+def test_registration_token_revoke_names_a_missing_or_malformed_id(tmp_path: Path) -> None:
+    missing = _run(["registration-token", "revoke", str(uuid.uuid4())], tmp_path)
+    assert missing.returncode == 2 and "no registration token" in missing.stderr
+    malformed = _run(["registration-token", "revoke", "nope"], tmp_path)
+    assert malformed.returncode == 2 and "not a token id" in malformed.stderr
+
+
+def _served_public_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> Any:
+    import uvicorn
+
+    from asyncgrpo.cli import app
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda application, **kw: served.update(app=application))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["server", *args])
+    assert result.exit_code == 0, result.output
+    application = served["app"]
+    application.state.engine.dispose()
+    return application.state.settings.public_url
+
+
+def test_server_port_sets_the_public_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    for name in [n for n in os.environ if n.startswith("ASYNCGRPO_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ASYNCGRPO_PUBLIC_URL", "placeholder")
+    monkeypatch.delenv("ASYNCGRPO_PUBLIC_URL")  # restored to absent after the test
+    url = _served_public_url(monkeypatch, tmp_path, "--port", "8123")
+    assert url == "http://127.0.0.1:8123"
+    assert os.environ["ASYNCGRPO_PUBLIC_URL"] == url  # for --workers processes
+    monkeypatch.setenv("ASYNCGRPO_PUBLIC_URL", "https://grpo.example.com")
+    url = _served_public_url(monkeypatch, tmp_path, "--host", "0.0.0.0", "--port", "8124")
+    assert url == "https://grpo.example.com"
