@@ -115,7 +115,14 @@ def real_path_ids(seeded: Seeded, method: str, path: str) -> dict[str, str]:
 
 # Dashboard pages (not in the OpenAPI schema) that need no session: the login page and form,
 # and `/`, which only redirects to /runs.
-DASHBOARD_OPEN = {("GET", "/"), ("GET", "/login"), ("POST", "/login")}
+# the API docs (Swagger UI served from the package) and the icon are public, as /openapi.json is
+DASHBOARD_OPEN = {
+    ("GET", "/"),
+    ("GET", "/login"),
+    ("POST", "/login"),
+    ("GET", "/docs"),
+    ("GET", "/favicon.ico"),
+}
 
 
 def dashboard_pages(app: FastAPI) -> dict[tuple[str, str], bool]:
