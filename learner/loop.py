@@ -155,6 +155,7 @@ class Session:
             model=self.trainer.model,
             work_dir=self.dir,
             adapter_sha256=self.intake.adapter_sha256,
+            base_model=self.config.base_model,
         )
         self.next_step: Pending[PreparedStep] | None = None
         self.publishing: Pending[Published] | None = None
@@ -459,10 +460,13 @@ class Learner:
         while True:
             try:
                 return self.client.learner_attach(
-                    self.settings.run_id, self.fingerprint, name=self.settings.name
+                    self.settings.run_id,
+                    self.fingerprint,
+                    name=self.settings.name,
+                    model=self.settings.model,
                 )
             except ConflictError as exc:
-                if "run is " in str(exc.detail) or "fingerprint" in str(exc.detail):
+                if any(why in str(exc.detail) for why in ("run is ", "fingerprint", "--model")):
                     raise RunFinished(str(exc.detail)) from exc
                 log.info("another learner holds the run; standing by")
                 time.sleep(self.settings.standby_retry_s)
@@ -487,6 +491,14 @@ class Learner:
                     f"the run trains {base!r} but this learner loaded {self.settings.model!r}"
                     " (--model)"
                 )
+            log.info(
+                "attached to run %s: fencing %d, current version %d, resuming from checkpoint "
+                "of version %s",
+                self.settings.run_id,
+                attach.fencing,
+                attach.current_version,
+                attach.resume_checkpoint_version,
+            )
             # the heartbeat runs from the attach on: loading the model may outlast the TTL
             heartbeat = Heartbeat(
                 self.heartbeat_client,

@@ -384,10 +384,16 @@ class AsyncGrpoClient:
         return result
 
     def learner_attach(
-        self, run_id: str, tokenizer_fingerprint: str, *, name: str = "learner"
+        self,
+        run_id: str,
+        tokenizer_fingerprint: str,
+        *,
+        name: str = "learner",
+        model: str | None = None,
     ) -> sl.AttachResponse:
-        """Become the run's one learner (409 while another learner's lease is live)."""
-        body = sl.AttachRequest(tokenizer_fingerprint=tokenizer_fingerprint, name=name)
+        """Become the run's one learner (409 while another learner's lease is live, or when
+        `model` is not the run's base model)."""
+        body = sl.AttachRequest(tokenizer_fingerprint=tokenizer_fingerprint, name=name, model=model)
         return self._learner(sl.AttachResponse, f"/api/v1/runs/{run_id}/learner/attach", body)
 
     def learner_heartbeat(self, run_id: str, fencing: int) -> sl.HeartbeatResponse:

@@ -38,8 +38,8 @@ class LeaseAcquireRequest(_Request):
     models: list[str] | None = Field(
         None,
         max_length=64,
-        description="Base models to lease for now; must be among the worker's registered models. "
-        "None: all of them.",
+        description="Base models to lease for now; must be among the worker's registered models "
+        "(409 naming both otherwise). None: all of them.",
     )
     wait_s: float = Field(
         0.0,

@@ -45,6 +45,13 @@ class AttachRequest(_Request):
         min_length=1, max_length=128, description="Fingerprint of the learner's tokenizer."
     )
     name: str = Field("learner", max_length=200, description="A name for this learner process.")
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="The base model this learner loaded (its --model); when given, attach is "
+        "refused (409) unless it is the run's base_model.",
+    )
 
 
 class StoredFile(_Response):

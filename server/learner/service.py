@@ -85,6 +85,7 @@ def attach(
     body: AttachRequest,
 ) -> AttachResponse:
     authorize(token, run_id)
+    _refuse_another_model(session, run_id, body.model)
     ttl = settings.learner_lease_ttl_s
     run = repo.attach(session, run_id, body.tokenizer_fingerprint, ttl)
     if run is None:
@@ -103,6 +104,18 @@ def attach(
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,
     )
+
+
+def _refuse_another_model(session: Session, run_id: uuid.UUID, model: str | None) -> None:
+    if model is None:
+        return
+    run = repo.get_run(session, run_id)
+    if run is not None and run.base_model != model:
+        raise Conflict(
+            f"the run trains {run.base_model!r} but this learner loaded {model!r} (--model)",
+            base_model=run.base_model,
+            model=model,
+        )
 
 
 def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Exception:
