@@ -84,6 +84,10 @@ def server(
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
         return
+    # checked here too, once: a worker process failing its startup would be restarted in a loop
+    _refuse_another_bucket(settings, first=True)
+    if settings.print_admin_token:  # once, before the processes start (each would mint one)
+        _print_first_admin_token(settings)
     uvicorn.run("server.main:app", host=host, port=port, workers=workers, log_level="info")
 
 
@@ -105,6 +109,7 @@ def jobs(
     settings = _settings()
     if settings.embedded:
         _fail("the embedded SQLite mode runs its jobs inside `asyncgrpo server`; use Postgres")
+    _refuse_another_bucket(settings, first=False)
     from server.jobs.celery_app import app as celery_app
 
     if beat_only:
@@ -114,6 +119,43 @@ def jobs(
     if beat:
         argv += ["-B", f"--schedule={schedule_file}"]
     celery_app.worker_main(argv)
+
+
+def _refuse_another_bucket(settings, *, first: bool) -> None:  # type: ignore[no-untyped-def]
+    """Every process that touches the bucket uses the database's (server/installation.py): the
+    jobs delete and account for its objects. `first`: this is a server, which may be the first
+    to start on the database and record its bucket."""
+    from sqlalchemy.exc import DBAPIError
+
+    from server.db import make_engine, make_sessionmaker
+    from server.installation import BucketMismatch, BucketUnreachable, bind_bucket
+    from server.storage_factory import make_store
+
+    engine = make_engine(settings.database_url)
+    try:
+        bind_bucket(
+            make_sessionmaker(engine), make_store(settings), settings.bucket_url, first=first
+        )
+    except BucketUnreachable as exc:
+        if not first:  # a server starts anyway and answers 503 while the bucket is down
+            _fail(str(exc))
+    except BucketMismatch as exc:
+        _fail(str(exc))
+    except DBAPIError as exc:
+        _fail(f"cannot read the database ({exc.orig}); has `asyncgrpo db upgrade` run?")
+    finally:
+        engine.dispose()
+
+
+def _print_first_admin_token(settings) -> None:  # type: ignore[no-untyped-def]
+    from server.app import mint_first_admin_token
+    from server.db import make_engine, make_sessionmaker
+
+    engine = make_engine(settings.database_url)
+    try:
+        mint_first_admin_token(make_sessionmaker(engine))
+    finally:
+        engine.dispose()
 
 
 @db_app.command("upgrade")

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -21,10 +21,28 @@ DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
 class LearnerSettings(BaseSettings):
     """Everything the learner process needs to reach its run; nothing here imports torch."""
 
-    model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_LEARNER_", extra="forbid")
+    # populate_by_name: the aliases below are whole environment names (the prefix does not
+    # apply to them), and code still passes server_url=… / run_id=…
+    model_config = SettingsConfigDict(
+        env_prefix="ASYNCGRPO_LEARNER_", extra="forbid", populate_by_name=True
+    )
 
-    server_url: str = Field(description="Base URL of the control plane, e.g. http://host:8000.")
-    run_id: str = Field(description="The run this learner trains (UUID).")
+    # Also under the command-line option's name (--server, --run): every option is also
+    # ASYNCGRPO_LEARNER_<OPTION>.
+    server_url: str = Field(
+        validation_alias=AliasChoices(
+            "server_url", "ASYNCGRPO_LEARNER_SERVER_URL", "ASYNCGRPO_LEARNER_SERVER"
+        ),
+        description="Base URL of the control plane, e.g. http://host:8000 (--server; "
+        "ASYNCGRPO_LEARNER_SERVER_URL or ASYNCGRPO_LEARNER_SERVER).",
+    )
+    run_id: str = Field(
+        validation_alias=AliasChoices(
+            "run_id", "ASYNCGRPO_LEARNER_RUN_ID", "ASYNCGRPO_LEARNER_RUN"
+        ),
+        description="The run this learner trains (UUID; --run; ASYNCGRPO_LEARNER_RUN_ID or "
+        "ASYNCGRPO_LEARNER_RUN).",
+    )
     token: str = Field(description="The run's learner token (agr_lrn_…).")
     model: str = Field(
         "smollm2-135m-instruct",

@@ -157,6 +157,7 @@ class Session:
             model=self.trainer.model,
             work_dir=self.dir,
             adapter_sha256=self.intake.adapter_sha256,
+            base_model=self.config.base_model,
         )
         self.next_step: Pending[PreparedStep] | None = None
         self.publishing: Pending[Published] | None = None
@@ -466,10 +467,11 @@ class Learner:
                     self.fingerprint,
                     name=self.settings.name,
                     reward_names=self.rewards_allowed.names(),
+                    model=self.settings.model,
                 )
             except ConflictError as exc:
                 detail = str(exc.detail)
-                if any(s in detail for s in ("run is ", "fingerprint", MISSING_REWARDS)):
+                if any(s in detail for s in ("run is ", "fingerprint", "--model", MISSING_REWARDS)):
                     raise RunFinished(detail) from exc
                 log.info("another learner holds the run; standing by")
                 time.sleep(self.settings.standby_retry_s)
@@ -494,6 +496,14 @@ class Learner:
                     f"the run trains {base!r} but this learner loaded {self.settings.model!r}"
                     " (--model)"
                 )
+            log.info(
+                "attached to run %s: fencing %d, current version %d, resuming from checkpoint "
+                "of version %s",
+                self.settings.run_id,
+                attach.fencing,
+                attach.current_version,
+                attach.resume_checkpoint_version,
+            )
             # the heartbeat runs from the attach on: loading the model may outlast the TTL
             heartbeat = Heartbeat(
                 self.heartbeat_client,

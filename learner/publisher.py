@@ -48,6 +48,7 @@ class Publisher:
     model: Any  # the PEFT model: its adapter config is written beside the snapshot
     work_dir: Path
     adapter_sha256: dict[int, str | None]  # the intake's table of known version hashes
+    base_model: str | None = None  # the run's: adapter_config.json names it, not a local path
 
     def __call__(self, job: PublishJob) -> Published:
         from lm.adapter_io import save_adapter_version
@@ -55,7 +56,9 @@ class Publisher:
         out = self.work_dir / f"v{job.version:06d}"
         if out.exists():
             shutil.rmtree(out)
-        manifest = save_adapter_version(self.model, out / "adapter", state_dict=job.weights)
+        manifest = save_adapter_version(
+            self.model, out / "adapter", state_dict=job.weights, base_model=self.base_model
+        )
         files: list[tuple[Path, str]] = [
             (out / "adapter" / f.name, "adapter") for f in manifest.files
         ]

@@ -24,14 +24,21 @@ from protocol.adapters import (
 
 
 def save_adapter_version(
-    peft_model: Any, out_dir: Path, state_dict: dict[str, Any] | None = None
+    peft_model: Any,
+    out_dir: Path,
+    state_dict: dict[str, Any] | None = None,
+    *,
+    base_model: str | None = None,
 ) -> AdapterManifest:
     """Write the model's active LoRA adapter as a version folder; return its manifest.
 
     `out_dir` must not exist yet (versions are immutable); it is filled through a temporary
     folder and renamed into place. `state_dict` (the model's parameters by name, e.g. a
     snapshot `snapshot_adapter` took) is written instead of the live weights, so a version
-    can be saved from another thread while training moves the model on.
+    can be saved from another thread while training moves the model on. `base_model` (the
+    run's) becomes the config's `base_model_name_or_path` in place of the local folder the
+    model was loaded from (an alias's conversion in this machine's cache), so a downloaded
+    version names the model it belongs to on any machine.
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -45,9 +52,17 @@ def save_adapter_version(
         staged.mkdir()
         for name in REQUIRED_FILES:
             shutil.move(str(raw / name), staged / name)
+        if base_model is not None:
+            _set_base_model(staged / ADAPTER_CONFIG, base_model)
         staged.chmod(0o755)
         staged.rename(out_dir)
     return manifest_of(out_dir)
+
+
+def _set_base_model(config_file: Path, base_model: str) -> None:
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = base_model
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def snapshot_adapter(peft_model: Any) -> dict[str, Any]:

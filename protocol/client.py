@@ -390,11 +390,16 @@ class AsyncGrpoClient:
         *,
         name: str = "learner",
         reward_names: list[str] | None = None,
+        model: str | None = None,
     ) -> sl.AttachResponse:
-        """Become the run's one learner (409 while another learner's lease is live, or when
-        `reward_names` lacks one of the run's rewards: the run is then failed)."""
+        """Become the run's one learner (409 while another learner's lease is live, when
+        `reward_names` lacks one of the run's rewards: the run is then failed, or when `model`
+        is not the run's base model)."""
         body = sl.AttachRequest(
-            tokenizer_fingerprint=tokenizer_fingerprint, name=name, reward_names=reward_names
+            tokenizer_fingerprint=tokenizer_fingerprint,
+            name=name,
+            reward_names=reward_names,
+            model=model,
         )
         return self._learner(sl.AttachResponse, f"/api/v1/runs/{run_id}/learner/attach", body)
 

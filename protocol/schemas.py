@@ -109,8 +109,8 @@ class LeaseAcquireRequest(_Request):
     models: list[ModelName] | None = Field(
         None,
         max_length=MAX_WORKER_MODELS,
-        description="Base models to lease for now; must be among the worker's registered models. "
-        "None: all of them.",
+        description="Base models to lease for now; must be among the worker's registered models "
+        "(409 naming both otherwise). None: all of them.",
     )
     wait_s: float = Field(
         0.0,

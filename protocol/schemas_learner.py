@@ -62,6 +62,13 @@ class AttachRequest(_Request):
         "and `module:*` for each allowed module. A run naming another reward is failed at "
         "attach (409). None (an older learner): not checked at attach.",
     )
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="The base model this learner loaded (its --model); when given, attach is "
+        "refused (409) unless it is the run's base_model.",
+    )
 
 
 class StoredFile(_Response):

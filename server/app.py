@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -9,6 +10,7 @@ from anyio import to_thread
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
 from server.config import Settings, get_settings
@@ -16,6 +18,7 @@ from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
+from server.installation import BucketUnreachable, bind_bucket
 from server.leases.paths import CallPaths
 from server.limits import BodySizeLimit
 from server.security_headers import SecurityHeaders
@@ -46,6 +49,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         # Sync endpoints run in this many threads: more threads only contend for the GIL (the
         # long-polls wait on the event loop, not in a thread).
         to_thread.current_default_thread_limiter().total_tokens = settings.server_threads
+        _check_bucket(app, settings)
         if settings.print_admin_token:
             bootstrap_admin_token(app)
         from server.jobs.inprocess import start_if_inprocess
@@ -141,10 +145,26 @@ def _install_validation_handler(app: FastAPI) -> None:
         return JSONResponse(body.model_dump(mode="json"), status_code=422)
 
 
+def _check_bucket(app: FastAPI, settings: Settings) -> None:
+    """Refuse to start on a bucket that is not the database's (server/installation.py); a
+    bucket that cannot be reached now is an outage the API answers 503 for, not a refusal."""
+    try:
+        bind_bucket(app.state.sessionmaker, app.state.store, settings.bucket_url, first=True)
+    except BucketUnreachable as exc:
+        logging.getLogger("asyncgrpo.server").warning("%s; starting without the check", exc)
+
+
 def bootstrap_admin_token(app: FastAPI) -> None:
+    mint_first_admin_token(app.state.sessionmaker)
+
+
+def mint_first_admin_token(factory: sessionmaker[Session]) -> None:
+    """With no admin token yet (a new database, SQLite or Postgres), mint one and print it
+    once. `asyncgrpo server --workers N` calls this before it starts the N processes, so one
+    token is printed, not one per process."""
     from server.tokens import service as tokens
 
-    with transaction(app.state.sessionmaker) as session:
+    with transaction(factory) as session:
         if tokens.admin_token_count(session) > 0:
             return
         minted = tokens.mint(session, "admin", name="bootstrap")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import os
 import secrets
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,6 +17,19 @@ from protocol.outbound import OutboundPolicy
 
 EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
 EMBEDDED_BUCKET_URL = "./bucket"
+ENV_PREFIX = "ASYNCGRPO_"
+# ASYNCGRPO_* names that belong to other parts, not to these settings: the worker's and the
+# learner's own prefixes, the model cache, the worker's log level, the test and bench databases.
+FOREIGN_ENV_PREFIXES = ("ASYNCGRPO_WORKER_", "ASYNCGRPO_LEARNER_")
+FOREIGN_ENV_NAMES = frozenset(
+    {
+        "ASYNCGRPO_MODEL_CACHE",
+        "ASYNCGRPO_LOG_LEVEL",
+        "ASYNCGRPO_TEST_PG_ADMIN_URL",
+        "ASYNCGRPO_BENCH_PG",
+        "ASYNCGRPO_BENCH_PG_URL",
+    }
+)
 
 
 class S3Settings(BaseModel):
@@ -204,6 +220,14 @@ class Settings(BaseSettings):
         """The policy every outbound call for a run goes through."""
         return OutboundPolicy.from_settings(self.outbound_allow_private, self.outbound_allow_cidrs)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_variables(cls, data: object) -> object:
+        unknown = unknown_variables(os.environ)
+        if unknown:
+            raise ValueError("; ".join(unknown))
+        return data
+
     @property
     def embedded(self) -> bool:
         return self.database_url.startswith("sqlite")
@@ -227,6 +251,38 @@ class Settings(BaseSettings):
             path.write_text(secrets.token_urlsafe(48))
             path.chmod(0o600)
         return path.read_text().strip()
+
+
+def setting_variables() -> list[str]:
+    """Every environment variable name the Settings read (nested groups one level down)."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        group = field.annotation
+        if isinstance(group, type) and issubclass(group, BaseModel):
+            names += [f"{ENV_PREFIX}{name}__{sub}".upper() for sub in group.model_fields]
+        else:
+            names.append(f"{ENV_PREFIX}{name}".upper())
+    return names
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A message for each ASYNCGRPO_* variable that is no setting (a typo is otherwise silently
+    ignored), naming the closest setting when one is close."""
+    known = setting_variables()
+    messages = []
+    for raw in sorted(environ):
+        name = raw.upper()
+        if not name.startswith(ENV_PREFIX) or name in FOREIGN_ENV_NAMES:
+            continue
+        if name.startswith(FOREIGN_ENV_PREFIXES) and name not in known:
+            continue
+        # deeper nesting (ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100) sets a dict's key
+        if "__".join(name.split("__")[:2]) in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        messages.append(f"{raw} is not a server setting (server/config.py){hint}")
+    return messages
 
 
 @lru_cache

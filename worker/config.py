@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "asyncgrpo" / "worker"
@@ -65,9 +65,21 @@ class SimulatedSettings(BaseSettings):
 class WorkerSettings(BaseSettings):
     """Everything the rollout worker needs; nothing here imports torch."""
 
-    model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_", extra="forbid")
+    # populate_by_name: the aliases below are whole environment names (the prefix does not
+    # apply to them), and code still passes server_url=… / num_threads=…
+    model_config = SettingsConfigDict(
+        env_prefix="ASYNCGRPO_WORKER_", extra="forbid", populate_by_name=True
+    )
 
-    server_url: str = Field(description="Base URL of the control plane, e.g. http://host:8000.")
+    # Also under the command-line option's name (--server, --threads): every option is also
+    # ASYNCGRPO_WORKER_<OPTION>.
+    server_url: str = Field(
+        validation_alias=AliasChoices(
+            "server_url", "ASYNCGRPO_WORKER_SERVER_URL", "ASYNCGRPO_WORKER_SERVER"
+        ),
+        description="Base URL of the control plane, e.g. http://host:8000 (--server; "
+        "ASYNCGRPO_WORKER_SERVER_URL or ASYNCGRPO_WORKER_SERVER).",
+    )
     registration_token: str | None = Field(
         None,
         description="agr_reg_… token used once to register; not needed when the token file "
@@ -103,7 +115,15 @@ class WorkerSettings(BaseSettings):
         "float32", description="Weights dtype for generation."
     )
     device: str = Field("cpu", description="torch device for the transformers backend.")
-    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: all).")
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        validation_alias=AliasChoices(
+            "num_threads", "ASYNCGRPO_WORKER_NUM_THREADS", "ASYNCGRPO_WORKER_THREADS"
+        ),
+        description="torch intra-op threads (None: all; --threads; ASYNCGRPO_WORKER_NUM_THREADS "
+        "or ASYNCGRPO_WORKER_THREADS).",
+    )
     max_batch_sequences: int = Field(
         64, ge=1, description="transformers: sequences generated in one forward batch."
     )

@@ -87,6 +87,7 @@ def attach(
     body: AttachRequest,
 ) -> AttachResponse:
     authorize(token, run_id)
+    _refuse_another_model(session, run_id, body.model)
     if body.reward_names is not None:
         _refuse_missing_rewards(session, run_id, body.reward_names)
     ttl = settings.learner_lease_ttl_s
@@ -148,6 +149,18 @@ def _refuse_missing_rewards(session: Session, run_id: uuid.UUID, loadable: list[
 def _has_ended(session: Session, run_id: uuid.UUID) -> bool:
     run = repo.get_run(session, run_id)
     return run is None or run.status in lifecycle.TERMINAL
+
+
+def _refuse_another_model(session: Session, run_id: uuid.UUID, model: str | None) -> None:
+    if model is None:
+        return
+    run = repo.get_run(session, run_id)
+    if run is not None and run.base_model != model:
+        raise Conflict(
+            f"the run trains {run.base_model!r} but this learner loaded {model!r} (--model)",
+            base_model=run.base_model,
+            model=model,
+        )
 
 
 def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Exception:

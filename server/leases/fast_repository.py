@@ -36,7 +36,7 @@ _SEEN_FOR_ACQUIRE = f"""
 UPDATE workers w SET last_seen_at = clock_timestamp(),
                      waiting_since = coalesce(w.waiting_since, clock_timestamp())
 FROM tokens t
-WHERE {_AUTHENTICATED}
+WHERE {_AUTHENTICATED} AND w.models @> %(asked)s
 RETURNING w.id AS worker_id,
     EXISTS (SELECT 1 FROM leases
             WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
@@ -130,11 +130,12 @@ async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Any:
     return await cursor.fetchone()
 
 
-async def seen_for_acquire(conn: Conn, digest: str) -> Any:
+async def seen_for_acquire(conn: Conn, digest: str, asked: list[str] | None) -> Any:
     """Mark the authenticated active worker seen (and waiting); its id, whether any lease has
     expired, and the running runs of its base models, fairest first ([{id, base_model,
-    current_version, groups_in_flight}]). None: not a live token of an active worker."""
-    return await _one(conn, _SEEN_FOR_ACQUIRE, {"digest": digest})
+    current_version, groups_in_flight}]). None: not a live token of an active worker, or one
+    that asked for a model it did not register (the portable path refuses that)."""
+    return await _one(conn, _SEEN_FOR_ACQUIRE, {"digest": digest, "asked": Jsonb(asked or [])})
 
 
 async def grant(conn: Conn, params: dict[str, Any]) -> Granted | None:

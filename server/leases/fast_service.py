@@ -81,7 +81,7 @@ async def acquire(
     """One try: a grant from the fairest admissible run (or none), with the current versions
     of the worker's runs."""
     async with pool.connection() as conn:
-        found = await fast_repo.seen_for_acquire(conn, digest)
+        found = await fast_repo.seen_for_acquire(conn, digest, body.models)
         if found is None or found.any_expired:
             raise Fallback
         versions = {uuid.UUID(run["id"]): int(run["current_version"]) for run in found.runs}

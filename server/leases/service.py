@@ -41,7 +41,7 @@ from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
-from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
+from server.errors import Conflict, FencingLost, NotFound, PayloadTooLarge, Unprocessable
 from server.leases import expiry, fair_share, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
@@ -86,6 +86,7 @@ def acquire(
     if worker.status != "active":
         return Acquired(None, {})
     served = list(worker.models or [])
+    _refuse_unregistered_models(served, body.models)
     models = served if body.models is None else [m for m in body.models if m in served]
     candidates = repo.candidate_runs(session, served)
     lease = None
@@ -99,6 +100,20 @@ def acquire(
     # an acquire and a sweep or fenced call never wait on each other in a cycle.
     repo.touch_worker(session, worker.id, waiting=lease is None)
     return Acquired(lease, {run.id: run.current_version for run in candidates})
+
+
+def _refuse_unregistered_models(served: list[str], asked: list[str] | None) -> None:
+    """A worker asks for the model it runs (--model); one it did not register with (a token
+    file reused after a change of --model) would never get a lease: say so."""
+    unregistered = [m for m in asked or [] if m not in served]
+    if unregistered:
+        raise Conflict(
+            f"this worker asks for leases of {unregistered[0]!r} (--model) but registered with "
+            f"{served!r}: run it with that model, or register it again (remove its token file "
+            "and give a registration token)",
+            registered_models=served,
+            models=unregistered,
+        )
 
 
 def grant_params(

@@ -4,6 +4,7 @@ number of server processes answer the same figures)."""
 from __future__ import annotations
 
 import math
+import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -223,17 +224,22 @@ class DatabaseCollector(Collector):
 
 class CallPathCollector(Collector):
     """Worker calls this server process answered, by call and path: `event_loop` (the common
-    case on Postgres, server/leases/fast_service.py) or `portable` (everything else)."""
+    case on Postgres, server/leases/fast_service.py) or `portable` (everything else).
 
-    def __init__(self, counts: Mapping[tuple[str, str], int]) -> None:
+    The counts live in this process, and under `--workers N` a scrape reaches any one of the N:
+    the `pid` label keeps each process's counter its own series (without it Prometheus would
+    read the alternation as counter resets); `sum without (pid)` gives the server's total."""
+
+    def __init__(self, counts: Mapping[tuple[str, str], int], pid: int | None = None) -> None:
         self._counts = counts
+        self._pid = str(os.getpid() if pid is None else pid)
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(
             "asyncgrpo_worker_calls",
-            "Worker calls answered by this server process, by call and path.",
-            labels=["call", "path"],
+            "Worker calls answered by this server process (pid), by call and path.",
+            labels=["call", "path", "pid"],
         )
         for (call, path), count in sorted(self._counts.items()):
-            family.add_metric([call, path], count)
+            family.add_metric([call, path, self._pid], count)
         yield family

@@ -2,6 +2,7 @@
 
 from server.models.adapter import AdapterVersion
 from server.models.base import Base
+from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
 from server.models.run import DatasetRow, PromptRow, Run
@@ -21,6 +22,7 @@ __all__ = [
     "DatasetRow",
     "Event",
     "GpuPrice",
+    "Installation",
     "Lease",
     "MetricPoint",
     "PromptRow",

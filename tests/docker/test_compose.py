@@ -29,7 +29,7 @@ def _config(*profiles: str) -> dict[str, Any]:
     args = [DOCKER_COMPOSE, "-f", str(COMPOSE)]
     for profile in profiles:
         args += ["--profile", profile]
-    env = {**os.environ, "ASYNCGRPO_SECRET_KEY": "k" * 40}
+    env = {**os.environ, "STACK_SECRET_KEY": "k" * 40}
     out = subprocess.run([*args, "config"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     parsed: dict[str, Any] = yaml.safe_load(out.stdout)
@@ -86,3 +86,37 @@ def test_dockerfiles_pin_their_base_images(name: str) -> None:
     if name == "worker":
         assert base.group(1).startswith("vllm/vllm-openai:v")
     assert (ROOT / "docker" / f"Dockerfile.{name}.dockerignore").exists()
+
+
+def _setting_names() -> set[str]:
+    from pydantic import AliasChoices
+
+    from learner.config import LearnerSettings
+    from server.config import setting_variables
+    from worker.config import WorkerSettings
+
+    names = set(setting_variables())
+    for prefix, settings in (
+        ("ASYNCGRPO_WORKER_", WorkerSettings),
+        ("ASYNCGRPO_LEARNER_", LearnerSettings),
+    ):
+        for name, field in settings.model_fields.items():
+            names.add(prefix + name.upper())
+            if isinstance(
+                field.validation_alias, AliasChoices
+            ):  # e.g. …_SERVER beside …_SERVER_URL
+                names |= {c for c in field.validation_alias.choices if isinstance(c, str)}
+    return names
+
+
+def test_compose_inputs_cannot_be_mistaken_for_settings() -> None:
+    """An ASYNCGRPO_* name the file reads from the host is a real setting of the process it
+    feeds (it works the same outside compose); the file's own inputs are STACK_*."""
+    inputs = set(re.findall(r"\$\{([A-Z0-9_]+)", COMPOSE.read_text()))
+    ours = {name for name in inputs if name.startswith("ASYNCGRPO_")}
+    assert ours <= _setting_names(), ours - _setting_names()
+    assert {"STACK_SECRET_KEY", "STACK_BUCKET", "STACK_S3_ENDPOINT_URL"} <= inputs
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"\bASYNCGRPO_[A-Z0-9_]*[A-Z0-9]\b", readme))
+    documented -= {"ASYNCGRPO_WORKER_", "ASYNCGRPO_LEARNER_"}
+    assert documented <= _setting_names() | {"ASYNCGRPO_MODEL_CACHE"}, documented - _setting_names()

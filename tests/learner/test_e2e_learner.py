@@ -266,6 +266,13 @@ def test_learner_publishes_resumes_after_kill_and_finishes(live, tmp_path: Path)
         (folder / name).write_bytes((bucket / meta["key"]).read_bytes())
     model = load_adapter_version(load_model("smollm2-135m-instruct"), folder)
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
+    # it names the run's base model, not this machine's conversion folder
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m-instruct"
+    # each attachment said so: the second resumed version 2 with the checkpoint of version 1
+    attached = [line for line in log.read_text().splitlines() if "attached to run" in line]
+    assert len(attached) == 2, attached
+    assert "current version 2, resuming from checkpoint of version 1" in attached[1]
     state = json.loads(
         (bucket / f"runs/{run.id}/checkpoints/v000003/trainer_state.json").read_text()
     )

@@ -63,3 +63,48 @@ def test_outbound_policy_from_environment(monkeypatch):
     monkeypatch.setenv("ASYNCGRPO_OUTBOUND_ALLOW_CIDRS", '["10.20.0.0/33"]')
     with pytest.raises(ValidationError, match="is not a network"):
         Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("ASYNCGRPO_S3_PUBLIC_ENDPOINT", "ASYNCGRPO_S3__ENDPOINT_URL"),
+        ("ASYNCGRPO_SECRET_KEY", "ASYNCGRPO_SECURITY__SECRET_KEY"),
+        ("ASYNCGRPO_DATABASE_ULR", "ASYNCGRPO_DATABASE_URL"),
+        ("asyncgrpo_jobs__mode_", "ASYNCGRPO_JOBS__MODE"),
+    ],
+)
+def test_an_unknown_server_variable_is_refused_with_the_closest_name(monkeypatch, name, suggestion):
+    monkeypatch.setenv(name, "x")
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    message = str(caught.value)
+    assert f"{name} is not a server setting" in message
+    assert f"did you mean {suggestion}?" in message
+
+
+def test_other_parts_variables_and_real_settings_are_accepted(monkeypatch):
+    for name in (
+        "ASYNCGRPO_WORKER_SERVER_URL",  # the worker's own prefix
+        "ASYNCGRPO_WORKER_ANYTHING",
+        "ASYNCGRPO_LEARNER_RUN_ID",
+        "ASYNCGRPO_MODEL_CACHE",
+        "ASYNCGRPO_LOG_LEVEL",
+        "ASYNCGRPO_TEST_PG_ADMIN_URL",
+        "ASYNCGRPO_BENCH_PG",
+        "ASYNCGRPO_BENCH_PG_URL",
+    ):
+        monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "false")  # a server setting
+    monkeypatch.setenv("ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100", "5.5")
+    monkeypatch.setenv("ASYNCGRPO_JOBS__SWEEP_INTERVAL_S", "3")
+    settings = Settings()
+    assert settings.worker_calls_on_event_loop is False
+    assert settings.dashboard.on_demand_prices["h100"] == 5.5
+    assert settings.jobs.sweep_interval_s == 3.0
+
+
+def test_a_wrong_value_of_a_worker_named_server_setting_is_still_checked(monkeypatch):
+    monkeypatch.setenv("ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "perhaps")
+    with pytest.raises(ValidationError, match="worker_calls_on_event_loop"):
+        Settings()

@@ -191,3 +191,26 @@ def test_learner_token_of_another_run_and_unknown_fields(app, client) -> None:
     )
     assert extra.status_code == 422
     assert any(e["field"] == "surprise" for e in extra.json()["errors"])
+
+
+def test_a_learner_of_another_model_is_refused_at_attach(app, client) -> None:
+    run = make_run(app)
+    response = client.post(
+        run.url("learner/attach"),
+        json={"tokenizer_fingerprint": FP, "model": "Qwen/Qwen2.5-1.5B-Instruct"},
+        headers=run.headers,
+    )
+    assert response.status_code == 409
+    body = response.json()
+    assert body["detail"] == (
+        "the run trains 'smollm2-135m-instruct' but this learner loaded "
+        "'Qwen/Qwen2.5-1.5B-Instruct' (--model)"
+    )
+    row = run_row(app, run.id)
+    assert row.status == "pending" and row.learner_fencing is None  # nothing was taken
+    same = client.post(
+        run.url("learner/attach"),
+        json={"tokenizer_fingerprint": FP, "model": "smollm2-135m-instruct"},
+        headers=run.headers,
+    )
+    assert same.status_code == 200, same.text

@@ -15,7 +15,7 @@ from server.db_types import db_now
 from server.leases.service import lease_seed
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.tokens import service as tokens
-from tests.server.leases.helpers import in_flight, make_run, make_worker
+from tests.server.leases.helpers import MODEL, in_flight, make_run, make_worker
 from tests.server.leases.lease_paths import Answered
 
 ACQUIRE = "/api/v1/leases/acquire"
@@ -112,11 +112,32 @@ def test_quarantined_worker_and_unserved_models_get_nothing(
     db.commit()
     assert lease_client.post(ACQUIRE, json={}, headers=_h(quarantined)).status_code == 204
     assert lease_client.post(ACQUIRE, json={}, headers=_h(other_model)).status_code == 204
-    narrowed = lease_client.post(ACQUIRE, json={"models": ["x"]}, headers=_h(serving))
+    narrowed = lease_client.post(ACQUIRE, json={"models": []}, headers=_h(serving))
     assert narrowed.status_code == 204
     assert lease_client.post(ACQUIRE, json={}, headers=_h(serving)).status_code == 200
     # Only the quarantined worker is not the common case.
     answered.expect(on_event_loop={"acquire": 3}, handed_over={"acquire": 1})
+
+
+def test_a_model_the_worker_did_not_register_is_refused(
+    lease_client: TestClient, db: Session, answered: Answered
+) -> None:
+    """A worker restarted with another --model reuses its token file: it would wait forever
+    for leases of a model it is not registered for, so acquire says so (409)."""
+    make_run(db)
+    _, serving = make_worker(db)
+    db.commit()
+    assert (
+        lease_client.post(ACQUIRE, json={"models": [MODEL]}, headers=_h(serving)).status_code == 200
+    )
+    refused = lease_client.post(
+        ACQUIRE, json={"models": ["Qwen/Qwen2.5-1.5B-Instruct"]}, headers=_h(serving)
+    )
+    assert refused.status_code == 409
+    detail = refused.json()["detail"]
+    assert "asks for leases of 'Qwen/Qwen2.5-1.5B-Instruct' (--model)" in detail
+    assert f"registered with [{MODEL!r}]" in detail
+    answered.expect(on_event_loop={"acquire": 1}, handed_over={"acquire": 1})
 
 
 def test_other_tokens_are_refused_and_unknown_fields_are_422(

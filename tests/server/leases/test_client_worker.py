@@ -40,4 +40,6 @@ def test_worker_cycle_through_the_typed_client(
     second = client.acquire_lease(models=["tiny-model"])
     assert second is not None
     assert client.release_lease(second).released == 2
-    assert client.acquire_lease(models=["nothing-else"]) is None
+    assert client.acquire_lease(models=[]) is None
+    with pytest.raises(ConflictError, match="registered with"):
+        client.acquire_lease(models=["nothing-else"])  # not a model it registered

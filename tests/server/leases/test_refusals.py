@@ -105,6 +105,12 @@ WRONG_KEY = refused(422, "manifest.key is not this lease's batch key", field="ma
 INVALID_REQUEST = Answer(422, {"detail": "invalid request"}, on_event_loop=None)
 INACTIVE_WORKER = Answer(204, None, PORTABLE)
 NOTHING_TO_GRANT = Answer(204, None, EVENT_LOOP, changes_nothing=False)  # the worker is seen
+UNREGISTERED_MODEL = refused(
+    409,
+    "this worker asks for leases of 'another-model' (--model) but registered with "
+    "['tiny-model']: run it with that model, or register it again (remove its token file and "
+    "give a registration token)",
+)
 
 
 # -- arrangements: credentials ----------------------------------------------------------------
@@ -414,7 +420,8 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
     ("acquire-queue-empty", _acquire_after(_with_an_empty_queue), NOTHING_TO_GRANT),
     ("acquire-run-paused", _acquire_after(_with_a_paused_run), NOTHING_TO_GRANT),
     ("acquire-unserved-model", _acquire(models=["another-model"]), NOTHING_TO_GRANT),
-    ("acquire-models-narrowed-to-none", _acquire({"models": ["another-model"]}), NOTHING_TO_GRANT),
+    ("acquire-models-narrowed-to-none", _acquire({"models": []}), NOTHING_TO_GRANT),
+    ("acquire-unregistered-model", _acquire({"models": ["another-model"]}), UNREGISTERED_MODEL),
     # acquire: granted, but the expired lease is first swept (its rows re-granted) on the
     # portable path
     ("acquire-sweeps-an-expired-lease", _acquire_after(_with_an_expired_lease),

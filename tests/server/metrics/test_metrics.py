@@ -104,3 +104,28 @@ def test_learner_pipeline_gauges_of_running_runs(client: TestClient, app: Any) -
         session.execute(update(Run).where(Run.id == running.id).values(status="paused"))
     samples = _samples(client.get("/metrics").text)
     assert ("asyncgrpo_run_learner_busy", rid) not in samples
+
+
+def test_worker_call_counts_carry_the_answering_process(client: TestClient, app: Any) -> None:
+    """Under `--workers N` a scrape reaches any one process: each process's counter is its own
+    series (label `pid`), so Prometheus never sees one series jump between processes."""
+    import os
+
+    app.state.call_paths[("acquire", "portable")] += 3
+    samples = _samples(client.get("/metrics").text)
+    labels = (("call", "acquire"), ("path", "portable"), ("pid", str(os.getpid())))
+    assert samples[("asyncgrpo_worker_calls_total", tuple(sorted(labels)))] == 3
+
+
+def test_two_processes_counts_are_two_series() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from server.metrics.service import CallPathCollector
+
+    keys = set()
+    for pid, count in ((101, 5), (202, 2)):  # what two processes' scrapes answer
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(CallPathCollector({("heartbeat", "event_loop"): count}, pid=pid))
+        samples = _samples(generate_latest(registry).decode())
+        keys |= {k for k in samples if k[0] == "asyncgrpo_worker_calls_total"}
+    assert len(keys) == 2  # a series each, never one series alternating between 5 and 2

@@ -1,0 +1,48 @@
+"""A version's adapter_config.json names the run's base model, not the local folder the
+learner loaded it from (an alias's conversion in that machine's cache)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lm.adapter_io import save_adapter_version
+from protocol.adapters import ADAPTER_CONFIG
+
+
+def _tiny_base(folder: Path) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    model: LlamaForCausalLM = LlamaForCausalLM.from_pretrained(folder)  # as from a cache folder
+    return model
+
+
+def test_the_config_names_the_runs_base_model_and_still_loads(tmp_path: Path) -> None:
+    cache_folder = tmp_path / "cache" / "smollm2-135m-instruct"
+    lora = LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(_tiny_base(cache_folder), lora)
+
+    save_adapter_version(model, tmp_path / "as-loaded")
+    as_loaded = json.loads((tmp_path / "as-loaded" / ADAPTER_CONFIG).read_text())
+    assert as_loaded["base_model_name_or_path"] == str(cache_folder)  # what PEFT writes
+
+    save_adapter_version(model, tmp_path / "v1", base_model="smollm2-135m-instruct")
+    config = json.loads((tmp_path / "v1" / ADAPTER_CONFIG).read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m-instruct"
+    assert {k: v for k, v in config.items() if k != "base_model_name_or_path"} == {
+        k: v for k, v in as_loaded.items() if k != "base_model_name_or_path"
+    }
+    loaded = PeftModel.from_pretrained(_tiny_base(tmp_path / "elsewhere"), str(tmp_path / "v1"))
+    assert loaded.peft_config["default"].base_model_name_or_path == "smollm2-135m-instruct"
