@@ -113,10 +113,13 @@ class LearnerSettings(BaseSettings):
     )
     reward_modules: list[str] = Field(
         default_factory=list,
+        validation_alias=AliasChoices(
+            "reward_modules", "ASYNCGRPO_LEARNER_REWARD_MODULES", "ASYNCGRPO_LEARNER_REWARD_MODULE"
+        ),
         description="Modules whose functions the run may name as rewards (`module:function`); "
         "with the entry points of the group `asyncgrpo.rewards` installed here, the only user "
-        "code the learner loads. Built-ins are always allowed. Environment: a JSON list in "
-        "ASYNCGRPO_LEARNER_REWARD_MODULES.",
+        "code the learner loads. Built-ins are always allowed (--reward-module, repeatable; a "
+        "JSON list in ASYNCGRPO_LEARNER_REWARD_MODULES or ASYNCGRPO_LEARNER_REWARD_MODULE).",
     )
 
     @field_validator("reward_modules")

@@ -26,8 +26,11 @@ def _client(client, run: RunHandle) -> AsyncGrpoClient:  # type: ignore[no-untyp
 
 
 def _events(app, run: RunHandle) -> list[tuple[str, dict]]:  # type: ignore[no-untyped-def, type-arg]
+    """The run's alarm and failure events (not the info ones: attaches, publishes)."""
     with transaction(app.state.sessionmaker) as session:
-        rows = session.execute(select(Event.kind, Event.data).where(Event.run_id == run.id))
+        rows = session.execute(
+            select(Event.kind, Event.data).where(Event.run_id == run.id, Event.severity != "info")
+        )
         return [(kind, data) for kind, data in rows]
 
 
