@@ -367,8 +367,11 @@ def worker(
 def demo(
     workers: int = typer.Option(2, min=1, help="Rollout workers to start."),
     port: int = typer.Option(None, help="Server port (default: a free one)."),
-    versions: int = typer.Option(4, min=1, help="Adapter versions to train before stopping."),
+    versions: int = typer.Option(12, min=1, help="Adapter versions to train before stopping."),
     dir: str = typer.Option("./asyncgrpo-demo", "--dir", help="Work dir: database, bucket, logs."),
+    seed: int = typer.Option(
+        0, min=0, max=2**31 - 1, help="Picks the prompts and the learner's seed."
+    ),
 ) -> None:
     """Run a whole training run on this machine's CPU: the embedded server, workers and the
     learner with the small model on the arithmetic task. Ctrl-C stops every process."""
@@ -379,7 +382,7 @@ def demo(
     from asyncgrpo.demo import run_demo
 
     code = run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
-                    console=Console())  # fmt: skip
+                    console=Console(), seed=seed)  # fmt: skip
     raise typer.Exit(code)
 
 

@@ -175,11 +175,16 @@ class Cluster:
     def database_url(self) -> str:
         return self.config.database_url or f"sqlite:///{self.dir / 'asyncgrpo.db'}"
 
+    @property
+    def bucket_location(self) -> str:
+        """The bucket as the server is given it: a local folder or an s3:// URL."""
+        return (self.config.bucket_url or str(self.dir / "bucket")).rstrip("/")
+
     def server_env(self) -> dict[str, str]:
         c = self.config
         env = {
             "ASYNCGRPO_DATABASE_URL": self.database_url,
-            "ASYNCGRPO_BUCKET_URL": c.bucket_url or str(self.dir / "bucket"),
+            "ASYNCGRPO_BUCKET_URL": self.bucket_location,
             "ASYNCGRPO_PUBLIC_URL": self.url,
             "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
         }

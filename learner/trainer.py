@@ -142,7 +142,10 @@ class Trainer:
         Timing: `step_seconds` is the whole call (planning, padding into micro-batches, then the
         compute); `compute_s` only the compute — every micro-batch's transfer, forward and
         backward, the gradient clip and the optimizer step (on CUDA, synchronised at its end).
-        `tokens_per_s` is completion tokens ÷ `step_seconds`. `padding_fraction`: padded ÷
+        `tokens_per_s` is the completion tokens actually trained (`trained_tokens`: groups
+        skipped for equal rewards run nothing) ÷ `step_seconds`, and absent when nothing ran
+        (a figure from a step that ran no sequence would measure only the planning).
+        `padding_fraction`: padded ÷
         computed positions of the step's micro-batches. `peak_memory_bytes`: see
         `peak_memory_bytes` (CUDA: this step's allocator peak; CPU: the process's peak RSS)."""
         started = time.perf_counter()
@@ -173,6 +176,7 @@ class Trainer:
         self.step += 1
         merged = merge_metrics(parts)
         elapsed = finished - started
+        trained_tokens = merged.get("tokens", 0.0)
         out = {
             "loss": loss,
             "reward_mean": plan.reward_mean,
@@ -181,8 +185,7 @@ class Trainer:
             "grad_norm": float(grad_norm),
             "groups": float(plan.n_groups),
             "completion_tokens": float(plan.n_completion_tokens),
-            "trained_tokens": merged.get("tokens", 0.0),
-            "tokens_per_s": plan.n_completion_tokens / elapsed if elapsed > 0 else 0.0,
+            "trained_tokens": trained_tokens,
             "step_seconds": elapsed,
             "compute_s": finished - compute_started,
             "micro_batches": float(len(batches)),
@@ -190,5 +193,7 @@ class Trainer:
             "peak_memory_bytes": float(peak_memory_bytes(self.device)),
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
+        if trained_tokens > 0 and elapsed > 0:
+            out["tokens_per_s"] = trained_tokens / elapsed
         out.update({k: v for k, v in merged.items() if k != "tokens"})
         return out

@@ -49,14 +49,11 @@ def register_generator(name: str) -> Callable[[Generator], Generator]:
     return wrap
 
 
-@register_generator("arithmetic")
-def arithmetic(size: int, seed: int) -> list[dict[str, Any]]:
-    """2-digit additions, e.g. "What is 45 + 98? Answer with just the number." with the
-    reference column `answer` = "143" (a string integer). The same seed gives the same rows."""
+def _additions(size: int, seed: int, low: int, high: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     rows = []
     for _ in range(size):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(low, high), rng.randint(low, high)
         rows.append(
             {
                 "prompt": f"What is {a} + {b}? Answer with just the number.",
@@ -64,6 +61,21 @@ def arithmetic(size: int, seed: int) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+@register_generator("arithmetic")
+def arithmetic(size: int, seed: int) -> list[dict[str, Any]]:
+    """2-digit additions, e.g. "What is 45 + 98? Answer with just the number." with the
+    reference column `answer` = "143" (a string integer). The same seed gives the same rows."""
+    return _additions(size, seed, 10, 99)
+
+
+@register_generator("arithmetic_easy")
+def arithmetic_easy(size: int, seed: int) -> list[dict[str, Any]]:
+    """Single-digit additions in the same form ("What is 7 + 5? …", `answer` "12"): the small
+    model gets some right and some wrong from the start, so its groups carry a signal (the
+    demo's task)."""
+    return _additions(size, seed, 1, 9)
 
 
 def check_generator(name: str, size: int) -> None:

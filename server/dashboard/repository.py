@@ -75,7 +75,8 @@ def recent_rewards(
 
 
 def live_leases(session: Session, run_id: uuid.UUID, limit: int) -> list[Any]:
-    """Active, unexpired leases of the run with their worker's name, newest first."""
+    """Active, unexpired leases of the run with their worker's name, newest first (then the
+    worker's status and last contact, for its state)."""
     return list(
         session.execute(
             select(
@@ -86,6 +87,8 @@ def live_leases(session: Session, run_id: uuid.UUID, limit: int) -> list[Any]:
                 Lease.created_at,
                 Lease.expires_at,
                 Lease.last_heartbeat_at,
+                Worker.status,
+                Worker.last_seen_at,
             )
             .join(Worker, Worker.id == Lease.worker_id)
             .where(Lease.run_id == run_id, Lease.state == "active", Lease.expires_at > db_now())

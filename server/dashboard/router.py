@@ -206,7 +206,7 @@ async def create_run(
 def run_page(
     request: Request, run_id: uuid.UUID, session: SessionDep, _user: LoginDep
 ) -> HTMLResponse:
-    live = dash.run_live(session, run_id)
+    live = dash.run_live(session, run_id, _silent_s(request))
     return render(request, "pages/run.html", page="runs", flash=None, **live)
 
 
@@ -214,7 +214,7 @@ def run_page(
 def run_live(
     request: Request, run_id: uuid.UUID, session: SessionDep, _user: LoginDep
 ) -> HTMLResponse:
-    live = dash.run_live(session, run_id)
+    live = dash.run_live(session, run_id, _silent_s(request))
     return render(request, "components/_run_live.html", flash=None, **live)
 
 
@@ -236,7 +236,7 @@ def run_action(
         flash = exc.message
     if not request.headers.get("HX-Request"):
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
-    live = dash.run_live(session, run_id)
+    live = dash.run_live(session, run_id, _silent_s(request))
     return render(request, "components/_run_live.html", flash=flash, **live)
 
 
@@ -262,9 +262,13 @@ def adapter_download(
 # -- workers ---------------------------------------------------------------------------------
 
 
-def _workers_context(session: SessionDep) -> dict[str, Any]:
+def _silent_s(request: Request) -> float:
+    return float(request.app.state.settings.jobs.worker_silent_s)
+
+
+def _workers_context(request: Request, session: SessionDep) -> dict[str, Any]:
     return {
-        "workers": workers.list_workers(session),
+        "workers": workers.list_workers(session, _silent_s(request)),
         "current": dash.repo.current_leases(session),
     }
 
@@ -272,23 +276,27 @@ def _workers_context(session: SessionDep) -> dict[str, Any]:
 @router.get("/workers", response_class=HTMLResponse)
 def workers_page(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
     return render(
-        request, "pages/workers.html", page="workers", minted=None, **_workers_context(session)
+        request,
+        "pages/workers.html",
+        page="workers",
+        minted=None,
+        **_workers_context(request, session),
     )
 
 
 @router.get("/workers/table", response_class=HTMLResponse)
 def workers_table(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
-    return render(request, "components/_workers_table.html", **_workers_context(session))
+    return render(request, "components/_workers_table.html", **_workers_context(request, session))
 
 
 @router.post("/workers/{worker_id}/revoke", response_class=HTMLResponse)
 def revoke_worker(
     request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
 ) -> Response:
-    workers.revoke(session, worker_id)
+    workers.revoke(session, worker_id, _silent_s(request))
     if not request.headers.get("HX-Request"):
         return RedirectResponse("/workers", status_code=303)
-    return render(request, "components/_workers_table.html", **_workers_context(session))
+    return render(request, "components/_workers_table.html", **_workers_context(request, session))
 
 
 @router.post("/workers/registration-tokens", response_class=HTMLResponse)
@@ -314,7 +322,7 @@ def create_registration_token(
         page="workers",
         minted=minted,
         public_url=settings.public_url,
-        **_workers_context(session),
+        **_workers_context(request, session),
     )
 
 

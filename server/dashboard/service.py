@@ -25,6 +25,7 @@ from server.models import Run
 from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.waste import stale_waste_series
+from server.workers.liveness import worker_state
 
 DRIFT_KINDS = ("stale_waste", "clip_fraction")
 DRIFT_MEANING = {
@@ -109,11 +110,13 @@ def run_rows(session: Session, status: str | None) -> list[RunRow]:
     return rows
 
 
-def run_live(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
-    """Everything the run page's live fragment shows."""
+def run_live(session: Session, run_id: uuid.UUID, silent_s: float) -> dict[str, Any]:
+    """Everything the run page's live fragment shows; a lease's worker with its derived state
+    (server/workers/liveness.py, silent past `silent_s` = offline)."""
     run = runs.get_run(session, run_id)
     detail = runs.detail(session, run)
-    waste, drift = drift_of(session, run, db_time(session))
+    now = db_time(session)
+    waste, drift = drift_of(session, run, now)
     latest = stats.latest_learner_values(session, run_id) or {}
     return {
         "run": run,
@@ -129,7 +132,10 @@ def run_live(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
         "proxy": telemetry.proxy_stats(session, run_id),
         "ledger": ledger_model(session, run_id),
         "adapters": adapters.list_versions(session, run_id),
-        "leases": repo.live_leases(session, run_id, LIVE_LEASES_SHOWN),
+        "leases": [
+            (*row[:7], worker_state(row.status, row.last_seen_at, now, silent_s))
+            for row in repo.live_leases(session, run_id, LIVE_LEASES_SHOWN)
+        ],
         "events": repo.events(session, run_id, EVENTS_SHOWN),
     }
 

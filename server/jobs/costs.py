@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from server.jobs.common import db_time
 from server.models import CostMark, CostRecord, Lease, Run, Worker
 from server.runs.service import config_of
+from server.workers.liveness import is_silent
 from server.workers.repository import price_table
 from server.workers.service import effective_price
 
@@ -148,7 +149,7 @@ def accrue_workers(session: Session, *, silent_s: float) -> float:
     for worker in session.execute(select(Worker).where(Worker.last_seen_at.is_not(None))).scalars():
         assert worker.last_seen_at is not None
         mark = marks.get(worker.id)
-        silent = now - worker.last_seen_at > timedelta(seconds=silent_s)
+        silent = is_silent(worker.last_seen_at, now, silent_s)
         start = mark.marked_at if mark else worker.created_at
         end = worker.last_seen_at if silent else now
         if mark is not None and mark.silent:

@@ -18,7 +18,8 @@ router = APIRouter(tags=["metrics"], route_class=TransactionalRoute)
 async def metrics(request: Request) -> Response:
     """Per-run and per-worker figures, computed from the database on each scrape."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(request.app.state.sessionmaker))
+    silent_s = request.app.state.settings.jobs.worker_silent_s
+    registry.register(DatabaseCollector(request.app.state.sessionmaker, silent_s))
     registry.register(CallPathCollector(dict(request.app.state.call_paths)))
     body = await run_in_threadpool(generate_latest, registry)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)

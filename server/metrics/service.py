@@ -21,6 +21,7 @@ from server.jobs.common import db_time
 from server.models import Lease, PromptRow, Run, Worker
 from server.runs.repository import config_number
 from server.runs.waste import stale_waste
+from server.workers.liveness import WORKER_STATES, worker_state
 from server.workers.repository import price_table
 from server.workers.service import effective_price
 
@@ -177,14 +178,14 @@ def _run_breakdowns(session: Session) -> Iterator[Metric]:
     yield from (rejected, rejected_samples, mean, peak, rows)
 
 
-def worker_metrics(session: Session) -> Iterator[Metric]:
+def worker_metrics(session: Session, silent_s: float) -> Iterator[Metric]:
     now = db_time(session)
     table = price_table(session)
     labels = ["worker_id"]
     info = GaugeMetricFamily(
         P + "worker_info",
-        "Worker (value 1) with name, GPU and status.",
-        labels=["worker_id", "name", "gpu_type", "status"],
+        "Worker (value 1) with name, GPU, stored status and derived state.",
+        labels=["worker_id", "name", "gpu_type", "status", "state"],
     )
     seen = GaugeMetricFamily(
         P + "worker_last_seen_timestamp_seconds",
@@ -198,27 +199,39 @@ def worker_metrics(session: Session) -> Iterator[Metric]:
     )
     leases = GaugeMetricFamily(P + "worker_leases_in_flight", "Active leases.", labels=labels)
     price = GaugeMetricFamily(P + "worker_price_per_hour", "Effective USD/hour.", labels=labels)
+    by_state = GaugeMetricFamily(
+        P + "workers",
+        "Workers by derived state: online, offline (silent past the silence threshold), "
+        "quarantined, revoked.",
+        labels=["state"],
+    )
+    counts = dict.fromkeys(WORKER_STATES, 0)
     in_flight = _active_leases(session, Lease.worker_id)
     for worker in session.execute(select(Worker).order_by(Worker.created_at)).scalars():
         wid = str(worker.id)
-        info.add_metric([wid, worker.name, worker.gpu_type, worker.status], 1)
+        state = worker_state(worker.status, worker.last_seen_at, now, silent_s)
+        counts[state] += 1
+        info.add_metric([wid, worker.name, worker.gpu_type, worker.status, state], 1)
         if worker.last_seen_at is not None:
             seen.add_metric([wid], worker.last_seen_at.timestamp())
             age.add_metric([wid], max((now - worker.last_seen_at).total_seconds(), 0.0))
         leases.add_metric([wid], in_flight.get(worker.id, 0))
         price.add_metric([wid], effective_price(worker, table))
-    yield from (info, seen, age, leases, price)
+    for state, n in counts.items():
+        by_state.add_metric([state], n)
+    yield from (info, by_state, seen, age, leases, price)
 
 
 class DatabaseCollector(Collector):
     """Collects every family in one read-only transaction per scrape."""
 
-    def __init__(self, factory: sessionmaker[Session]) -> None:
+    def __init__(self, factory: sessionmaker[Session], worker_silent_s: float) -> None:
         self._factory = factory
+        self._worker_silent_s = worker_silent_s
 
     def collect(self) -> Iterable[Metric]:
         with transaction(self._factory) as session:
-            families = [*run_metrics(session), *worker_metrics(session)]
+            families = [*run_metrics(session), *worker_metrics(session, self._worker_silent_s)]
         return families
 
 

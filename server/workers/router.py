@@ -4,7 +4,7 @@ import uuid
 
 from fastapi import APIRouter, status
 
-from server.deps import AdminDep, RegistrationDep, SessionDep
+from server.deps import AdminDep, RegistrationDep, SessionDep, SettingsDep
 from server.routing import TransactionalRoute
 from server.workers import service
 from server.workers.schemas import WorkerOut, WorkerRegister, WorkerRegistered
@@ -21,10 +21,13 @@ def register(
 
 
 @router.get("", response_model=list[WorkerOut])
-def list_workers(session: SessionDep, _admin: AdminDep) -> list[WorkerOut]:
-    return service.list_workers(session)
+def list_workers(session: SessionDep, settings: SettingsDep, _admin: AdminDep) -> list[WorkerOut]:
+    """Every worker; `state` says whether it is online (server/workers/liveness.py)."""
+    return service.list_workers(session, settings.jobs.worker_silent_s)
 
 
 @router.post("/{worker_id}/revoke", response_model=WorkerOut)
-def revoke(worker_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> WorkerOut:
-    return service.revoke(session, worker_id)
+def revoke(
+    worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+) -> WorkerOut:
+    return service.revoke(session, worker_id, settings.jobs.worker_silent_s)

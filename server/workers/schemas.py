@@ -6,6 +6,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.schemas import MAX_WORKER_MODELS, ModelName
+from server.workers.liveness import WorkerState
 
 
 class WorkerRegister(BaseModel):
@@ -37,7 +38,14 @@ class WorkerOut(BaseModel):
     price_per_hour: float
     effective_price_per_hour: float
     models: list[str]
-    status: str
+    status: str = Field(
+        description="Stored status: active, quarantined or revoked (an admin's or a spot check's "
+        "decision; a worker that stopped calling stays active here, see `state`)."
+    )
+    state: WorkerState = Field(
+        description="Derived when read: online (active and seen within the silence threshold, "
+        "settings.jobs.worker_silent_s), offline (active but silent), quarantined or revoked."
+    )
     last_seen_at: datetime | None
     created_at: datetime
     accepted_batches: int

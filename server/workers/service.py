@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from server.errors import NotFound, Unauthorized
+from server.jobs.common import db_time
 from server.models import Token, Worker
 from server.tokens import service as tokens
 from server.workers import repository
+from server.workers.liveness import worker_state
 from server.workers.schemas import WorkerOut, WorkerRegister
 
 
@@ -35,28 +38,30 @@ def effective_price(worker: Worker, table: dict[str, float]) -> float:
     return worker.price_per_hour
 
 
-def to_out(worker: Worker, table: dict[str, float]) -> WorkerOut:
+def to_out(worker: Worker, table: dict[str, float], now: datetime, silent_s: float) -> WorkerOut:
     return WorkerOut.model_validate(
         {
             **{c: getattr(worker, c) for c in WorkerOut.model_fields if hasattr(worker, c)},
             "effective_price_per_hour": effective_price(worker, table),
+            "state": worker_state(worker.status, worker.last_seen_at, now, silent_s),
         }
     )
 
 
-def list_workers(session: Session) -> list[WorkerOut]:
-    table = repository.price_table(session)
-    return [to_out(w, table) for w in repository.list_all(session)]
+def list_workers(session: Session, silent_s: float) -> list[WorkerOut]:
+    """Every worker with its derived state (server/workers/liveness.py) at database time."""
+    table, now = repository.price_table(session), db_time(session)
+    return [to_out(w, table, now, silent_s) for w in repository.list_all(session)]
 
 
-def revoke(session: Session, worker_id: uuid.UUID) -> WorkerOut:
+def revoke(session: Session, worker_id: uuid.UUID, silent_s: float) -> WorkerOut:
     if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
         raise NotFound("worker not found")
     tokens.revoke_scope(session, "worker", worker_id)
     worker = repository.get(session, worker_id)
     assert worker is not None
     session.refresh(worker)
-    return to_out(worker, repository.price_table(session))
+    return to_out(worker, repository.price_table(session), db_time(session), silent_s)
 
 
 def worker_for_token(session: Session, plaintext: str) -> Worker:

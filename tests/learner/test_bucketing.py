@@ -147,3 +147,18 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_gradients(lora64: An
     assert ckpt["loss"] == pytest.approx(plain["loss"], rel=1e-7)
     for got, want in zip(ckpt_grads, plain_grads, strict=True):
         assert torch.allclose(got, want, rtol=1e-7, atol=1e-10)
+
+
+def test_tokens_per_s_counts_only_the_trained_sequences(lora64: Any) -> None:
+    # the first group's rewards are all equal: skipped, nothing of it runs
+    first, second = _groups()
+    skipped = Group(first.completions, [0.5, 0.5, 0.5])
+    trainer = Trainer(copy.deepcopy(lora64), _config(), pad_id=0)
+    metrics = trainer.train_step([skipped, second])
+    trained = sum(len(c.completion_ids) for c in second.completions)
+    assert metrics["completion_tokens"] > metrics["trained_tokens"] == trained
+    assert metrics["tokens_per_s"] * metrics["step_seconds"] == pytest.approx(trained)
+    # every group skipped: no sequence ran, so no throughput figure at all (not 0, no spike)
+    nothing = trainer.train_step([skipped, Group(second.completions, [1.0, 1.0, 1.0])])
+    assert nothing["trained_tokens"] == 0 and nothing["completion_tokens"] > 0
+    assert "tokens_per_s" not in nothing
