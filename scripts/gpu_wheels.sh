@@ -14,7 +14,8 @@
 # uvicorn; sqlalchemy, alembic → mako; psycopg with its binary build and pool, imported by
 # server/errors.py even on SQLite; botocore/boto3 → jmespath, s3transfer, imported by
 # server/errors.py and server/storage_factory.py; itsdangerous, python-multipart), pydantic
-# with pydantic-settings (→ python-dotenv, typing-inspection, annotated-types, pydantic-core).
+# with pydantic-settings (→ python-dotenv, typing-inspection, annotated-types, pydantic-core),
+# and pebble (the learner's reward processes).
 # typing-extensions and anyio are on the box too, at versions not known here; they travel
 # so that pydantic's and starlette's lower bounds hold. Each is pinned to the version this
 # checkout's .venv runs (the versions the tests ran with), and installed there with --no-deps.
@@ -30,6 +31,7 @@ PACKAGES=(
   itsdangerous python-multipart
   pydantic pydantic-core pydantic-settings python-dotenv typing-inspection annotated-types
   typing-extensions anyio
+  pebble
 )
 pins=()
 for name in "${PACKAGES[@]}"; do
