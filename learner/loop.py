@@ -5,8 +5,8 @@ validate + score) → optimizer step → every weight_sync_steps steps publish v
 threads while a step trains.
 
 A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
-call (or a lost heartbeat): drop the unpublished work and re-attach, resuming from the last
-published version's checkpoint. `exhausted`: train on what is held and publish `final: true`.
+call (or a lost heartbeat): drop the unpublished work and re-attach, resuming the last
+published version's weights with the latest checkpoint at or below it. `exhausted`: train on what is held and publish `final: true`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from protocol.rewards import RewardAllowlist, RewardError
 from protocol.run_config import RunConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
 from protocol.schemas_learner import MISSING_REWARDS
-from protocol.staleness import staleness
+from protocol.staleness import staleness, trained_on
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30.0  # how long close() waits for a background call to notice the stop
@@ -115,7 +115,6 @@ class Session:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
         self.retrier = Retrier(self._check_lease, cap_s=settings.transfer_retry_cap_s)
-        self.published_version = attach.current_version
         self.building = attach.current_version + 1  # the version the next trained step joins
         self.frozen = FrozenWeights(self.config.max_staleness)
         # the reward processes start first: a reward that cannot be imported fails the run
@@ -138,7 +137,7 @@ class Session:
             raise
         for f in attach.resume_adapter or []:
             if f.name == ADAPTER_WEIGHTS:  # the server's version sha256 (content address)
-                self.intake.adapter_sha256[self.published_version] = f.sha256
+                self.intake.adapter_sha256[attach.current_version] = f.sha256
         self.prepare = StepPreparer(
             client=learner.intake_client,
             run_id=self.run_id,
@@ -251,7 +250,9 @@ class Session:
                 self._wait_publish()
                 return True
             accepted = self._accept(step)
-            closes_version = bool(accepted) and self.steps_since_publish + 1 >= self._sync_steps
+            closes_version = (
+                bool(accepted) and self.steps_since_publish + 1 >= self.config.weight_sync_steps
+            )
             if step.end == "more":
                 self._request_step(self.building + 1 if closes_version else self.building)
             if accepted:
@@ -263,10 +264,6 @@ class Session:
                 return True
             if closes_version and self._publish_and_maybe_stop():
                 return True
-
-    @property
-    def _sync_steps(self) -> int:
-        return self.config.weight_sync_steps
 
     def _publish_and_maybe_stop(self) -> bool:
         """Hand the version over once the previous one has landed; True when the run (or this
@@ -352,14 +349,15 @@ class Session:
         metrics = self.trainer.train_step(groups)
         now = time.perf_counter()
         log.info("trained step %d on %d groups", self.trainer.step, len(groups))
-        compute_s = float(metrics.get("compute_s", metrics["step_seconds"]))
+        compute_s = metrics["compute_s"]
         wall_s = now - self.last_step_end
         self.last_step_end = now
         metrics["learner_busy"] = min(1.0, compute_s / wall_s) if wall_s > 0 else 1.0
         metrics["intake_wait_s"] = intake_wait_s
         if self.last_publish_s is not None:
             metrics["publish_s"] = self.last_publish_s
-        lags = [staleness(self.building - 1, r.batch.adapter_version) for r in accepted]
+        trained_on_version = trained_on(self.building)
+        lags = [staleness(trained_on_version, r.batch.adapter_version) for r in accepted]
         metrics["staleness"] = float(sum(lags)) / len(lags)
         self.steps_since_publish += 1
         self.last_train_metrics = metrics
@@ -417,7 +415,6 @@ class Session:
         result = self.publishing.result(self._check_lease)
         self.last_publish_s = self.publishing.seconds
         self.publishing = None
-        self.published_version = result.version
         self.frozen.prune(result.version)
         # A paused (or budget-exhausted) run keeps its learner: it resumes where it stopped.
         return result.run_status in TERMINAL_RUN_STATUSES
@@ -489,13 +486,7 @@ class Learner:
     def run(self) -> None:
         """Train until the run completes (or max_versions of this process)."""
         while True:
-            attach = self.attach()
-            base = RunConfig.model_validate(attach.run_config).base_model
-            if base != self.settings.model:
-                raise RunFinished(
-                    f"the run trains {base!r} but this learner loaded {self.settings.model!r}"
-                    " (--model)"
-                )
+            attach = self.attach()  # refused (RunFinished) when --model is not the run's
             log.info(
                 "attached to run %s: fencing %d, current version %d, resuming from checkpoint "
                 "of version %s",
