@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
@@ -92,20 +92,19 @@ def revoke_id(session: Session, token_id: uuid.UUID) -> bool:
     return row is not None
 
 
-def live_admin_ids(session: Session) -> list[uuid.UUID]:
-    """Admin tokens neither revoked nor expired, locked so two revokes cannot both pass the
-    last-admin guard (FOR UPDATE is a no-op on SQLite, where writers are serialised)."""
-    return list(
-        session.execute(
-            select(Token.id)
-            .where(
-                Token.kind == "admin",
-                Token.revoked_at.is_(None),
-                or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
-            )
-            .with_for_update()
-        ).scalars()
+def _live_admin() -> ColumnElement[bool]:
+    """An admin token neither revoked nor expired (database time)."""
+    return and_(
+        Token.kind == "admin",
+        Token.revoked_at.is_(None),
+        or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
     )
+
+
+def live_admin_ids(session: Session) -> list[uuid.UUID]:
+    """Live admin tokens (_live_admin), locked so two revokes cannot both pass the
+    last-admin guard (FOR UPDATE is a no-op on SQLite, where writers are serialised)."""
+    return list(session.execute(select(Token.id).where(_live_admin()).with_for_update()).scalars())
 
 
 # -- dashboard sessions ------------------------------------------------------------------------
@@ -130,9 +129,7 @@ def live_dashboard_session(session: Session, session_id: uuid.UUID) -> uuid.UUID
             DashboardSession.id == session_id,
             DashboardSession.revoked_at.is_(None),
             DashboardSession.expires_at > db_now(),
-            Token.kind == "admin",
-            Token.revoked_at.is_(None),
-            or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
+            _live_admin(),
         )
     ).scalar_one_or_none()
 
