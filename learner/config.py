@@ -7,14 +7,14 @@ hyper-parameters are not here: they come from the run's config, which attach ret
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-_MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+from protocol.rewards import MODULE_PATH
+
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
 
 
@@ -126,6 +126,6 @@ class LearnerSettings(BaseSettings):
     @classmethod
     def _module_paths(cls, modules: list[str]) -> list[str]:
         for module in modules:
-            if not _MODULE_PATH.match(module):
+            if not MODULE_PATH.match(module):
                 raise ValueError(f"{module!r} is not a dotted module path (e.g. my_rewards.math)")
         return modules

@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from protocol import datasets, rewards
-from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, free_json
+from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
 
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
@@ -311,8 +311,8 @@ class RunConfig(_Strict):
     RULES: ClassVar[dict[str, Rule]] = {
         "name": (lambda s: 1 <= len(s.strip()) and len(s) <= 200, "must be 1 to 200 characters"),
         "base_model": (
-            lambda s: 1 <= len(s.strip()) and len(s) <= 500,
-            "must be 1 to 500 characters",
+            lambda s: 1 <= len(s.strip()) and len(s) <= MAX_MODEL_NAME,
+            f"must be 1 to {MAX_MODEL_NAME} characters",
         ),
         "rewards": (lambda r: len(r) >= 1, "must list at least one reward"),
         "group_size": (

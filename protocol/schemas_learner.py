@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, free_json
+from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, ModelName, free_json
 
 
 class _Request(BaseModel):
@@ -62,10 +62,8 @@ class AttachRequest(_Request):
         "and `module:*` for each allowed module. A run naming another reward is failed at "
         "attach (409). None (an older learner): not checked at attach.",
     )
-    model: str | None = Field(
+    model: ModelName | None = Field(
         None,
-        min_length=1,
-        max_length=500,
         description="The base model this learner loaded (its --model); when given, attach is "
         "refused (409) unless it is the run's base_model.",
     )
