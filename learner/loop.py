@@ -6,7 +6,8 @@ threads while a step trains.
 
 A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
 call (or a lost heartbeat): drop the unpublished work and re-attach, resuming the last
-published version's weights with the latest checkpoint at or below it. `exhausted`: train on what is held and publish `final: true`.
+published version's weights with the latest checkpoint at or below it. `exhausted`: train on
+what is held and publish `final: true`.
 """
 
 from __future__ import annotations
