@@ -23,6 +23,7 @@ PLAIN_FIELDS = (
     "lora.dropout",
     "grpo.learning_rate",
     "grpo.loss_type",
+    "grpo.importance_level",
     "grpo.scale_rewards",
     "grpo.epsilon_low",
     "grpo.epsilon_high",
