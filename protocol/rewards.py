@@ -33,7 +33,12 @@ from typing import Any, Protocol
 
 from protocol.rewards_base import RewardError, last_number, text_of, to_decimal
 from protocol.rewards_judge import check_llm_judge, llm_judge
-from protocol.rewards_math import check_math_verify, math_verify, think_format
+from protocol.rewards_math import (
+    check_math_verify,
+    check_think_format,
+    math_verify,
+    think_format,
+)
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -111,6 +116,7 @@ BUILTINS: dict[str, RewardFn] = {
 # run creation, so that a run never starts with a reward that cannot work.
 KWARG_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "math_verify": check_math_verify,
+    "think_format": check_think_format,
     "llm_judge": check_llm_judge,
 }
 

@@ -275,7 +275,11 @@ def _need(ok: bool, message: str) -> None:
 
 def check_base_url(url: Any) -> None:
     _need(isinstance(url, str) and bool(url), "base_url is required, e.g. http://host:8000/v1")
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+    except ValueError as exc:
+        raise RewardError(f"llm_judge: base_url is not a URL ({exc})") from None
     _need(
         parsed.scheme in ("http", "https") and bool(parsed.hostname),
         f"base_url must be an http(s) URL with a host, e.g. http://host:8000/v1 (got {url!r})",

@@ -137,19 +137,29 @@ def math_verify(
 
 
 def think_format(
-    prompts: Sequence[Any], completions: Sequence[Any], **_: Any
+    prompts: Sequence[Any], completions: Sequence[Any], think_in_prompt: bool = False, **_: Any
 ) -> list[float | None]:
     """1.0 when the completion is, after optional leading whitespace, one `<think>…</think>`
     block with a non-blank thought, then a non-blank answer, with no other `<think>` or
-    `</think>` anywhere; else 0.0."""
-    return [1.0 if is_think_format(text_of(c)) else 0.0 for c in completions]
+    `</think>` anywhere; else 0.0. With `think_in_prompt` (chat templates that end the prompt
+    with `<think>`, as Qwen3's and DeepSeek-R1's), the completion starts inside the thought:
+    a non-blank thought, one `</think>`, a non-blank answer, no `<think>`."""
+    return [1.0 if is_think_format(text_of(c), think_in_prompt) else 0.0 for c in completions]
 
 
-def is_think_format(text: str) -> bool:
+def is_think_format(text: str, think_in_prompt: bool = False) -> bool:
+    if think_in_prompt:
+        text = "<think>" + text if "<think>" not in text else ""
     found = _THINK.fullmatch(text)
     if found is None or text.count("<think>") != 1 or text.count("</think>") != 1:
         return False
     return bool(found["thought"].strip()) and bool(found["answer"].strip())
+
+
+def check_think_format(kwargs: dict[str, Any]) -> None:
+    flag = kwargs.get("think_in_prompt", False)
+    if not isinstance(flag, bool):
+        raise RewardError(f"think_format: think_in_prompt must be true or false (got {flag!r})")
 
 
 def check_math_verify(kwargs: dict[str, Any]) -> None:

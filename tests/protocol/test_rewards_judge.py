@@ -212,6 +212,8 @@ def test_run_creation_validates_the_judges_kwargs() -> None:
         "scheme": ({"base_url": "ftp://judge/v1"}, "http\\(s\\) URL with a host"),
         "credentials": ({"base_url": "http://u:p@judge/v1"}, "no credentials or query"),
         "query": ({"base_url": "http://judge/v1?key=1"}, "no credentials or query"),
+        "ipv6": ({"base_url": "http://[::1/v1"}, "base_url is not a URL"),
+        "port": ({"base_url": "http://judge:99999/v1"}, "base_url is not a URL"),
         "model": ({"model": ""}, "model is required"),
         "template attr": ({"prompt_template": "{completion.__class__}"}, "must be a plain name"),
         "template spec": ({"prompt_template": "{completion:>10}"}, "must be a plain name"),

@@ -107,6 +107,24 @@ def test_think_format_on_a_table() -> None:
     assert got == [s for _, s in THINK_TABLE]
 
 
+# the chat template ended the prompt with <think>: the completion starts inside the thought
+THINK_IN_PROMPT_TABLE = [
+    ("2+2 is 4</think>The answer is 4.", 1.0),
+    ("\nreason\n</think>\n4", 1.0),
+    ("reason</think>  ", 0.0),  # no answer
+    (" </think>4", 0.0),  # blank thought
+    ("<think>reason</think>4", 0.0),  # a second opening tag
+    ("reason</think>4</think>", 0.0),
+    ("The answer is 4", 0.0),  # never closed
+]
+
+
+def test_think_format_with_the_think_tag_in_the_prompt() -> None:
+    completions = [c for c, _ in THINK_IN_PROMPT_TABLE]
+    got = rewards.think_format(["q"] * len(completions), completions, think_in_prompt=True)
+    assert got == [s for _, s in THINK_IN_PROMPT_TABLE]
+
+
 def test_run_creation_validates_the_new_builtins_kwargs() -> None:
     assert RewardSpec(name="math_verify", kwargs={"column": "answer"}).kwargs == {
         "column": "answer"
@@ -119,8 +137,10 @@ def test_run_creation_validates_the_new_builtins_kwargs() -> None:
     with pytest.raises(ValidationError, match="column must be the name of a reference column"):
         RewardSpec(name="math_verify", kwargs={"column": ""})
     with pytest.raises(
-        ValidationError, match=r"think_format takes no argument x \(it takes: none\)"
+        ValidationError, match=r"think_format takes no argument x \(it takes: think_in_prompt\)"
     ):
         RewardSpec(name="think_format", kwargs={"x": 1})
+    with pytest.raises(ValidationError, match="think_in_prompt must be true or false"):
+        RewardSpec(name="think_format", kwargs={"think_in_prompt": "yes"})
     with pytest.raises(ValidationError, match="did you mean 'math_verify'"):
         RewardSpec(name="math_verfy")
