@@ -6,6 +6,7 @@ rejects `reward_error`), and one whose key variable is unset fails at start."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_the_learners_outbound_policy_comes_from_the_servers_variables(
 
     from learner.config import LearnerSettings
 
-    given = {"server_url": "http://s:1", "run_id": "r", "token": "agr_lrn_x"}
+    given: dict[str, Any] = {"server_url": "http://s:1", "run_id": "r", "token": "agr_lrn_x"}
     assert LearnerSettings(**given).outbound_policy().refusal("10.1.2.3") is not None
     monkeypatch.setenv("ASYNCGRPO_OUTBOUND_ALLOW_CIDRS", '["10.1.0.0/16"]')
     policy = LearnerSettings(**given).outbound_policy()

@@ -214,7 +214,7 @@ def spec(**kwargs: Any) -> RewardSpec:
 
 def test_run_creation_validates_the_judges_kwargs() -> None:
     assert spec(api_key_env="JUDGE_KEY", max_concurrency=16).kwargs["api_key_env"] == "JUDGE_KEY"
-    refused = {
+    refused: dict[str, tuple[dict[str, Any], str]] = {
         "api_key": ({"api_key": "sk-abc"}, "the API key never goes in the run config"),
         "key in env name": ({"api_key_env": "sk-proj-abcdef"}, "NAME of an environment variable"),
         "key-like name": ({"api_key_env": "sk_live_abcdef"}, "looks like a key"),
