@@ -7,14 +7,13 @@ hyper-parameters are not here: they come from the run's config, which attach ret
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from protocol.outbound import OutboundPolicy
+from protocol.outbound import OutboundPolicy, check_networks
 from protocol.rewards import MODULE_PATH
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
@@ -151,12 +150,7 @@ class LearnerSettings(BaseSettings):
     @field_validator("outbound_allow_cidrs")
     @classmethod
     def _networks(cls, cidrs: list[str]) -> list[str]:
-        for cidr in cidrs:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError as exc:
-                raise ValueError(f"{cidr!r} is not a network (CIDR), e.g. 10.20.0.0/16") from exc
-        return cidrs
+        return check_networks(cidrs)
 
     def outbound_policy(self) -> OutboundPolicy:
         """The policy the rewards' outbound calls go through."""

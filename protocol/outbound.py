@@ -54,6 +54,17 @@ def _unwrapped(address: IPAddress) -> IPAddress:
     return address
 
 
+def check_networks(cidrs: list[str]) -> list[str]:
+    """The settings' `outbound_allow_cidrs` (server and learner), or ValueError naming the
+    first entry that is not a network."""
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"{cidr!r} is not a network (CIDR), e.g. 10.20.0.0/16") from exc
+    return cidrs
+
+
 @dataclass(frozen=True)
 class OutboundPolicy:
     """Which destination addresses outbound calls may reach: global ones always; private,
