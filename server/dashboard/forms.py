@@ -55,7 +55,8 @@ FORM_DEFAULTS = {"base_model": "smollm2-135m-instruct"}
 DATASET_FIELDS = ("dataset.kind", "dataset.generator", "dataset.size", "dataset.seed")
 OTHER_FIELDS = ("dataset.file", "rewards", "reward.custom", "lora.target_modules")
 ALL_FIELDS = frozenset(PLAIN_FIELDS + DATASET_FIELDS + OTHER_FIELDS)
-BUILTIN_REWARDS = tuple(sorted(rewards.BUILTINS))
+# the built-ins that work with no kwargs (the form has no kwargs field; llm_judge needs them)
+BUILTIN_REWARDS = tuple(sorted(n for n in rewards.BUILTINS if rewards.works_without_kwargs(n)))
 GENERATORS = tuple(sorted(datasets.GENERATORS))
 
 
