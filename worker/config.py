@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protocol.rewards import MODULE_PATH
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "asyncgrpo" / "worker"
 
@@ -169,10 +171,31 @@ class WorkerSettings(BaseSettings):
         description="Take at most this many leases, then exit once they have all ended (tests, "
         "demos).",
     )
+    environment_modules: list[str] = Field(
+        default_factory=list,
+        description="Modules whose Environment classes a run may name (`module:Class`); with "
+        "the entry points of the group `asyncgrpo.environments` installed here, the only user "
+        "environment code this worker loads. Built-ins are always allowed (a JSON list in "
+        "ASYNCGRPO_WORKER_ENVIRONMENT_MODULES).",
+    )
+    tool_memory_mb: int = Field(
+        512,
+        ge=64,
+        le=65536,
+        description="Address-space limit (RLIMIT_AS) of each tool process, in MiB.",
+    )
     vllm: VllmSettings = Field(default_factory=VllmSettings, description="vLLM engine options.")
     simulated: SimulatedSettings = Field(
         default_factory=SimulatedSettings, description="The simulated engine's profile."
     )
+
+    @field_validator("environment_modules")
+    @classmethod
+    def _module_paths(cls, modules: list[str]) -> list[str]:
+        for module in modules:
+            if not MODULE_PATH.match(module):
+                raise ValueError(f"{module!r} is not a dotted module path (e.g. my_envs.games)")
+        return modules
 
     @model_validator(mode="after")
     def _check_backoff(self) -> WorkerSettings:

@@ -1,0 +1,2 @@
+"""Environments on the worker: rollouts as token-exact trajectories (docs/architecture.md,
+"Environments and trajectories"). `registry.make_environment` builds a run's environment."""
