@@ -58,6 +58,10 @@ class EnvironmentSetupError(ValueError):
     """An environment that cannot run here (limits above the engine's, missing tools)."""
 
 
+class PromptTooLong(ValueError):
+    """A prompt that leaves no room for a model turn within max_total_tokens."""
+
+
 @dataclass
 class ModelTurn:
     """A model turn as appended: its tokens, its text (EOS excluded) and how it ended."""
@@ -92,7 +96,7 @@ class Conversation:
         self.spans: list[TurnSpan] = []
         self._append("prompt", prompt_ids(tokenizer, self.rendered, self.tools), None)
         if len(self.token_ids) >= max_total_tokens:
-            raise EnvironmentSetupError(
+            raise PromptTooLong(
                 f"the prompt has {len(self.token_ids)} tokens: no room for a model turn within "
                 f"max_total_tokens {max_total_tokens}"
             )
@@ -118,7 +122,7 @@ class Conversation:
                 f"the engine returned {len(ids)} tokens and {len(lps)} log-probs for at most "
                 f"{limit} new tokens"
             )
-        self._append("model", ids, lps)  # type: ignore[arg-type]
+        self._append("model", ids, lps)
         stopped = out.finish_reason == "stop"
         self._ending = self._text(ids[-1:]) if stopped else ""
         content = self._text(ids[:-1] if stopped else ids)

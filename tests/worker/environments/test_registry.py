@@ -10,7 +10,7 @@ import pytest
 from lm.chat_turns import TemplateMismatch, environment_segment
 from protocol.environments import EnvironmentAllowlist, EnvironmentConfig
 from tests.worker.environments.scripted import ScriptedEngine, assert_token_exact
-from worker.environments.base import EnvironmentSetupError
+from worker.environments.base import EnvironmentSetupError, PromptTooLong
 from worker.environments.registry import make_environment, resolve
 from worker.environments.single_turn import SingleTurnEnvironment
 
@@ -52,7 +52,7 @@ def test_limits_checked_against_the_engine(small_tokenizer: Any) -> None:
     tiny = make_environment(
         EnvironmentConfig(max_total_tokens=8), small_tokenizer, max_model_len=64
     )
-    with pytest.raises(EnvironmentSetupError, match="no room for a model turn"):
+    with pytest.raises(PromptTooLong, match="no room for a model turn"):
         tiny.rollout(
             ScriptedEngine(small_tokenizer, ["x"]),
             [{"role": "user", "content": "hi"}],
