@@ -1,5 +1,6 @@
-"""Run rules: creation (dataset rows and every epoch's prompt rows up front, the learner token),
-the config and live stats. Status changes: server/runs/lifecycle.py."""
+"""Run rules: creation (dataset rows and every epoch's prompt rows up front for the generator and
+inline kinds; a run on a stored dataset is created `preparing` and the run_prep job makes them,
+server/runs/prepare.py), the learner token, the config and live stats. Status changes: server/runs/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from protocol import datasets
 from protocol.outbound import OutboundPolicy
-from protocol.run_config import GeneratorDataset, RunConfig
+from protocol.run_config import GeneratorDataset, HfDataset, InlineDataset, RunConfig, UploadedDataset
+from server.datasets import service as datasets_service
 from server.errors import NotFound
 from server.models import Run
 from server.runs import repository
@@ -23,8 +25,7 @@ from server.tokens import service as tokens
 # -- creation and config ------------------------------------------------------------------------
 
 
-def _dataset_rows(config: RunConfig) -> Iterator[tuple[Any, dict[str, Any]]]:
-    ds = config.dataset
+def _dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
     rows = (
         datasets.generate(ds.generator, ds.size, ds.seed)
         if isinstance(ds, GeneratorDataset)
@@ -44,18 +45,26 @@ def webhook_refusal(config: RunConfig, policy: OutboundPolicy) -> str | None:
 
 
 def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
-    """Insert the run (pending), its dataset rows and every epoch's prompt rows (queued,
-    queue_pos = epoch × N + row_index) in bulk, and mint its learner token (shown once)."""
+    """Insert the run and mint its learner token (shown once). Generator and inline kinds:
+    the run is pending with its dataset rows and every epoch's prompt rows (queued, queue_pos =
+    epoch × N + row_index) inserted in bulk here. Stored kinds (uploaded, hf): the dataset is
+    checked as far as it is known (422 otherwise) and the run is `preparing` until the run_prep
+    job has made its rows."""
+    ds = config.dataset
+    stored = isinstance(ds, UploadedDataset | HfDataset)
+    dataset_id = datasets_service.dataset_for_run(session, ds, config.epochs).id if stored else None
     run = repository.insert_run(
         session,
         name=config.name,
-        status="pending",
+        status="preparing" if stored else "pending",
         base_model=config.base_model,
         priority=config.priority,
         config=config.model_dump(mode="json"),
+        dataset_id=dataset_id,
     )
-    n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(config))
-    repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
+    if isinstance(ds, GeneratorDataset | InlineDataset):
+        n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(ds))
+        repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
