@@ -19,7 +19,8 @@ EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
 EMBEDDED_BUCKET_URL = "./bucket"
 ENV_PREFIX = "ASYNCGRPO_"
 # ASYNCGRPO_* names that belong to other parts, not to these settings: the worker's and the
-# learner's own prefixes, the model cache, the worker's log level, the test and bench databases.
+# learner's own prefixes, the model cache, the worker's log level, the test and bench databases,
+# the CLI's server URL and admin token.
 FOREIGN_ENV_PREFIXES = ("ASYNCGRPO_WORKER_", "ASYNCGRPO_LEARNER_")
 FOREIGN_ENV_NAMES = frozenset(
     {
@@ -28,6 +29,8 @@ FOREIGN_ENV_NAMES = frozenset(
         "ASYNCGRPO_TEST_PG_ADMIN_URL",
         "ASYNCGRPO_BENCH_PG",
         "ASYNCGRPO_BENCH_PG_URL",
+        "ASYNCGRPO_SERVER",  # the CLI's `datasets` commands
+        "ASYNCGRPO_ADMIN_TOKEN",
     }
 )
 

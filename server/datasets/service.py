@@ -80,7 +80,8 @@ def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
 def dataset_for_run(session: Session, spec: StoredDataset, epochs: int) -> Dataset:
     """The dataset a new run reads, checked as far as it is known: 422 naming the field for an
     unknown or failed dataset, a missing column (with the columns that exist) or too many
-    prompt rows. A pending one is accepted: the run waits for it (status `preparing`)."""
+    prompt rows. A pending one is accepted (its columns checked when known, as for an upload):
+    the run waits for it (status `preparing`)."""
     if isinstance(spec, HfDataset):
         dataset = find_or_create_hf(session, spec)
     else:
@@ -92,10 +93,13 @@ def dataset_for_run(session: Session, spec: StoredDataset, epochs: int) -> Datas
         raise Unprocessable(
             f"dataset {dataset.id} failed: {dataset.reason}", field="dataset.id"
         )
-    if dataset.status == "ready":
+    # An upload's columns and rows are known from the moment it is stored (the request read
+    # them), even while the job still checks it.
+    if dataset.columns is not None:
         check_columns(dataset, spec)
+    if dataset.row_count is not None:
         try:
-            check_prompt_rows(epochs, int(dataset.row_count or 0))
+            check_prompt_rows(epochs, int(dataset.row_count))
         except ValueError as exc:
             raise Unprocessable(str(exc), field="epochs") from None
     return dataset

@@ -91,7 +91,7 @@ def get(session: Session, run_id: uuid.UUID) -> Run | None:
 
 def config_number(*path: str) -> ColumnElement[float]:
     """A number inside a run's stored config, read by the database: loops over every run (the
-    metrics scrape, the cost page, budgets) never load configs that hold a 100,000-row dataset,
+    metrics scrape, the cost page, budgets) never load configs that hold a 1,000-row inline dataset,
     nor fill the parsed-config cache with them."""
     return Run.config[path if len(path) > 1 else path[0]].as_float()
 

@@ -87,7 +87,7 @@ def _remember(run_id: uuid.UUID, config: RunConfig) -> None:
 
 def get_config(run: Run) -> RunConfig:
     """The run's validated config. A run's config never changes after creation, so parsed
-    configs are kept per run id (a 100,000-row JSONL config is not re-validated per lease)."""
+    configs are kept per run id (a 1,000-row inline config is not re-validated per lease)."""
     with _CACHE_LOCK:
         cached = _CACHE.get(run.id)
     if cached is not None:
@@ -106,7 +106,7 @@ def cached_config(run_id: uuid.UUID) -> RunConfig | None:
 def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
     """get_config by run id, reading the config column only when it is not cached (the lease
     engine's hot path never loads a large inline dataset). One thread parses a run's config;
-    the others wait for it instead of each validating 100,000 rows."""
+    the others wait for it instead of each validating the rows."""
     with _CACHE_LOCK:
         cached = _CACHE.get(run_id)
         if cached is not None:
