@@ -15,6 +15,7 @@ SERVER = typer.Option(
     "http://127.0.0.1:8000", "--server", envvar="ASYNCGRPO_SERVER", help="Control plane URL."
 )
 TOKEN = typer.Option(..., "--token", envvar="ASYNCGRPO_ADMIN_TOKEN", help="An admin token.")
+FILE = typer.Argument(..., exists=True, dir_okay=False, help="A .jsonl or .parquet file.")
 CHUNK = 1024 * 1024
 
 
@@ -39,7 +40,7 @@ def _chunks(path: Path, advance: Any) -> Iterator[bytes]:
 
 @datasets_app.command("upload")
 def upload(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".jsonl or .parquet"),
+    file: Path = FILE,
     server: str = SERVER,
     token: str = TOKEN,
     fmt: str = typer.Option(None, "--format", help="jsonl or parquet (default: the suffix)."),

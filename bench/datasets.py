@@ -36,8 +36,9 @@ writer = None
 for start in range(0, n, 100_000):
     ids = range(start, min(n, start + 100_000))
     table = pa.table({
-        "question": [f"Problem {i}: a baker bakes {i % 97 + 3} loaves a day for {i % 13 + 2} "
-                     f"days and sells {i * 7 % 101} of them. How many loaves are left?" for i in ids],
+        "question": [f"Problem {i}: a baker bakes {i % 97 + 3} loaves a day for "
+                     f"{i % 13 + 2} days and sells {i * 7 % 101} of them. How many "
+                     "loaves are left?" for i in ids],
         "answer": [str((i % 97 + 3) * (i % 13 + 2) - i * 7 % 101) for i in ids],
     })
     writer = writer or pq.ParquetWriter(out, table.schema)
@@ -98,9 +99,12 @@ def measure(rows: int, db: str, work: Path, timeout_s: float = 1800) -> dict[str
         with transaction(app.state.sessionmaker) as session:
             token = tokens.mint(session, "admin", name="bench").plaintext
         rss_idle = rss_mb()
-        with serve_in_thread(app) as base, httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=600
-        ) as client:
+        with (
+            serve_in_thread(app) as base,
+            httpx.Client(
+                base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=600
+            ) as client,
+        ):
             start = time.perf_counter()
             with open(data, "rb") as f:
                 created = client.post("/api/v1/datasets", params={"name": data.name}, content=f)

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
 from server.config import Settings, get_settings
+from server.datasets.router import DATASETS_PATH
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import open_pool
-from server.datasets.router import DATASETS_PATH
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.installation import BucketUnreachable, bind_bucket
@@ -95,7 +95,9 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
     install_api_docs(app)
     app.add_middleware(
-        BodySizeLimit, max_bytes=settings.security.max_body_bytes, exempt_prefixes=("/blobs/", DATASETS_PATH)
+        BodySizeLimit,
+        max_bytes=settings.security.max_body_bytes,
+        exempt_prefixes=("/blobs/", DATASETS_PATH),
     )
     app.add_middleware(SecurityHeaders)  # outermost: the 413s carry the headers too
     return app

@@ -13,9 +13,8 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
 
 from protocol.run_config import RunConfig
-from server.config import Settings
-
 from server.adapters import service as adapters
+from server.config import Settings
 from server.dashboard import costs, forms, planner
 from server.dashboard import service as dash
 from server.dashboard.auth import (

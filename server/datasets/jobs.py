@@ -36,7 +36,10 @@ def check_pending(
 
 
 def _finish_one(
-    factory: sessionmaker[Session], store: ObjectStore, limits: DatasetSettings, dataset_id: uuid.UUID
+    factory: sessionmaker[Session],
+    store: ObjectStore,
+    limits: DatasetSettings,
+    dataset_id: uuid.UUID,
 ) -> bool:
     with transaction(factory) as session:
         dataset = repository.get(session, dataset_id)
@@ -133,7 +136,9 @@ def _load_hf(
         digest = sha256_file(path)
         size = path.stat().st_size
         store.put_file(key, path)
-    fingerprint = getattr(loaded, "_fingerprint", None) or hashlib.sha256(digest.encode()).hexdigest()
+    fingerprint = (
+        getattr(loaded, "_fingerprint", None) or hashlib.sha256(digest.encode()).hexdigest()
+    )
     return {
         "fingerprint": str(fingerprint)[:128],
         "sha256": digest,

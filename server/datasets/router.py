@@ -17,6 +17,7 @@ from server.routing import TransactionalRoute
 DATASETS_PATH = "/api/v1/datasets"
 router = APIRouter(prefix=DATASETS_PATH, tags=["datasets"], route_class=TransactionalRoute)
 
+
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=DatasetOut)
 async def upload_dataset(
     request: Request,

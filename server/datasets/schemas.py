@@ -36,4 +36,3 @@ class DatasetOut(BaseModel):
     spec: dict[str, Any] | None = Field(description="The hf spec (path, name, split, …).")
     created_at: datetime = Field(description="Creation time (database time).")
     ready_at: datetime | None = Field(description="When it became ready.")
-

@@ -90,9 +90,7 @@ def dataset_for_run(session: Session, spec: StoredDataset, epochs: int) -> Datas
             raise Unprocessable(f"dataset {spec.id} not found", field="dataset.id")
         dataset = found
     if dataset.status == "failed":
-        raise Unprocessable(
-            f"dataset {dataset.id} failed: {dataset.reason}", field="dataset.id"
-        )
+        raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field="dataset.id")
     # An upload's columns and rows are known from the moment it is stored (the request read
     # them), even while the job still checks it.
     if dataset.columns is not None:

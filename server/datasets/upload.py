@@ -27,9 +27,9 @@ from protocol.storage import ObjectStore
 from protocol.storage_local import LocalStore
 from server.config import DatasetSettings
 from server.datasets import files, repository
+from server.datasets.schemas import DatasetOut
 from server.db import transaction
 from server.errors import BadRequest, PayloadTooLarge, Unprocessable
-from server.datasets.schemas import DatasetOut
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 

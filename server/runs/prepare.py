@@ -17,7 +17,13 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.datasets import DatasetError
-from protocol.run_config import RunConfig, StoredDataset, check_prompt_rows
+from protocol.run_config import (
+    HfDataset,
+    RunConfig,
+    StoredDataset,
+    UploadedDataset,
+    check_prompt_rows,
+)
 from protocol.storage import ObjectStore
 from server.config import DatasetSettings
 from server.datasets import repository as datasets_repo
@@ -51,14 +57,15 @@ def prepare_one(
     if dataset is None or dataset.status == "pending":
         return False
     spec = config.dataset
-    assert not isinstance(spec, str)
+    if not isinstance(spec, UploadedDataset | HfDataset):
+        return False  # not a stored kind: its rows were made at creation
     if dataset.status == "failed":
         return _fail(factory, run_id, f"dataset {dataset.id} failed: {dataset.reason}")
     try:
-        _check(dataset, spec, config.epochs)  # type: ignore[arg-type]
+        _check(dataset, spec, config.epochs)
         with transaction(factory) as session:
             repository.delete_rows(session, run_id)
-        n_rows = _insert_rows(factory, store, limits, run_id, dataset, spec)  # type: ignore[arg-type]
+        n_rows = _insert_rows(factory, store, limits, run_id, dataset, spec)
     except DatasetError as exc:
         return _fail(factory, run_id, str(exc))
     if n_rows is None:

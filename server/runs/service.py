@@ -1,6 +1,7 @@
 """Run rules: creation (dataset rows and every epoch's prompt rows up front for the generator and
 inline kinds; a run on a stored dataset is created `preparing` and the run_prep job makes them,
-server/runs/prepare.py), the learner token, the config and live stats. Status changes: server/runs/lifecycle.py."""
+server/runs/prepare.py), the learner token, the config and live stats. Status changes:
+server/runs/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from sqlalchemy.orm import Session
 
 from protocol import datasets
 from protocol.outbound import OutboundPolicy
-from protocol.run_config import GeneratorDataset, HfDataset, InlineDataset, RunConfig, UploadedDataset
+from protocol.run_config import (
+    GeneratorDataset,
+    HfDataset,
+    InlineDataset,
+    RunConfig,
+    UploadedDataset,
+)
 from server.datasets import service as datasets_service
 from server.errors import NotFound
 from server.models import Run
@@ -51,12 +58,13 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     checked as far as it is known (422 otherwise) and the run is `preparing` until the run_prep
     job has made its rows."""
     ds = config.dataset
-    stored = isinstance(ds, UploadedDataset | HfDataset)
-    dataset_id = datasets_service.dataset_for_run(session, ds, config.epochs).id if stored else None
+    dataset_id = None
+    if isinstance(ds, UploadedDataset | HfDataset):
+        dataset_id = datasets_service.dataset_for_run(session, ds, config.epochs).id
     run = repository.insert_run(
         session,
         name=config.name,
-        status="preparing" if stored else "pending",
+        status="pending" if dataset_id is None else "preparing",
         base_model=config.base_model,
         priority=config.priority,
         config=config.model_dump(mode="json"),

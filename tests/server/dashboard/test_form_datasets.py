@@ -36,7 +36,9 @@ def _count(app, model) -> int:  # type: ignore[no-untyped-def]
         return int(session.execute(select(func.count()).select_from(model)).scalar_one())
 
 
-def test_a_file_uploaded_with_the_form_becomes_the_runs_dataset(client: TestClient, app, admin_token: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_file_uploaded_with_the_form_becomes_the_runs_dataset(
+    client: TestClient, app, admin_token: str
+) -> None:  # type: ignore[no-untyped-def]
     csrf = login(client, admin_token)
     files = {"dataset.file": ("q.parquet", parquet(QUESTIONS), "application/octet-stream")}
     r = client.post("/runs/new", data={**FORM, "csrf_token": csrf}, files=files)
@@ -61,7 +63,9 @@ def test_a_stored_dataset_is_picked(client: TestClient, app, admin_token: str) -
     assert _count(app, Run) == 1 and _count(app, Dataset) == 1
 
 
-def test_a_bad_file_or_column_is_an_error_next_to_its_field(client: TestClient, app, admin_token: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_file_or_column_is_an_error_next_to_its_field(
+    client: TestClient, app, admin_token: str
+) -> None:  # type: ignore[no-untyped-def]
     csrf = login(client, admin_token)
     bad = {"dataset.file": ("q.jsonl", b'{"question": "\xff"}\n', "application/json")}
     r = client.post("/runs/new", data={**FORM, "csrf_token": csrf}, files=bad)
@@ -71,7 +75,9 @@ def test_a_bad_file_or_column_is_an_error_next_to_its_field(client: TestClient, 
 
     good = {"dataset.file": ("q.jsonl", jsonl(QUESTIONS), "application/json")}
     r = client.post(
-        "/runs/new", data={**FORM, "dataset.reference_columns": "solution", "csrf_token": csrf}, files=good
+        "/runs/new",
+        data={**FORM, "dataset.reference_columns": "solution", "csrf_token": csrf},
+        files=good,
     )
     assert r.status_code == 422  # an upload's columns are known at once, though it is pending
     assert "has no column &#39;solution&#39;; its columns: question, answer, source" in r.text

@@ -26,6 +26,12 @@ def parquet(rows: list[dict[str, Any]]) -> bytes:
     return buffer.getvalue()
 
 
+def empty_parquet() -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), buffer)
+    return buffer.getvalue()
+
+
 def upload(client: Any, admin: dict[str, str], data: bytes, name: str, **params: Any) -> Any:
     return client.post(
         "/api/v1/datasets", params={"name": name, **params}, content=data, headers=admin

@@ -50,7 +50,9 @@ def test_refusals_at_run_creation_name_the_field(ds_client, admin, db, run_jobs)
     resp = _create(ds_client, admin, {"kind": "uploaded", "id": dataset_id})  # prompt column
     assert resp.status_code == 422
     assert resp.json()["field"] == "dataset.prompt_column"
-    assert resp.json()["detail"].endswith("has no column 'prompt'; its columns: question, answer, source")
+    assert resp.json()["detail"].endswith(
+        "has no column 'prompt'; its columns: question, answer, source"
+    )
 
     spec = {"kind": "uploaded", "id": dataset_id, "prompt_column": "question",
             "reference_columns": ["answer", "solution"]}  # fmt: skip
@@ -66,7 +68,9 @@ def test_refusals_at_run_creation_name_the_field(ds_client, admin, db, run_jobs)
     _no_run(db)
 
 
-def test_a_failed_dataset_is_refused_with_its_reason(ds_app, ds_client, admin, db, run_jobs) -> None:  # type: ignore[no-untyped-def]
+def test_a_failed_dataset_is_refused_with_its_reason(
+    ds_app, ds_client, admin, db, run_jobs
+) -> None:  # type: ignore[no-untyped-def]
     from tests.server.datasets.files import parquet
 
     ds_app.state.settings.datasets.max_row_bytes = 2048
@@ -107,7 +111,9 @@ def test_a_preparation_that_died_half_way_is_redone(ds_app, ds_client, admin, db
     run = _create(ds_client, admin, spec, epochs=2).json()["run"]
     run_id = uuid.UUID(run["id"])
     # what a crash after the first chunks leaves: some dataset rows, the run still preparing
-    db.add_all(DatasetRow(run_id=run_id, row_index=i, prompt="partial", reference={}) for i in range(3))
+    db.add_all(
+        DatasetRow(run_id=run_id, row_index=i, prompt="partial", reference={}) for i in range(3)
+    )
     db.commit()
     run_jobs("run_prep")
     after = ds_client.get(f"/api/v1/runs/{run['id']}", headers=admin).json()
@@ -137,7 +143,9 @@ def test_cancel_works_while_preparing(ds_client, admin, run_jobs) -> None:  # ty
     assert ds_client.get(f"/api/v1/runs/{run['id']}", headers=admin).json()["status"] == "cancelled"
 
 
-def test_an_unreachable_hub_dataset_fails_the_run_with_the_reason(ds_client, admin, run_jobs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_unreachable_hub_dataset_fails_the_run_with_the_reason(
+    ds_client, admin, run_jobs, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     import datasets as hf
     import huggingface_hub.constants
 

@@ -13,8 +13,8 @@ import pytest
 
 from protocol import datasets
 from tests.server.datasets.files import QUESTIONS, jsonl, parquet, upload
-from tests.server.leases.helpers import batch_manifest, bearer
 from tests.server.learner.support import FP, make_worker
+from tests.server.leases.helpers import batch_manifest, bearer
 
 SYSTEM = "Solve the word problem. Answer with a number."
 BASE: dict[str, Any] = {
@@ -68,11 +68,17 @@ def _lease_and_claim(
     lease = acquired.json()
     data = json.dumps(lease["prompts"]).encode()
     base = f"/api/v1/leases/{lease['lease_id']}"
-    body = {"fencing": lease["fencing"], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    body = {
+        "fencing": lease["fencing"],
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     put = client.post(f"{base}/upload", json=body, headers=worker).json()
     assert client.put(put["url"], content=data, headers=put["headers"]).status_code == 200
     manifest = batch_manifest(lease, data, key=put["key"])
-    done = client.post(f"{base}/complete", json={"fencing": lease["fencing"], "manifest": manifest}, headers=worker)
+    done = client.post(
+        f"{base}/complete", json={"fencing": lease["fencing"], "manifest": manifest}, headers=worker
+    )
     assert done.status_code == 200, done.text
     claimed = client.post(
         f"/api/v1/runs/{run_id}/batches/claim",
@@ -120,7 +126,9 @@ def test_run_on_an_uploaded_dataset(ds_app, ds_client, admin, run_jobs, fmt):  #
 
 
 @pytest.mark.parametrize("layout", ["data_files", "folder"])
-def test_run_on_an_hf_dataset_from_local_files(ds_app, ds_client, admin, run_jobs, tmp_path, layout):  # type: ignore[no-untyped-def]
+def test_run_on_an_hf_dataset_from_local_files(
+    ds_app, ds_client, admin, run_jobs, tmp_path, layout
+):  # type: ignore[no-untyped-def]
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "train.jsonl").write_bytes(jsonl(QUESTIONS))

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from server.models import Dataset
-from tests.server.datasets.files import QUESTIONS, jsonl, parquet, upload
+from tests.server.datasets.files import QUESTIONS, empty_parquet, jsonl, parquet, upload
 
 
 def _nothing_left(db, app) -> None:  # type: ignore[no-untyped-def]
@@ -53,9 +53,10 @@ def test_format_from_the_query_and_unknown_suffix(ds_client, admin) -> None:  # 
     assert resp.json()["field"] == "format"
 
 
+TEN_MB_ROW = b'{"prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}\n'
 HOSTILE = [
     (b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n', "line 2: not UTF-8"),
-    (b'{"prompt": "ok"}\n' + b'{"prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}\n', "line 2: longer than"),
+    (b'{"prompt": "ok"}\n' + TEN_MB_ROW, "line 2: longer than"),
     (b"", "no rows"),
     (b"\n  \n\n", "no rows"),
     (b'{"prompt": "ok"}\n[1, 2]\n', "line 2: a row must be a non-empty JSON object"),
@@ -75,17 +76,9 @@ def test_hostile_jsonl_is_refused_and_nothing_is_kept(ds_app, ds_client, admin, 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
-    [(b"PAR1 not really parquet", "not a readable Parquet file"), (parquet([]), "no rows")],
+    [(b"PAR1 not really parquet", "not a readable Parquet file"), (empty_parquet(), "no rows")],
 )
 def test_hostile_parquet_is_refused(ds_app, ds_client, admin, db, data, reason):  # type: ignore[no-untyped-def]
-    if not data.startswith(b"PAR1 not"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        import io
-
-        buffer = io.BytesIO()
-        pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), buffer)
-        data = buffer.getvalue()
     resp = upload(ds_client, admin, data, "bad.parquet")
     assert resp.status_code == 422, resp.text
     assert reason in resp.json()["detail"]
