@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from anyio import to_thread
 from sqlalchemy.orm import Session, sessionmaker
@@ -64,6 +65,7 @@ class _Sink:
     """The temp file being written, its digest and size, and the JSONL check."""
 
     path: Path
+    out: BinaryIO
     limits: DatasetSettings
     jsonl: files.JsonlCheck | None
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
@@ -77,12 +79,12 @@ class _Sink:
                 "(datasets.max_upload_bytes)"
             )
         self.digest.update(chunk)
-        with open(self.path, "ab") as f:
-            f.write(chunk)
+        self.out.write(chunk)
         if self.jsonl is not None:
             self.jsonl.feed(chunk)
 
-    def shape(self, fmt: str) -> tuple[int, list[str]]:
+    def shape(self) -> tuple[int, list[str]]:
+        self.out.close()
         if self.jsonl is not None:
             self.jsonl.finish()
             return self.jsonl.rows, self.jsonl.columns.as_list()
@@ -118,17 +120,18 @@ async def receive(
     """Stream, check, store and record the upload (pending); nothing is left on a refusal."""
     tmp = _temp(store)
     jsonl = files.JsonlCheck(limits.max_row_bytes) if fmt == "jsonl" else None
-    sink = _Sink(tmp, limits, jsonl)
+    sink = _Sink(tmp, open(tmp, "wb"), limits, jsonl)  # noqa: SIM115 - closed in finally
     try:
         async for chunk in _chunks(body):
             await to_thread.run_sync(sink.feed, chunk)
-        rows, columns = await to_thread.run_sync(sink.shape, fmt)
+        rows, columns = await to_thread.run_sync(sink.shape)
         dataset_id = uuid.uuid4()
         key = layout.dataset_key(dataset_id, fmt)
         await to_thread.run_sync(_put, store, key, tmp)
     except DatasetError as exc:
         raise Unprocessable(str(exc), field="file") from None
     finally:
+        sink.out.close()
         tmp.unlink(missing_ok=True)
 
     def record() -> DatasetOut:
