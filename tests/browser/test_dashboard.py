@@ -422,6 +422,7 @@ def test_a_dataset_file_uploaded_through_the_form(
         assert run is not None and run.status == "preparing" and run.dataset_id is not None
         dataset_id = str(run.dataset_id)
     page.goto(f"{base}/runs/new")
+    page.click("summary:has-text('Stored datasets')")
     table = page.locator("#stored-datasets").inner_text()
     assert "questions.jsonl" in table and dataset_id in table and "question, answer" in table
     _shot(page, "12-new-run-stored-datasets")
