@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.outbound import OutboundPolicy, check_networks
 from protocol.rewards import MODULE_PATH
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
@@ -124,6 +125,39 @@ class LearnerSettings(BaseSettings):
         "code the learner loads. Built-ins are always allowed (--reward-module, repeatable; a "
         "JSON list in ASYNCGRPO_LEARNER_REWARD_MODULES or ASYNCGRPO_LEARNER_REWARD_MODULE).",
     )
+
+    # The same variables as the server's (ASYNCGRPO_OUTBOUND_*), so that one deployment sets
+    # the policy once; ASYNCGRPO_LEARNER_OUTBOUND_* is the learner-only spelling.
+    outbound_allow_private: bool = Field(
+        False,
+        validation_alias=AliasChoices(
+            "outbound_allow_private",
+            "ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE",
+            "ASYNCGRPO_LEARNER_OUTBOUND_ALLOW_PRIVATE",
+        ),
+        description="Let the rewards' outbound calls (llm_judge) reach loopback, link-local "
+        "and private addresses (protocol/outbound.py); off, only public addresses "
+        "(ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE or ASYNCGRPO_LEARNER_OUTBOUND_ALLOW_PRIVATE).",
+    )
+    outbound_allow_cidrs: list[str] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices(
+            "outbound_allow_cidrs",
+            "ASYNCGRPO_OUTBOUND_ALLOW_CIDRS",
+            "ASYNCGRPO_LEARNER_OUTBOUND_ALLOW_CIDRS",
+        ),
+        description="Networks the rewards' outbound calls may reach although not public, "
+        'e.g. ["10.20.0.0/16"] (a JSON list in ASYNCGRPO_OUTBOUND_ALLOW_CIDRS).',
+    )
+
+    @field_validator("outbound_allow_cidrs")
+    @classmethod
+    def _networks(cls, cidrs: list[str]) -> list[str]:
+        return check_networks(cidrs)
+
+    def outbound_policy(self) -> OutboundPolicy:
+        """The policy the rewards' outbound calls go through."""
+        return OutboundPolicy.from_settings(self.outbound_allow_private, self.outbound_allow_cidrs)
 
     @field_validator("reward_modules")
     @classmethod

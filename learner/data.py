@@ -87,7 +87,7 @@ def plan_step(
     ]
     n_completions = rewards.numel()
     n_tokens = sum(len(c.completion_ids) for g in groups for c in g.completions)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo"):
         normaliser = float(n_tokens)
     elif loss_type == "grpo":
         normaliser = float(n_completions)

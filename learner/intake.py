@@ -19,6 +19,7 @@ from learner.transfers import ObjectMissing
 from protocol.batch_format import METADATA_KEY
 from protocol.batches import BatchExpectations, BatchRejected, RolloutBatchData, read_batch
 from protocol.layout import parse_batch_key
+from protocol.outbound import PUBLIC_ONLY, OutboundPolicy
 from protocol.rewards import BUILTINS_ONLY, RewardAllowlist
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import ClaimedBatch
@@ -50,6 +51,7 @@ class Intake:
         reward_timeout_s: float = 60.0,
         reward_processes: int = 1,
         rewards_allowed: RewardAllowlist = BUILTINS_ONLY,
+        outbound: OutboundPolicy = PUBLIC_ONLY,
     ) -> None:
         self.run_id = run_id
         self.config = config
@@ -63,6 +65,7 @@ class Intake:
             timeout_s=reward_timeout_s,
             processes=reward_processes,
             allowed=rewards_allowed,
+            outbound=outbound,
         )
 
     def close(self) -> None:

@@ -130,6 +130,7 @@ class Session:
             reward_timeout_s=settings.reward_timeout_s,
             reward_processes=settings.reward_processes,
             rewards_allowed=learner.rewards_allowed,
+            outbound=settings.outbound_policy(),
         )
         try:
             self.trainer = self._load(attach)

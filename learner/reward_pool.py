@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
+from protocol.outbound import PUBLIC_ONLY, OutboundPolicy
 from protocol.rewards import (
     BUILTINS,
     BUILTINS_ONLY,
@@ -39,6 +41,7 @@ from protocol.rewards import (
     score_one,
     weighted,
 )
+from protocol.rewards_judge import JudgeHost, use_host
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +84,39 @@ def _check(names: Sequence[str], allowed: RewardAllowlist) -> None:
         resolve(name, allowed)
 
 
+def _check_judge_keys(specs: Sequence[RewardSpecLike]) -> None:
+    """An `llm_judge` whose key variable is not set here would fail every batch: RewardError
+    at start instead (the run fails with the reason)."""
+    for spec in specs:
+        env_name = spec.kwargs.get("api_key_env") if spec.name == "llm_judge" else None
+        if isinstance(env_name, str) and not os.environ.get(env_name):
+            raise RewardError(
+                f"llm_judge: the environment variable {env_name} (its api_key_env) is not set "
+                "where the learner runs"
+            )
+
+
+def _score_in_child(host: JudgeHost, *args: Any) -> list[float]:
+    """`score_one` in a child, with the learner host's judge settings (`JudgeHost`): the
+    child was forked from the forkserver, whose environment may predate the learner's."""
+    use_host(host)
+    return score_one(*args)
+
+
+def _judge_host(spec: RewardSpecLike, policy: OutboundPolicy) -> JudgeHost:
+    """The outbound policy, and the one environment variable an `llm_judge` names."""
+    env_name = spec.kwargs.get("api_key_env") if spec.name == "llm_judge" else None
+    environ = {}
+    if isinstance(env_name, str) and env_name in os.environ:
+        environ[env_name] = os.environ[env_name]
+    return JudgeHost(policy=policy, environ=environ)
+
+
 class RewardPool:
     """Scores completions with the run's rewards in `processes` warm child processes; one
     batch may take at most `timeout_s` of reward time (all its rewards together). The children
-    load user rewards only from `allowed` (built-ins only by default)."""
+    load user rewards only from `allowed` (built-ins only by default); `outbound` is the
+    policy the rewards' own outbound calls (`llm_judge`) go through."""
 
     def __init__(
         self,
@@ -94,6 +126,7 @@ class RewardPool:
         processes: int = 1,
         start_timeout_s: float = START_TIMEOUT_S,
         allowed: RewardAllowlist = BUILTINS_ONLY,
+        outbound: OutboundPolicy = PUBLIC_ONLY,
     ) -> None:
         if timeout_s <= 0 or processes < 1:
             raise ValueError("timeout_s must be > 0 and processes >= 1")
@@ -101,9 +134,11 @@ class RewardPool:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.allowed = allowed
+        self.outbound = outbound
         self._lock = threading.Lock()
         self._in_flight: set[concurrent.futures.Future[Any]] = set()
         self._closed = False
+        _check_judge_keys(self.specs)
         users = _user_rewards([s.name for s in self.specs])
         self._pool = ProcessPool(
             max_workers=processes,
@@ -161,8 +196,9 @@ class RewardPool:
                 raise RewardPoolClosed("the reward pool is closed")
             prompts, completions, columns = args
             future = self._pool.submit(
-                score_one,
+                _score_in_child,
                 left,
+                _judge_host(spec, self.outbound),
                 spec.name,
                 dict(spec.kwargs),
                 prompts,

@@ -124,6 +124,7 @@ class Trainer:
             epsilon_low=g.epsilon_low,
             epsilon_high=g.epsilon_high,
             loss_type=g.loss_type,
+            importance_level=g.importance_level,
             correction=g.correction,
             tis_cap=g.tis_cap,
             ref_logp=ref,

@@ -157,3 +157,16 @@ def parse_jsonl(lines: Iterable[str] | str) -> list[dict[str, Any]]:
     if not rows:
         raise DatasetError("a JSONL dataset needs at least one row")
     return rows
+
+
+@register_generator("word_problems")
+def word_problems(size: int, seed: int) -> list[dict[str, Any]]:
+    """Grade-school word problems in GSM8K's style (protocol/word_problems.py): `prompt` is the
+    question, `answer` the final number (a string integer) and `solution` GSM8K's worked
+    answer ending in `#### <n>`."""
+    from protocol.word_problems import final_answer, problems
+
+    return [
+        {"prompt": p["question"], "answer": final_answer(p["answer"]), "solution": p["answer"]}
+        for p in problems(size, seed)
+    ]

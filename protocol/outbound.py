@@ -54,6 +54,17 @@ def _unwrapped(address: IPAddress) -> IPAddress:
     return address
 
 
+def check_networks(cidrs: list[str]) -> list[str]:
+    """The settings' `outbound_allow_cidrs` (server and learner), or ValueError naming the
+    first entry that is not a network."""
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"{cidr!r} is not a network (CIDR), e.g. 10.20.0.0/16") from exc
+    return cidrs
+
+
 @dataclass(frozen=True)
 class OutboundPolicy:
     """Which destination addresses outbound calls may reach: global ones always; private,
@@ -131,22 +142,24 @@ class _CheckingBackend(httpcore.SyncBackend):
 
 
 class _PolicyTransport(httpx.HTTPTransport):
-    def __init__(self, policy: OutboundPolicy) -> None:
+    def __init__(self, policy: OutboundPolicy, max_connections: int) -> None:
         super().__init__(trust_env=False)
         # httpx builds its pool without a way to pass a network backend: rebuild it with one
         # (same TLS context as httpx's default, verified).
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(trust_env=False),
             network_backend=_CheckingBackend(policy),
+            max_connections=max_connections,
         )
 
 
-def client(policy: OutboundPolicy, *, timeout_s: float) -> httpx.Client:
+def client(policy: OutboundPolicy, *, timeout_s: float, max_connections: int = 10) -> httpx.Client:
     """An httpx client whose every connection goes through `policy` (no environment
     proxies: a proxy would connect on the caller's behalf, unchecked). Refused destinations
-    raise OutboundRefused; redirects are not followed."""
+    raise OutboundRefused; redirects are not followed. At most `max_connections` requests
+    are in flight at once (more wait for a connection)."""
     return httpx.Client(
-        transport=_PolicyTransport(policy),
+        transport=_PolicyTransport(policy, max_connections),
         timeout=timeout_s,
         trust_env=False,
         follow_redirects=False,

@@ -7,11 +7,13 @@ one value per completion. A function may return None for a completion it does no
 (as in TRL); `combine` then skips it in the weighted sum.
 
 Built-ins: `numeric_match`, `answer_format`, `length_limit`, `hash_score` (no signal: for speed
-checks with random weights, bench/gpu_check.py). User code comes only from what the learner's
-operator allows where the learner runs (`RewardAllowlist`): an entry point of the group
-`asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a module
-listed with `--reward-module`. Run validation checks the syntax only (the server cannot know what
-a learner host allows) and refuses standard-library modules (`os:system`), which are never a
+checks with random weights, bench/gpu_check.py), `math_verify` and `think_format`
+(protocol/rewards_math.py), `llm_judge` (protocol/rewards_judge.py); this module is the one list of
+them (`BUILTINS`; `KWARG_CHECKS` for their kwargs at run creation). User code comes only from what
+the learner's operator allows where the learner runs (`RewardAllowlist`): an entry point of the
+group `asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a
+module listed with `--reward-module`. Run validation checks the syntax only (the server cannot know
+what a learner host allows) and refuses standard-library modules (`os:system`), which are never a
 reward; the learner imports nothing outside its allowlist (docs/architecture.md, "Rewards").
 """
 
@@ -27,12 +29,19 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
+
+from protocol.rewards_base import RewardError, last_number, text_of, to_decimal
+from protocol.rewards_judge import check_llm_judge, llm_judge
+from protocol.rewards_math import (
+    check_math_verify,
+    check_think_format,
+    math_verify,
+    think_format,
+)
 
 RewardFn = Callable[..., list[float | None]]
 
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _MODULE = rf"{_IDENT}(?:\.{_IDENT})*"
@@ -41,32 +50,6 @@ _USER_REF = re.compile(rf"^{_MODULE}:{_IDENT}$")
 _ENTRY_POINT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,199}$")
 ENTRY_POINT_GROUP = "asyncgrpo.rewards"
 ANY_FUNCTION = "*"  # `module:*` in a learner's reported names: any function of an allowed module
-
-
-class RewardError(ValueError):
-    """A reward that cannot be resolved or returned something unusable."""
-
-
-def _text(completion: Any) -> str:
-    """A completion as text: a string, or TRL's conversational [{role, content}] form."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return str(completion)
-
-
-def _number(text: str) -> Decimal | None:
-    try:
-        return Decimal(text.replace(",", "").strip())
-    except InvalidOperation:
-        return None
-
-
-def last_number(text: str) -> Decimal | None:
-    """The last integer or decimal number in `text` (thousands separators allowed)."""
-    found = _NUMBER.findall(text)
-    return _number(found[-1]) if found else None
 
 
 def numeric_match(
@@ -80,8 +63,8 @@ def numeric_match(
         raise RewardError("numeric_match needs an `answer` reference column")
     scores: list[float | None] = []
     for completion, expected in zip(completions, answer, strict=True):
-        want = _number(str(expected)) if expected is not None else None
-        got = last_number(_text(completion))
+        want = to_decimal(str(expected)) if expected is not None else None
+        got = last_number(text_of(completion))
         scores.append(1.0 if want is not None and got is not None and got == want else 0.0)
     return scores
 
@@ -90,7 +73,7 @@ def answer_format(
     prompts: Sequence[Any], completions: Sequence[Any], **_: Any
 ) -> list[float | None]:
     """1.0 when the completion contains an `<answer>…</answer>` pair, else 0.0."""
-    return [1.0 if _ANSWER_TAG.search(_text(c)) else 0.0 for c in completions]
+    return [1.0 if _ANSWER_TAG.search(text_of(c)) else 0.0 for c in completions]
 
 
 def length_limit(
@@ -101,7 +84,7 @@ def length_limit(
         raise RewardError("length_limit needs max_chars >= 1")
     scores: list[float | None] = []
     for completion in completions:
-        excess = len(_text(completion)) - max_chars
+        excess = len(text_of(completion)) - max_chars
         scores.append(1.0 if excess <= 0 else max(0.0, 1.0 - excess / max_chars))
     return scores
 
@@ -115,7 +98,7 @@ def hash_score(
     all-equal groups are skipped) still trains on every group: speed checks only."""
     scores: list[float | None] = []
     for completion in completions:
-        digest = hashlib.sha256((salt + _text(completion)).encode()).digest()
+        digest = hashlib.sha256((salt + text_of(completion)).encode()).digest()
         scores.append(int.from_bytes(digest[:8], "big") / 2**64)
     return scores
 
@@ -125,6 +108,16 @@ BUILTINS: dict[str, RewardFn] = {
     "answer_format": answer_format,
     "length_limit": length_limit,
     "hash_score": hash_score,
+    "math_verify": math_verify,
+    "think_format": think_format,
+    "llm_judge": llm_judge,
+}
+# Built-ins whose kwargs need more than known names (types, ranges, no secrets): checked at
+# run creation, so that a run never starts with a reward that cannot work.
+KWARG_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "math_verify": check_math_verify,
+    "think_format": check_think_format,
+    "llm_judge": check_llm_judge,
 }
 
 
@@ -159,16 +152,35 @@ def _refuse_stdlib(name: str) -> None:
 
 
 def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
-    """For built-ins, refuse keyword arguments the function does not take."""
+    """For built-ins, refuse keyword arguments the function does not take, then values the
+    built-in's own check (`KWARG_CHECKS`) refuses."""
     fn = BUILTINS.get(name)
     if fn is None:
         return
-    params = inspect.signature(fn).parameters
-    allowed = [p for p in params if p not in ("prompts", "completions", "_")]
+    params = inspect.signature(fn).parameters.values()
+    allowed = [
+        p.name
+        for p in params
+        if p.name not in ("prompts", "completions") and p.kind is not p.VAR_KEYWORD
+    ]
     unknown = sorted(set(kwargs) - set(allowed))
+    if unknown and name in KWARG_CHECKS:
+        KWARG_CHECKS[name](kwargs)  # a precise refusal first (a key given as `api_key`)
     if unknown:
         hint = ", ".join(allowed) if allowed else "none"
         raise RewardError(f"{name} takes no argument {', '.join(unknown)} (it takes: {hint})")
+    if name in KWARG_CHECKS:
+        KWARG_CHECKS[name](kwargs)
+
+
+def works_without_kwargs(name: str) -> bool:
+    """Whether a built-in may be named with no kwargs (the dashboard's checkboxes offer only
+    those; `llm_judge` needs its endpoint)."""
+    try:
+        check_kwargs(name, {})
+    except RewardError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

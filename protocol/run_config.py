@@ -21,10 +21,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from protocol import datasets, rewards
 from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
@@ -339,7 +341,7 @@ class GrpoConfig(_Strict):
         "learning_rate": (lambda x: x > 0, "must be greater than 0"),
         "weight_decay": (lambda x: x >= 0, "must be at least 0"),
         "max_grad_norm": (lambda x: x > 0, "must be greater than 0"),
-        "epsilon_low": (lambda x: 0 <= x < 1, "must be in [0, 1)"),
+        "epsilon_low": (lambda x: x >= 0, "must be at least 0"),  # < 1 unless cispo: below
         "epsilon_high": (lambda x: x >= 0, "must be at least 0"),
         "beta": (lambda x: x >= 0, "must be at least 0"),
         "tis_cap": (lambda x: x >= 1, "must be at least 1"),
@@ -350,9 +352,20 @@ class GrpoConfig(_Strict):
     learning_rate: float = Field(5e-4, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, description="Gradient-norm clip.")
-    epsilon_low: float = Field(0.2, description="Lower clip ε_low of the ratio.")
+    epsilon_low: float = Field(
+        0.2, description="Lower clip ε_low of the ratio; ≥ 1 (no lower clip) for cispo only."
+    )
     epsilon_high: float = Field(0.28, description="Upper clip ε_high of the ratio.")
-    loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field("dapo", description="Aggregation.")
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "cispo"] = Field(
+        "dapo",
+        description="Aggregation (dapo, grpo, dr_grpo), or cispo: MiniMax-M1's clipped "
+        "importance-weight loss, aggregated as dapo.",
+    )
+    importance_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="Ratio of the clipped surrogate: per token, or per sequence (GSPO: "
+        "exp of the mean log-ratio over the completion).",
+    )
     scale_rewards: Literal["group", "none"] = Field("group", description="Advantage scaling.")
     beta: float = Field(0.0, description="KL coefficient to the base model (k3 estimator).")
     correction: Literal["none", "tis"] = Field("none", description="Off-policy correction.")
@@ -365,6 +378,63 @@ class GrpoConfig(_Strict):
     system_prompt: str | None = Field(
         "You are a helpful assistant.", description="System message for string prompts."
     )
+
+    @model_validator(mode="after")
+    def _loss_combination(self) -> GrpoConfig:
+        refused = loss_combination_errors(
+            self.loss_type, self.importance_level, self.correction, self.epsilon_low
+        )
+        if refused:
+            details = [
+                InitErrorDetails(type=_fail(msg), loc=(field,), input=getattr(self, field))
+                for field, msg in refused
+            ]
+            raise ValidationError.from_exception_data(type(self).__name__, details)
+        return self
+
+
+# The reasons a combination of loss options is refused (README "The GRPO loss").
+_CISPO_TIS = (
+    "correction 'tis' cannot be combined with loss_type 'cispo': CISPO already weights each "
+    "token by the truncated, gradient-stopped ratio sg(clip(ρ, 1 − epsilon_low, 1 + "
+    "epsilon_high)) to the same behaviour log-probs, so a TIS cap C is epsilon_high = C − 1; "
+    "use correction 'none' (got 'tis')"
+)
+_SEQUENCE_CISPO = (
+    "importance_level 'sequence' cannot be combined with loss_type 'cispo': CISPO clips each "
+    "token's own weight so that no token loses its gradient; a sequence-level ratio is GSPO, "
+    "a clipped surrogate: use loss_type 'grpo' (the GSPO paper's), 'dapo' or 'dr_grpo' "
+    "(got 'sequence')"
+)
+_SEQUENCE_TIS = (
+    "importance_level 'sequence' cannot be combined with correction 'tis': TIS replaces the "
+    "clipped surrogate by a per-token truncated weight, and the sequence-level ratio (GSPO) "
+    "exists only in the clipped surrogate; use correction 'none' (got 'sequence')"
+)
+
+
+def loss_combination_errors(
+    loss_type: str, importance_level: str, correction: str, epsilon_low: float
+) -> list[tuple[str, str]]:
+    """The refused combinations of the loss options, as (field, message); empty when the
+    combination is valid. README "The GRPO loss" tabulates every combination; β and dr_grpo
+    combine with all that is valid here."""
+    out = []
+    if epsilon_low >= 1 and loss_type != "cispo":
+        message = (
+            f"epsilon_low must be in [0, 1) with loss_type {loss_type!r}: with "
+            "1 − epsilon_low ≤ 0 the clipped surrogate never clips from below; only loss_type "
+            f"'cispo' allows epsilon_low ≥ 1, its weight then clipped from above only "
+            f"(got {epsilon_low!r})"
+        )
+        out.append(("epsilon_low", message))
+    if loss_type == "cispo" and correction == "tis":
+        out.append(("correction", _CISPO_TIS))
+    if importance_level == "sequence" and loss_type == "cispo":
+        out.append(("importance_level", _SEQUENCE_CISPO))
+    if importance_level == "sequence" and correction == "tis":
+        out.append(("importance_level", _SEQUENCE_TIS))
+    return out
 
 
 def _http_url(url: str) -> bool:

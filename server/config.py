@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import os
 import secrets
 from collections.abc import Mapping
@@ -13,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from protocol.outbound import OutboundPolicy
+from protocol.outbound import OutboundPolicy, check_networks
 
 EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
 EMBEDDED_BUCKET_URL = "./bucket"
@@ -250,12 +249,7 @@ class Settings(BaseSettings):
     @field_validator("outbound_allow_cidrs")
     @classmethod
     def _networks(cls, cidrs: list[str]) -> list[str]:
-        for cidr in cidrs:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError as exc:
-                raise ValueError(f"{cidr!r} is not a network (CIDR), e.g. 10.20.0.0/16") from exc
-        return cidrs
+        return check_networks(cidrs)
 
     def outbound_policy(self) -> OutboundPolicy:
         """The policy every outbound call for a run goes through."""

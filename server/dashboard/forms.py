@@ -23,6 +23,7 @@ PLAIN_FIELDS = (
     "lora.dropout",
     "grpo.learning_rate",
     "grpo.loss_type",
+    "grpo.importance_level",
     "grpo.scale_rewards",
     "grpo.epsilon_low",
     "grpo.epsilon_high",
@@ -66,7 +67,8 @@ DATASET_KINDS = ("generator", "jsonl", "uploaded")
 UPLOAD_PENDING = "00000000-0000-0000-0000-000000000000"
 OTHER_FIELDS = ("dataset.file", "rewards", "reward.custom", "lora.target_modules")
 ALL_FIELDS = frozenset(PLAIN_FIELDS + DATASET_FIELDS + OTHER_FIELDS)
-BUILTIN_REWARDS = tuple(sorted(rewards.BUILTINS))
+# the built-ins that work with no kwargs (the form has no kwargs field; llm_judge needs them)
+BUILTIN_REWARDS = tuple(sorted(n for n in rewards.BUILTINS if rewards.works_without_kwargs(n)))
 GENERATORS = tuple(sorted(datasets.GENERATORS))
 
 

@@ -32,6 +32,9 @@ def create_run(
     refusal = service.webhook_refusal(config, settings.outbound_policy())
     if refusal is not None:
         raise Unprocessable(refusal, field="alarms.webhook_url")
+    judge = service.judge_refusal(config, settings.outbound_policy())
+    if judge is not None:
+        raise Unprocessable(judge[1], field=judge[0])
     run, learner_token = service.create_run(session, config)
     created = RunCreated(run=service.detail(session, run), learner_token=learner_token)
     if run.status == "preparing":

@@ -51,6 +51,18 @@ def webhook_refusal(config: RunConfig, policy: OutboundPolicy) -> str | None:
     return f"the webhook URL's host is refused: {reason}" if reason else None
 
 
+def judge_refusal(config: RunConfig, policy: OutboundPolicy) -> tuple[str, str] | None:
+    """The field and reason when an `llm_judge` reward's base_url is an IP literal the outbound
+    policy refuses (a host name is checked when the learner's call resolves it, with the
+    learner host's policy)."""
+    for i, spec in enumerate(config.rewards):
+        url = spec.kwargs.get("base_url") if spec.name == "llm_judge" else None
+        reason = policy.literal_refusal(url) if isinstance(url, str) else None
+        if reason:
+            return f"rewards.{i}.kwargs.base_url", f"the judge's host is refused: {reason}"
+    return None
+
+
 def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     """Insert the run and mint its learner token (shown once). Generator and inline kinds:
     the run is pending with its dataset rows and every epoch's prompt rows (queued, queue_pos =

@@ -28,7 +28,8 @@ GROUPS = [
 
 
 @pytest.mark.parametrize(
-    ("loss_type", "norm"), [("dapo", 2 + 3 + 1 + 4), ("grpo", 4), ("dr_grpo", 4 * 8)]
+    ("loss_type", "norm"),
+    [("dapo", 2 + 3 + 1 + 4), ("cispo", 2 + 3 + 1 + 4), ("grpo", 4), ("dr_grpo", 4 * 8)],
 )
 def test_plan_counts_every_completion_in_the_normaliser(loss_type, norm) -> None:  # type: ignore[no-untyped-def]
     plan = plan_step(

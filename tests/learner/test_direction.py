@@ -1,9 +1,11 @@
 """On the real small model: with one prompt and a reward that prefers one completion, that
-completion's probability rises after a few GRPO optimizer steps."""
+completion's probability rises after a few GRPO optimizer steps, with each loss variant."""
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +18,27 @@ from protocol.run_config import RunConfig
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-def _config() -> RunConfig:
+VARIANTS = {
+    "dapo-token": {},
+    # GSPO as its paper: sequence-level ratio, grpo aggregation, its small ε
+    "gspo": {
+        "loss_type": "grpo",
+        "importance_level": "sequence",
+        "epsilon_low": 3e-4,
+        "epsilon_high": 4e-4,
+    },
+    "cispo": {"loss_type": "cispo", "epsilon_low": 1.0, "epsilon_high": 0.28},
+}
+
+
+@pytest.fixture(scope="module")
+def base_model() -> Any:
+    from lm.models import load_model
+
+    return load_model("smollm2-135m-instruct")
+
+
+def _config(grpo: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(
         {
             "name": "direction",
@@ -24,7 +46,7 @@ def _config() -> RunConfig:
             "dataset": {"kind": "jsonl", "rows": [{"prompt": "What is 7+5?", "answer": 12}]},
             "rewards": [{"name": "numeric_match"}],
             "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-            "grpo": {"learning_rate": 5e-3},
+            "grpo": {"learning_rate": 5e-3, **grpo},
             "group_size": 4,
             "prompts_per_lease": 1,
             "prompts_per_step": 1,
@@ -36,14 +58,15 @@ def _sequence_logprob(model, prompt: list[int], completion: list[int], eos: int)
     return sum(completion_logprobs(model, [prompt], [completion], 1.0, pad_id=eos)[0])
 
 
-def test_preferred_completion_becomes_more_likely() -> None:
-    from lm.models import load_model, load_tokenizer
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_preferred_completion_becomes_more_likely(base_model: Any, variant: str) -> None:
+    from lm.models import load_tokenizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = _config()
+    config = _config(VARIANTS[variant])
     tokenizer = load_tokenizer(config.base_model)
-    model = add_lora(load_model(config.base_model), config)
+    model = add_lora(copy.deepcopy(base_model), config)
     prompt = list(
         tokenizer.apply_chat_template(
             [{"role": "user", "content": "What is 7+5?"}],
@@ -65,6 +88,7 @@ def test_preferred_completion_becomes_more_likely() -> None:
         completions = [Completion(prompt, t, b) for t, b in zip(tokens, behaviour, strict=True)]
         metrics = trainer.train_step([Group(completions, [1.0, 0.0, 1.0, 0.0])])
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert metrics["clip_low"] == metrics["clip_high"] == 0.0  # on-policy: nothing clipped
         # mean entropy over the completion tokens: positive, below a uniform distribution's
         assert 0.0 < metrics["entropy"] < math.log(len(tokenizer))
     after_good = _sequence_logprob(model, prompt, good, eos)

@@ -1,7 +1,9 @@
 """The intake's rewards against the real server (uvicorn, Postgres, local store): batches are
 claimed through the client, loaded in a background thread (as the learner's intake thread
 does), and a batch on which a reward hangs is rejected `reward_error` through the client, its
-prompts re-queued with an attempt counted, while the other batch scores in a fresh child."""
+prompts re-queued with an attempt counted, while the other batch scores in a fresh child; a
+batch whose `llm_judge` keeps failing (a real local endpoint answering 500) is rejected the
+same way."""
 
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ from sqlalchemy import select
 from learner.intake import Intake
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient
+from protocol.outbound import OutboundPolicy
 from protocol.rewards import RewardAllowlist
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.models import PromptRow, RolloutBatch
 from tests.conftest import make_settings
+from tests.fake_judge import Reply, fake_judge
 from tests.learner.test_e2e_learner import _real_batch
 from tests.live_server import serve_in_thread
 from tests.server.learner.support import make_run, make_worker
@@ -130,3 +134,51 @@ def test_a_hanging_reward_rejects_its_batch_reward_error(live, tmp_path: Path) -
             )
         ).all()
     assert sorted(requeued) == [("queued", 1), ("queued", 1)]
+
+
+def test_a_judge_that_keeps_failing_rejects_its_batch_reward_error(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`llm_judge` through the learner's scoring path: the fake judge answers 500 to every
+    request; after its retry the batch is rejected `reward_error` and its prompts re-queued."""
+    from lm.chat import tokenizer_fingerprint
+    from lm.models import load_tokenizer
+
+    base, app = live
+    with fake_judge(lambda body, n: Reply(status=500)) as judge:
+        run = make_run(
+            app,
+            dataset={"kind": "jsonl", "rows": ROWS[:2]},
+            rewards=[
+                {"name": "numeric_match"},
+                {
+                    "name": "llm_judge",
+                    "kwargs": {"base_url": judge.url, "model": "m", "max_retries": 1},
+                },
+            ],
+        )
+        worker_id, _ = make_worker(app)
+        tok = load_tokenizer("smollm2-135m-instruct")
+        _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+        client = AsyncGrpoClient(base, run.token)
+        attach = client.learner_attach(str(run.id), str(tokenizer_fingerprint(tok)))
+        (claimed,) = client.claim_batches(str(run.id), attach.fencing, 4).batches
+        with Intake(
+            run_id=str(run.id),
+            config=RunConfig.model_validate(attach.run_config),
+            tokenizer=tok,
+            fingerprint=str(tokenizer_fingerprint(tok)),
+            work_dir=tmp_path / "work",
+            reward_timeout_s=30.0,
+            outbound=OutboundPolicy(allow_private=True),
+        ) as intake:
+            rejected, _ = _load_in_thread(intake, claimed)
+        assert len(judge.requests) >= 2  # a first try and a retry of at least one completion
+    assert isinstance(rejected, BatchRejected), rejected
+    assert (rejected.reason, rejected.check) == ("reward_error", "reward")
+    assert "reward 'llm_judge'" in rejected.detail and "answered 500" in rejected.detail
+    answer = client.reject_batch(
+        str(run.id), str(claimed.batch_id), attach.fencing, rejected.reason, rejected.detail
+    )
+    assert (answer.requeued, answer.dropped) == (2, 0)
+    with transaction(app.state.sessionmaker) as session:
+        row = session.get(RolloutBatch, claimed.batch_id)
+        assert row is not None and (row.state, row.reject_reason) == ("rejected", "reward_error")

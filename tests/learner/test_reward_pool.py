@@ -174,3 +174,16 @@ def test_a_standard_library_reward_is_refused_even_when_its_module_is_listed() -
         stored = RewardSpec.model_construct(name=name, weight=1.0, kwargs={})
         with pytest.raises(RewardError, match="standard library"):
             RewardPool([stored], timeout_s=5.0, allowed=allowed)
+
+
+def test_math_verify_scores_in_a_child_with_its_alarm_guards() -> None:
+    """math_verify in a reward process: its child's main thread, where math-verify's SIGALRM
+    guards are on (the off-main-thread path: tests/protocol/test_rewards_math.py)."""
+    specs = [RewardSpec(name="math_verify", kwargs={"column": "solution"})]
+    with RewardPool(specs) as pool:
+        got = pool.score(
+            ["p"] * 3,
+            ["\\boxed{\\frac{1}{2}}", "so 72", "no idea"],
+            {"solution": ["0.5", "… #### 72", "3"]},
+        )
+    assert got.per_reward["math_verify"] == [1.0, 1.0, 0.0]

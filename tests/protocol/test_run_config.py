@@ -107,6 +107,7 @@ RULES = [
     ("lora.target_modules", ["q_proj", " "], "lora.target_modules", "no empty names"),
     ("grpo.learning_rate", 0.0, "grpo.learning_rate", "learning_rate must be greater than 0"),
     ("grpo.epsilon_low", 1.0, "grpo.epsilon_low", "epsilon_low must be in [0, 1)"),
+    ("grpo.epsilon_low", -0.1, "grpo.epsilon_low", "epsilon_low must be at least 0"),
     ("grpo.epsilon_high", -0.1, "grpo.epsilon_high", "epsilon_high must be at least 0"),
     ("grpo.beta", -0.01, "grpo.beta", "beta must be at least 0"),
     ("grpo.tis_cap", 0.5, "grpo.tis_cap", "tis_cap must be at least 1"),
@@ -125,7 +126,13 @@ RULES = [
         "micro_batch_tokens must be at least 1",
     ),
     ("grpo.scale_rewards", "batch", "grpo.scale_rewards", "Input should be 'group' or 'none'"),
-    ("grpo.loss_type", "ppo", "grpo.loss_type", "Input should be 'dapo', 'grpo' or 'dr_grpo'"),
+    (
+        "grpo.loss_type",
+        "ppo",
+        "grpo.loss_type",
+        "Input should be 'dapo', 'grpo', 'dr_grpo' or 'cispo'",
+    ),
+    ("grpo.importance_level", "seq", "grpo.importance_level", "'token' or 'sequence'"),
     ("grpo.correction", "is", "grpo.correction", "Input should be 'none' or 'tis'"),
     ("budget_usd", 0.0, "budget_usd", "budget_usd must be greater than 0 when set"),
     (

@@ -126,6 +126,21 @@ def test_a_loopback_webhook_is_a_field_error_in_the_form(
         assert session.execute(select(Run)).first() is None
 
 
+def test_a_refused_loss_combination_is_a_field_error_in_the_form(
+    client: TestClient,
+    app,
+    admin_token: str,  # type: ignore[no-untyped-def]
+) -> None:
+    csrf = login(client, admin_token)
+    fields = {"grpo.loss_type": "cispo", "grpo.importance_level": "sequence"}
+    r = client.post("/runs/new", data={**_form(**fields), "csrf_token": csrf})
+    assert r.status_code == 422
+    assert re.search(r'data-error-for="grpo\.importance_level">[^<]*loss_type', r.text)
+    assert 'value="cispo" selected' in r.text  # what was chosen stays
+    with transaction(app.state.sessionmaker) as session:
+        assert session.execute(select(Run)).first() is None
+
+
 def test_new_run_from_jsonl_upload_shows_token_and_command_once(
     client: TestClient,
     app,

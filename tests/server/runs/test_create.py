@@ -108,6 +108,16 @@ def test_get_config_parses_the_stored_config(runs_client, admin, db: Session) ->
         ({"rewards": [{"name": "os:system"}]}, "rewards.0.name", "Python's standard library"),
         ({"rewards": [{"name": "answer_fromat"}]}, "rewards.0.name", "did you mean"),
         (
+            {"grpo": {"loss_type": "cispo", "correction": "tis"}},
+            "grpo.correction",
+            "correction 'tis' cannot be combined with loss_type 'cispo'",
+        ),
+        (
+            {"grpo": {"importance_level": "sequence", "epsilon_low": 1.0}},
+            "grpo.epsilon_low",
+            "epsilon_low must be in [0, 1) with loss_type 'dapo'",
+        ),
+        (
             {"dataset": {"kind": "jsonl", "rows": [{"prompt": "ok"}, {"answer": "1"}]}},
             "dataset.jsonl.rows.1",
             "row has no `prompt` column",
