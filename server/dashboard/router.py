@@ -230,7 +230,7 @@ async def _upload_dataset(
         while block := await upload.read(1024 * 1024):
             yield block
 
-    name = upload.filename or "dataset.jsonl"
+    name = (upload.filename or "dataset.jsonl").replace("\x00", "")
     try:
         created = await dataset_upload.receive(
             chunks(),

@@ -105,6 +105,8 @@ def parquet_shape(path: Path) -> tuple[int, list[str]]:
         raise DatasetError("the file holds no rows (a dataset needs at least one)")
     if not columns or len(columns) > MAX_COLUMNS:
         raise DatasetError(f"a Parquet dataset needs 1 to {MAX_COLUMNS:,} columns")
+    if any("\x00" in c for c in columns):
+        raise DatasetError("a column name may not contain NUL (\\u0000)")
     return rows, columns
 
 

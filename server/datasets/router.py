@@ -26,7 +26,12 @@ async def upload_dataset(
     _admin: AdminDep,
     name: Annotated[
         str,
-        Query(min_length=1, max_length=200, description="File name (its suffix gives the format)."),
+        Query(
+            min_length=1,
+            max_length=200,
+            pattern=r"^[^\x00]*$",
+            description="File name (its suffix gives the format); no NUL.",
+        ),
     ] = "dataset.jsonl",
     format: Annotated[  # noqa: A002 - the public query parameter's name
         DatasetFormat | None, Query(description="jsonl or parquet; default: from the name.")

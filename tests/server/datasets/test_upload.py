@@ -123,3 +123,12 @@ def test_a_parquet_row_over_the_row_limit_fails_in_the_job(ds_app, ds_client, ad
 def test_upload_needs_an_admin_token(ds_client) -> None:  # type: ignore[no-untyped-def]
     assert upload(ds_client, {}, jsonl(QUESTIONS), "a.jsonl").status_code == 401
     assert ds_client.get("/api/v1/datasets").status_code == 401
+
+
+def test_nul_in_the_name_or_a_parquet_column_is_refused(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, jsonl(QUESTIONS), "a\x00.jsonl")
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["field"] == "query.name"
+    resp = upload(ds_client, admin, parquet([{"pro\x00mpt": "x"}]), "nul.parquet")
+    assert resp.status_code == 422 and "NUL" in resp.json()["detail"]
+    _nothing_left(db, ds_app)
