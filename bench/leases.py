@@ -72,7 +72,7 @@ def setup(db_url: str, bucket: Path, n_rows: int, n_workers: int) -> tuple[str, 
     config = RunConfig.model_validate(
         {
             "name": "bench", "base_model": "bench-model",
-            "dataset": {"kind": "jsonl", "rows": [{"prompt": f"p{i}"} for i in range(n_rows)]},
+            "dataset": {"kind": "generator", "size": n_rows},
             "rewards": [{"name": "numeric_match"}], "group_size": 2, "prompts_per_lease": 1,
             "prompts_per_step": 1000, "max_staleness": 1000, "lease_ttl_s": 60.0,
         }

@@ -64,7 +64,10 @@ class LearnerSettings(BaseSettings):
     )
     claim_wait_s: float = Field(10.0, ge=0, description="Long-poll of one claim call.")
     standby_retry_s: float = Field(
-        5.0, gt=0, description="Wait between attach attempts while another learner holds the run."
+        5.0,
+        gt=0,
+        description="Wait between attach attempts while another learner holds the run or the "
+        "run is preparing its prompt rows.",
     )
     spot_check_fraction: float | None = Field(
         None, ge=0, le=1, description="Override of the run's spot-check fraction (None: run's)."

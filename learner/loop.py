@@ -38,9 +38,9 @@ from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.rewards import RewardAllowlist, RewardError
-from protocol.run_config import RunConfig
+from protocol.run_config import LearnerRunConfig, RunConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
-from protocol.schemas_learner import MISSING_REWARDS
+from protocol.schemas_learner import MISSING_REWARDS, PREPARING
 from protocol.staleness import staleness, trained_on
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class Session:
         self.client = learner.client
         self.run_id = settings.run_id
         self.fencing = attach.fencing
-        self.config = RunConfig.model_validate(attach.run_config)
+        self.config: RunConfig = LearnerRunConfig.model_validate(attach.run_config)
         self.dir = settings.work_dir / self.run_id / f"f{self.fencing}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
@@ -470,6 +470,10 @@ class Learner:
                 )
             except ConflictError as exc:
                 detail = str(exc.detail)
+                if PREPARING in detail:
+                    log.info("the run is preparing its prompt rows; waiting")
+                    time.sleep(self.settings.standby_retry_s)
+                    continue
                 if any(s in detail for s in ("run is ", "fingerprint", "--model", MISSING_REWARDS)):
                     raise RunFinished(detail) from exc
                 log.info("another learner holds the run; standing by")

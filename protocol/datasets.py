@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_JSONL_ROWS = 100_000
+# Inline (run config) and dashboard-parsed JSONL; larger files are uploaded datasets.
+MAX_JSONL_ROWS = 1_000
 MAX_GENERATOR_SIZE = 1_000_000
 CHAT_ROLES = ("system", "user", "assistant")
 

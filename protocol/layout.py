@@ -4,6 +4,7 @@ the one place keys are built.
 runs/{run_id}/adapters/v{version:06d}/{file}
 runs/{run_id}/checkpoints/v{version:06d}/{file}
 runs/{run_id}/batches/{lease_id}-{fencing}.parquet
+datasets/{dataset_id}/data.{jsonl|parquet}
 """
 
 from __future__ import annotations
@@ -66,3 +67,13 @@ def parse_batch_key(key: str) -> tuple[uuid.UUID, uuid.UUID, int]:
     if match is None:
         raise ValueError(f"not a batch key: {key!r}")
     return uuid.UUID(match["run"]), uuid.UUID(match["lease"]), int(match["fencing"])
+
+
+DATASET_FORMATS = ("jsonl", "parquet")
+
+
+def dataset_key(dataset_id: uuid.UUID | str, fmt: str) -> str:
+    """Where a stored dataset's file lives (uploaded as is, or a Hugging Face one as Parquet)."""
+    if fmt not in DATASET_FORMATS:
+        raise ValueError(f"dataset format must be one of {', '.join(DATASET_FORMATS)}")
+    return f"datasets/{uuid.UUID(str(dataset_id))}/data.{fmt}"

@@ -10,6 +10,8 @@ refused at every nesting level.
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlparse
@@ -32,6 +34,10 @@ from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
 MAX_ROW_BYTES = 1024 * KIB  # one dataset row as JSON
+# An inline dataset lives in the run's config: small, or it belongs in an uploaded dataset.
+MAX_INLINE_ROWS = datasets.MAX_JSONL_ROWS
+MAX_INLINE_BYTES = 1024 * KIB
+MAX_COLUMN_NAME = 200
 MAX_LORA_RANK = 1024
 MAX_LEARNER_PRICE_PER_HOUR = 10_000.0  # USD; far above any GPU box, far below float overflow
 _SAMPLED = "behaviour log-probs must describe the distribution actually sampled"
@@ -119,7 +125,7 @@ class GeneratorDataset(_Strict):
         "seed": SEED_RULE,
     }
 
-    def n_rows(self) -> int:
+    def n_rows(self) -> int | None:
         return self.size
 
 
@@ -131,7 +137,8 @@ def _check_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class InlineDataset(_Strict):
-    """Rows given at creation (JSONL): a `prompt` column plus reference columns."""
+    """Rows given at creation (JSONL): a `prompt` column plus reference columns. Small only
+    (it is kept in the run's config): anything larger is an uploaded dataset."""
 
     kind: Literal["jsonl"] = "jsonl"
     rows: list[
@@ -139,24 +146,140 @@ class InlineDataset(_Strict):
             dict[str, Any], AfterValidator(free_json(MAX_ROW_BYTES)), AfterValidator(_check_row)
         ]
     ] = Field(
-        description="Dataset rows (at most 100,000); each has `prompt` (a non-empty string or "
-        "chat messages {role, content} with roles system/user/assistant) and reference columns "
-        "that only the learner's rewards see; a row is at most 1 MiB as JSON, nested at most "
-        "32 levels, with finite numbers only."
+        description=f"Dataset rows (at most {MAX_INLINE_ROWS:,} and {MAX_INLINE_BYTES // KIB:,} "
+        "KiB as JSON in all; larger datasets are uploaded, POST /api/v1/datasets); each has "
+        "`prompt` (a non-empty string or chat messages {role, content} with roles "
+        "system/user/assistant) and reference columns that only the learner's rewards see; "
+        "nested at most 32 levels, with finite numbers only."
     )
 
     @field_validator("rows", mode="before")
     @classmethod
     def _row_count(cls, rows: Any) -> Any:
         # Before per-row validation, so an oversized dataset fails fast with one message.
-        if isinstance(rows, list) and not 1 <= len(rows) <= datasets.MAX_JSONL_ROWS:
+        if not isinstance(rows, list):
+            return rows
+        if not 1 <= len(rows) <= MAX_INLINE_ROWS:
             raise _fail(
-                f"rows must hold between 1 and {datasets.MAX_JSONL_ROWS:,} rows (got {len(rows):,})"
+                f"rows must hold between 1 and {MAX_INLINE_ROWS:,} rows (got {len(rows):,}); "
+                "use an uploaded dataset (POST /api/v1/datasets) for more"
+            )
+        size = _json_size(rows)
+        if size > MAX_INLINE_BYTES:
+            raise _fail(
+                f"inline rows must be at most {MAX_INLINE_BYTES:,} bytes as JSON (got "
+                f"{size:,}); use an uploaded dataset (POST /api/v1/datasets)"
             )
         return rows
 
-    def n_rows(self) -> int:
+    def n_rows(self) -> int | None:
         return len(self.rows)
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError):
+        return 0  # not JSON at all: the per-row validation says why
+
+
+def _column(name: str) -> str:
+    if not 1 <= len(name) <= MAX_COLUMN_NAME:
+        raise _fail(f"a column name must be 1 to {MAX_COLUMN_NAME} characters (got {name!r})")
+    return name
+
+
+Column = Annotated[str, AfterValidator(_column)]
+
+
+class _MappedDataset(_Strict):
+    """Column mapping of a stored dataset (uploaded or Hugging Face)."""
+
+    prompt_column: Column = Field(
+        "prompt",
+        description="Column holding the prompt: a non-empty string, or chat messages "
+        "[{role, content}] with roles system/user/assistant.",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="System message put before string prompts of this dataset (stored with "
+        "each prompt, so it replaces grpo.system_prompt for them); chat-message prompts are "
+        "used as they are. None: grpo.system_prompt applies.",
+    )
+    reference_columns: list[Column] | None = Field(
+        None,
+        description="Columns passed to the rewards as references (never sent to workers). "
+        "None: every column except the prompt column.",
+    )
+
+    def n_rows(self) -> int | None:
+        return None  # known to the server only, once the dataset is ready
+
+    def columns_needed(self) -> list[str]:
+        return [self.prompt_column, *(self.reference_columns or [])]
+
+
+class UploadedDataset(_MappedDataset):
+    """A dataset uploaded with POST /api/v1/datasets (JSONL or Parquet), by its id."""
+
+    kind: Literal["uploaded"] = "uploaded"
+    id: uuid.UUID = Field(description="The dataset's id, as POST /api/v1/datasets answered.")
+
+
+_HF_TEXT = (lambda s: 1 <= len(s) <= 500, "must be 1 to 500 characters")
+
+
+class HfDataset(_MappedDataset):
+    """A Hugging Face dataset the server loads once with the `datasets` library into the
+    bucket (as Parquet, with the library's fingerprint). Offline, `path` may be a local folder,
+    or a loader name ("json", "parquet", "csv") with `data_files`."""
+
+    kind: Literal["hf"] = "hf"
+    path: str = Field(description="Hub id (openai/gsm8k), a local folder, or a loader name.")
+    name: str | None = Field(None, description="Configuration name (e.g. main).")
+    split: str = Field("train", description="Split to load (e.g. train, test, train[:1000]).")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    data_files: str | list[str] | None = Field(
+        None, description="Data files for a loader path (json, parquet, csv): paths or globs."
+    )
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "path": _HF_TEXT,
+        "name": _HF_TEXT,
+        "split": _HF_TEXT,
+        "revision": _HF_TEXT,
+    }
+
+    def spec(self) -> dict[str, Any]:
+        """What identifies the loaded data (the column mapping does not)."""
+        return self.model_dump(
+            mode="json", include={"kind", "path", "name", "split", "revision", "data_files"}
+        )
+
+
+DatasetSpec = Annotated[
+    GeneratorDataset | InlineDataset | UploadedDataset | HfDataset,
+    Field(discriminator="kind"),
+]
+StoredDataset = UploadedDataset | HfDataset
+
+
+class RowsOmitted(_Strict):
+    """What a learner receives in place of an inline dataset at attach: it never needs rows
+    (each claim carries its prompts and references)."""
+
+    kind: Literal["rows_omitted"] = "rows_omitted"
+    rows: int = Field(description="Number of inline rows the run has.")
+
+    def n_rows(self) -> int | None:
+        return self.rows
+
+
+def omit_rows(dataset: Any) -> Any:
+    """The dataset as a learner sees it: inline rows replaced by their count."""
+    if isinstance(dataset, InlineDataset):
+        return RowsOmitted(rows=len(dataset.rows))
+    return dataset
 
 
 class LoraConfig(_Strict):
@@ -346,8 +469,9 @@ class RunConfig(_Strict):
 
     name: str = Field(description="Human-readable run name.")
     base_model: str = Field(description="HF id, local folder, or alias smollm2-135m-instruct.")
-    dataset: GeneratorDataset | InlineDataset = Field(
-        discriminator="kind", description="Where the prompts come from."
+    dataset: DatasetSpec = Field(
+        description="Where the prompts come from: generator, jsonl (inline, small), uploaded "
+        "(POST /api/v1/datasets) or hf (a Hugging Face dataset)."
     )
     rewards: list[RewardSpec] = Field(description="Reward functions with weights.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter.")
@@ -427,11 +551,9 @@ class RunConfig(_Strict):
         if n < 1:
             raise _fail(f"epochs must be at least 1 (got {n})")
         dataset = info.data.get("dataset")
-        if dataset is not None and n * dataset.n_rows() > MAX_PROMPT_ROWS:
-            raise _fail(
-                f"epochs × dataset rows must be at most {MAX_PROMPT_ROWS:,}: every epoch's "
-                f"prompt rows are created up front (got {n} × {dataset.n_rows():,})"
-            )
+        rows = dataset.n_rows() if dataset is not None else None
+        if rows is not None:
+            check_prompt_rows(n, rows)
         return n
 
     @field_validator("max_staleness")
@@ -461,6 +583,33 @@ class RunConfig(_Strict):
             )
         return x
 
+    def for_learner(self) -> dict[str, Any]:
+        """The config as a learner receives it at attach: no inline rows (LearnerRunConfig
+        parses it)."""
+        dumped = self.model_dump(mode="json")
+        dumped["dataset"] = omit_rows(self.dataset).model_dump(mode="json")
+        return dumped
+
     def admission_bound_groups(self) -> int:
         """Groups that may be leased, accepted or claimed (not yet consumed) at once."""
         return (self.max_staleness + 1) * self.weight_sync_steps * self.prompts_per_step
+
+
+def check_prompt_rows(epochs: int, rows: int) -> None:
+    """epochs × rows within MAX_PROMPT_ROWS (the server checks it again for stored datasets,
+    whose row count only it knows)."""
+    if epochs * rows > MAX_PROMPT_ROWS:
+        raise _fail(
+            f"epochs × dataset rows must be at most {MAX_PROMPT_ROWS:,}: every epoch's "
+            f"prompt rows are created up front (got {epochs} × {rows:,})"
+        )
+
+
+class LearnerRunConfig(RunConfig):
+    """RunConfig as the learner receives it at attach (RunConfig.for_learner): an inline
+    dataset's rows are left out."""
+
+    dataset: Annotated[  # type: ignore[assignment]
+        GeneratorDataset | RowsOmitted | UploadedDataset | HfDataset,
+        Field(discriminator="kind", description="The run's dataset, without inline rows."),
+    ]

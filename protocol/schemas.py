@@ -20,7 +20,14 @@ INT_MAX = 2**31 - 1
 
 # A run's states (docs/architecture.md, "Run lifecycle"; server/runs/lifecycle.py moves them).
 RunStatus = Literal[
-    "pending", "running", "paused", "budget_exhausted", "completed", "failed", "cancelled"
+    "preparing",
+    "pending",
+    "running",
+    "paused",
+    "budget_exhausted",
+    "completed",
+    "failed",
+    "cancelled",
 ]
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 # A run in one of these never changes status again.

@@ -42,6 +42,8 @@ Sha256Hex = Annotated[
 
 # The start of attach's 409 detail when the learner cannot load a reward of the run.
 MISSING_REWARDS = "this learner cannot load the run's reward"
+# Attach's 409 while the run's prompt rows are being made: the learner waits and retries.
+PREPARING = "the run is preparing its prompt rows"
 
 RewardName = Annotated[
     str,

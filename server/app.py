@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
 from server.config import Settings, get_settings
+from server.datasets.router import DATASETS_PATH
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
@@ -94,7 +95,9 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
     install_api_docs(app)
     app.add_middleware(
-        BodySizeLimit, max_bytes=settings.security.max_body_bytes, exempt_prefixes=("/blobs/",)
+        BodySizeLimit,
+        max_bytes=settings.security.max_body_bytes,
+        exempt_prefixes=("/blobs/", DATASETS_PATH),
     )
     app.add_middleware(SecurityHeaders)  # outermost: the 413s carry the headers too
     return app
@@ -103,6 +106,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 def _include_routers(app: FastAPI) -> None:
     from server.adapters.router import router as adapters_router
     from server.blobs.router import router as blobs_router
+    from server.datasets.router import router as datasets_router
     from server.health import router as health_router
     from server.learner.router import router as learner_router
     from server.leases.router import router as leases_router
@@ -125,6 +129,9 @@ def _include_routers(app: FastAPI) -> None:
         workers_router,
     ):
         app.include_router(router, dependencies=json_api)
+    # Not a JSON API router: an upload's body (e.g. application/x-ndjson) is streamed, never
+    # read whole by refuse_unstorable_text; its rows are checked as they stream.
+    app.include_router(datasets_router)
     app.include_router(health_router)
     app.include_router(blobs_router)
     app.include_router(metrics_router)

@@ -18,7 +18,8 @@ EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
 EMBEDDED_BUCKET_URL = "./bucket"
 ENV_PREFIX = "ASYNCGRPO_"
 # ASYNCGRPO_* names that belong to other parts, not to these settings: the worker's and the
-# learner's own prefixes, the model cache, the worker's log level, the test and bench databases.
+# learner's own prefixes, the model cache, the worker's log level, the test and bench databases,
+# the CLI's server URL and admin token.
 FOREIGN_ENV_PREFIXES = ("ASYNCGRPO_WORKER_", "ASYNCGRPO_LEARNER_")
 FOREIGN_ENV_NAMES = frozenset(
     {
@@ -27,6 +28,8 @@ FOREIGN_ENV_NAMES = frozenset(
         "ASYNCGRPO_TEST_PG_ADMIN_URL",
         "ASYNCGRPO_BENCH_PG",
         "ASYNCGRPO_BENCH_PG_URL",
+        "ASYNCGRPO_SERVER",  # the CLI's `datasets` commands
+        "ASYNCGRPO_ADMIN_TOKEN",
     }
 )
 
@@ -81,6 +84,41 @@ class JobsSettings(BaseModel):
         2.0, description="First retry delay; doubles after every failed attempt."
     )
     webhook_timeout_s: float = Field(10.0, description="Timeout of one webhook POST.")
+    datasets_interval_s: float = Field(
+        5.0,
+        description="Period of the `datasets` job (checks uploaded datasets, loads Hugging Face "
+        "ones) and of the `run_prep` job (makes the prompt rows of runs that are preparing); "
+        "an upload or a run creation wakes them at once in the in-process mode.",
+    )
+
+
+class DatasetSettings(BaseModel):
+    """Stored datasets (POST /api/v1/datasets and the `hf` kind)."""
+
+    max_upload_bytes: int = Field(
+        1024**3,
+        ge=1,
+        description="Largest dataset file accepted by POST /api/v1/datasets (413 above, before "
+        "reading the body when Content-Length says so).",
+    )
+    max_row_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="Largest row of a dataset: one JSONL line, or one Parquet row as JSON (422 "
+        "above).",
+    )
+    prepare_chunk_rows: int = Field(
+        20_000,
+        ge=100,
+        le=1_000_000,
+        description="Rows read, mapped and inserted per chunk when a run's prompt rows are made "
+        "from a stored dataset (bounds the job's memory).",
+    )
+    hf_cache_dir: str | None = Field(
+        None,
+        description="Cache folder of the `datasets` library for `hf` datasets (None: its "
+        "default, ~/.cache/huggingface).",
+    )
 
 
 DEFAULT_ON_DEMAND_PRICES = {
@@ -174,6 +212,9 @@ class Settings(BaseSettings):
         default_factory=SecuritySettings, description="Secrets and limits."
     )
     jobs: JobsSettings = Field(default_factory=JobsSettings, description="Background jobs.")
+    datasets: DatasetSettings = Field(
+        default_factory=DatasetSettings, description="Stored datasets: limits and loading."
+    )
     dashboard: DashboardSettings = Field(
         default_factory=DashboardSettings, description="The browser dashboard."
     )

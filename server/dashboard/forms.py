@@ -52,7 +52,19 @@ PLAIN_FIELDS = (
 # Fields RunConfig requires but the form lets stay empty: empty takes this default, as the page
 # says (the alias of the small model lm/models.py ships, the demo's model).
 FORM_DEFAULTS = {"base_model": "smollm2-135m-instruct"}
-DATASET_FIELDS = ("dataset.kind", "dataset.generator", "dataset.size", "dataset.seed")
+DATASET_FIELDS = (
+    "dataset.kind",
+    "dataset.generator",
+    "dataset.size",
+    "dataset.seed",
+    "dataset.id",
+    "dataset.prompt_column",
+    "dataset.system_prompt",
+    "dataset.reference_columns",
+)
+DATASET_KINDS = ("generator", "jsonl", "uploaded")
+# Stands for the id of a file uploaded with the form, until the rest of the form is valid.
+UPLOAD_PENDING = "00000000-0000-0000-0000-000000000000"
 OTHER_FIELDS = ("dataset.file", "rewards", "reward.custom", "lora.target_modules")
 ALL_FIELDS = frozenset(PLAIN_FIELDS + DATASET_FIELDS + OTHER_FIELDS)
 # the built-ins that work with no kwargs (the form has no kwargs field; llm_judge needs them)
@@ -78,8 +90,28 @@ def _put(target: dict[str, Any], path: str, value: Any) -> None:
     target[parts[-1]] = value
 
 
-def _dataset(form: Mapping[str, Any], jsonl: str | None, result: FormResult) -> dict[str, Any]:
+def _stored(form: Mapping[str, Any], has_file: bool, result: FormResult) -> dict[str, Any]:
+    """A stored dataset: the one chosen, or the file uploaded with the form."""
+    chosen = str(form.get("dataset.id") or "").strip()
+    if not chosen and not has_file:
+        result.add("dataset.id", "choose a stored dataset, or a JSONL or Parquet file to upload")
+    out: dict[str, Any] = {"kind": "uploaded", "id": UPLOAD_PENDING if has_file else chosen}
+    for name in ("prompt_column", "system_prompt"):
+        value = str(form.get(f"dataset.{name}") or "").strip()
+        if value:
+            out[name] = value
+    columns = str(form.get("dataset.reference_columns") or "").strip()
+    if columns:
+        out["reference_columns"] = [c.strip() for c in columns.split(",")]
+    return out
+
+
+def _dataset(
+    form: Mapping[str, Any], jsonl: str | None, result: FormResult, has_file: bool
+) -> dict[str, Any]:
     kind = str(form.get("dataset.kind") or "generator")
+    if kind == "uploaded":
+        return _stored(form, has_file, result)
     if kind == "jsonl":
         if not jsonl:
             result.add("dataset.file", "choose a JSONL file (one JSON object per line)")
@@ -108,7 +140,9 @@ def _rewards(form: Any) -> list[dict[str, Any]]:
     return [{"name": n} for n in names]
 
 
-def to_config_dict(form: Any, jsonl: str | None, result: FormResult) -> dict[str, Any]:
+def to_config_dict(
+    form: Any, jsonl: str | None, result: FormResult, has_file: bool = False
+) -> dict[str, Any]:
     """The RunConfig dict the form describes (form: a Starlette FormData or a MultiDict)."""
     config: dict[str, Any] = {}
     for name in PLAIN_FIELDS:
@@ -117,7 +151,7 @@ def to_config_dict(form: Any, jsonl: str | None, result: FormResult) -> dict[str
             _put(config, name, value.strip())
         elif name in FORM_DEFAULTS:
             _put(config, name, FORM_DEFAULTS[name])
-    config["dataset"] = _dataset(form, jsonl, result)
+    config["dataset"] = _dataset(form, jsonl, result, has_file)
     config["rewards"] = _rewards(form)
     modules = str(form.get("lora.target_modules") or "").strip()
     if modules:
@@ -129,7 +163,7 @@ def field_of(loc: tuple[Any, ...]) -> str:
     """The form field a pydantic error location belongs to: the dataset union's tag and list
     indexes are dropped, then the longest dotted prefix that is a form field wins."""
     parts = [str(p) for p in loc]
-    if parts[:1] == ["dataset"] and len(parts) > 1 and parts[1] in ("generator", "jsonl"):
+    if parts[:1] == ["dataset"] and len(parts) > 1 and parts[1] in DATASET_KINDS:
         if len(parts) > 2:
             parts = ["dataset", *parts[2:]]
     if parts[:2] == ["dataset", "rows"]:
@@ -152,11 +186,12 @@ def _refuse_nul(form: Any, result: FormResult) -> None:
             result.add(shown, "may not contain NUL (\\u0000) characters")
 
 
-def parse(form: Any, jsonl: str | None = None) -> FormResult:
-    """Validate the form with RunConfig (the same rules as the API)."""
+def parse(form: Any, jsonl: str | None = None, has_file: bool = False) -> FormResult:
+    """Validate the form with RunConfig (the same rules as the API). `has_file`: a file for a
+    stored dataset came with the form (its id is UPLOAD_PENDING until it is uploaded)."""
     result = FormResult()
     _refuse_nul(form, result)
-    data = to_config_dict(form, jsonl, result)
+    data = to_config_dict(form, jsonl, result, has_file)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -167,3 +202,10 @@ def parse(form: Any, jsonl: str | None = None) -> FormResult:
     if not result.errors:
         result.config = config
     return result
+
+
+def with_dataset_id(config: RunConfig, dataset_id: str) -> RunConfig:
+    """The config with the uploaded file's dataset id in place of UPLOAD_PENDING."""
+    data = config.model_dump(mode="json")
+    data["dataset"]["id"] = dataset_id
+    return RunConfig.model_validate(data)

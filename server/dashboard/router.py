@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session
+from starlette.datastructures import UploadFile
 
+from protocol.run_config import RunConfig
 from server.adapters import service as adapters
+from server.config import Settings
 from server.dashboard import costs, forms, planner
 from server.dashboard import service as dash
 from server.dashboard.auth import (
@@ -21,8 +26,11 @@ from server.dashboard.auth import (
     set_session,
 )
 from server.dashboard.web import CsrfDep, LoginDep, render
+from server.datasets import service as datasets_service
+from server.datasets import upload as dataset_upload
 from server.deps import SessionDep, SettingsDep, StoreDep
-from server.errors import AppError, Conflict, NotFound, Unauthorized
+from server.errors import AppError, Conflict, NotFound, Unauthorized, Unprocessable
+from server.jobs.wake import wake
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -157,19 +165,21 @@ def runs_table(
     return render(request, "components/_runs_table.html", rows=rows, status=status)
 
 
-def _new_run_context(values: dict[str, str] | None = None) -> dict[str, Any]:
+def _new_run_context(session: Session, values: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "page": "new",
         "values": values or {},
         "errors": {},
         "rewards": forms.BUILTIN_REWARDS,
         "generators": forms.GENERATORS,
+        "kinds": forms.DATASET_KINDS,
+        "stored_datasets": datasets_service.list_datasets(session, 100, 0),
     }
 
 
 @router.get("/runs/new", response_class=HTMLResponse)
-def new_run_page(request: Request, _user: LoginDep) -> HTMLResponse:
-    return render(request, "pages/run_new.html", **_new_run_context())
+def new_run_page(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
+    return render(request, "pages/run_new.html", **_new_run_context(session))
 
 
 @router.post("/runs/new", response_class=HTMLResponse)
@@ -178,20 +188,29 @@ async def create_run(
 ) -> HTMLResponse:
     form = await request.form()
     upload = form.get("dataset.file")
+    has_file = isinstance(upload, UploadFile) and bool(upload.filename)
+    stored = form.get("dataset.kind") == "uploaded" and has_file
     jsonl = None
-    if upload is not None and not isinstance(upload, str):
+    if isinstance(upload, UploadFile) and not stored:
         jsonl = (await upload.read()).decode("utf-8", errors="replace")
-    result = forms.parse(form, jsonl)
+    result = forms.parse(form, jsonl, has_file=stored)
     refusal = result.config and runs.webhook_refusal(result.config, settings.outbound_policy())
     if refusal:
         result.add("alarms.webhook_url", refusal)
         result.config = None
-    if result.config is None:
-        context = _new_run_context({k: v for k, v in form.items() if isinstance(v, str)})
-        context["errors"] = result.errors
-        context["checked_rewards"] = form.getlist("rewards")
-        return render(request, "pages/run_new.html", 422, **context)
-    run, learner_token = runs.create_run(session, result.config)
+    if result.config is not None and stored:
+        assert isinstance(upload, UploadFile)
+        result.config = await _upload_dataset(request, upload, result, settings)
+    created = result.config and _create(session, result)
+    if not created:
+        values = {k: v for k, v in form.items() if isinstance(v, str)}
+        if stored and result.config is not None:  # uploaded: offer it again, no second upload
+            values["dataset.id"] = str(getattr(result.config.dataset, "id", ""))
+        return _form_again(request, session, values, form.getlist("rewards"), result)
+    run, learner_token = created
+    if run.status == "preparing":
+        session.commit()  # the job must see the run
+        wake(request.app.state, "datasets", "run_prep")
     return render(
         request,
         "pages/run_created.html",
@@ -200,6 +219,56 @@ async def create_run(
         public_url=settings.public_url,
         page="new",
     )
+
+
+async def _upload_dataset(
+    request: Request, upload: UploadFile, result: forms.FormResult, settings: Settings
+) -> RunConfig | None:
+    """The form's file through the datasets API's upload (the same checks and limits)."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        while block := await upload.read(1024 * 1024):
+            yield block
+
+    name = (upload.filename or "dataset.jsonl").replace("\x00", "")
+    try:
+        created = await dataset_upload.receive(
+            chunks(),
+            name=name[:200],
+            fmt=dataset_upload.format_of(name, None),
+            store=request.app.state.store,
+            factory=request.app.state.sessionmaker,
+            limits=settings.datasets,
+        )
+    except AppError as exc:
+        result.add("dataset.file", exc.message)
+        return None
+    wake(request.app.state, "datasets")
+    assert result.config is not None
+    return forms.with_dataset_id(result.config, str(created.id))
+
+
+def _create(session: Session, result: forms.FormResult) -> tuple[Any, str] | None:
+    assert result.config is not None
+    try:
+        return runs.create_run(session, result.config)
+    except Unprocessable as exc:
+        session.rollback()
+        result.add(str(exc.extra.get("field") or "__all__"), exc.message)
+        return None
+
+
+def _form_again(
+    request: Request,
+    session: Session,
+    values: dict[str, str],
+    checked_rewards: list[Any],
+    result: forms.FormResult,
+) -> HTMLResponse:
+    context = _new_run_context(session, values)
+    context["errors"] = result.errors
+    context["checked_rewards"] = checked_rewards
+    return render(request, "pages/run_new.html", 422, **context)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)

@@ -81,6 +81,21 @@ def deliver(ctx: JobContext) -> dict[str, int]:
     )
 
 
+def check_datasets(ctx: JobContext) -> int:
+    from server.datasets.jobs import check_pending
+
+    changed = check_pending(ctx.factory, ctx.store, ctx.settings.datasets)
+    if changed:
+        ctx.follow_up("run_prep")
+    return changed
+
+
+def prepare_runs(ctx: JobContext) -> int:
+    from server.runs.prepare import prepare_runs as prepare
+
+    return prepare(ctx.factory, ctx.store, ctx.settings.datasets)
+
+
 def retain(ctx: JobContext) -> int:
     deleted = retention.apply_all(ctx.factory, ctx.store)
     return sum(len(keys) for keys in deleted.values())
@@ -93,6 +108,8 @@ JOBS: dict[str, Callable[[JobContext], Any]] = {
     "alarms": evaluate,
     "webhooks": deliver,
     "retention": retain,
+    "datasets": check_datasets,
+    "run_prep": prepare_runs,
 }
 
 
@@ -106,6 +123,8 @@ def intervals(settings: Settings) -> dict[str, float]:
         "alarms": jobs.alarm_interval_s,
         "webhooks": jobs.webhook_interval_s,
         "retention": jobs.retention_interval_s,
+        "datasets": jobs.datasets_interval_s,
+        "run_prep": jobs.datasets_interval_s,
     }
 
 

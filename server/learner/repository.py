@@ -71,6 +71,7 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
         .where(
             Run.id == run_id,
             Run.status.not_in(TERMINAL_RUN_STATUSES),
+            Run.status != "preparing",
             lease_free(),
             or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint),
         )

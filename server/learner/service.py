@@ -14,6 +14,7 @@ from protocol import rewards
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import (
     MISSING_REWARDS,
+    PREPARING,
     AttachRequest,
     AttachResponse,
     ClaimedBatch,
@@ -112,7 +113,7 @@ def attach(
         resume_checkpoint_version=resume.checkpoint_version,
         resume_adapter=resume.adapter,
         resume_learner_step=resume.learner_step,
-        run_config=run_config(session, run_id).model_dump(mode="json"),
+        run_config=run_config(session, run_id).for_learner(),
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,
     )
@@ -169,6 +170,8 @@ def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Ex
         return NotFound("run not found")
     if current.status in lifecycle.TERMINAL:
         return Conflict(f"run is {current.status}", status=current.status)
+    if current.status == "preparing":
+        return Conflict(PREPARING + ": attach again once it is pending", status=current.status)
     if current.tokenizer_fingerprint not in (None, fingerprint):
         return Conflict(
             "tokenizer fingerprint differs from the run's",

@@ -2,6 +2,7 @@
 
 from server.models.adapter import AdapterVersion
 from server.models.base import Base
+from server.models.dataset import Dataset
 from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
@@ -19,6 +20,7 @@ __all__ = [
     "Base",
     "CostRecord",
     "DashboardSession",
+    "Dataset",
     "DatasetRow",
     "Event",
     "GpuPrice",

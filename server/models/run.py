@@ -37,6 +37,11 @@ class Run(UUIDPk, CreatedAt, Base):
     spent_usd: Mapped[float] = mapped_column(Float, default=0.0)
     status_reason: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The stored dataset (uploaded or hf) the run's prompt rows come from; None for the
+    # generator and inline kinds, whose rows are made at creation.
+    dataset_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("datasets.id", ondelete="RESTRICT"), index=True
+    )
 
 
 class DatasetRow(Base):

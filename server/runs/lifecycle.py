@@ -41,6 +41,9 @@ class Transition:
 
 
 TRANSITIONS: dict[str, Transition] = {
+    # A run on a stored dataset is created `preparing`; the run_prep job makes its prompt rows.
+    "prepared": Transition("jobs", frozenset({"preparing"}), "pending"),
+    "prepare_failed": Transition("jobs", frozenset({"preparing"}), "failed"),
     "attach": Transition("learner", frozenset({"pending"}), "running"),
     "pause": Transition("admin", frozenset({"pending", "running"}), "paused"),
     "resume": Transition("admin", frozenset({"paused", "budget_exhausted"}), RESUME),

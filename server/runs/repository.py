@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, func, insert, literal, select
+from sqlalchemy import ColumnElement, Table, delete, func, insert, literal, select
 from sqlalchemy.orm import Session
 
 from server.db import is_postgres
@@ -27,17 +27,20 @@ def insert_run(session: Session, **fields: Any) -> Run:
 
 
 def insert_dataset_rows(
-    session: Session, run_id: uuid.UUID, rows: Iterable[tuple[Any, dict[str, Any]]]
+    session: Session,
+    run_id: uuid.UUID,
+    rows: Iterable[tuple[Any, dict[str, Any]]],
+    start: int = 0,
 ) -> int:
-    """Bulk-insert (prompt, reference) pairs as row_index 0..: COPY on Postgres, chunked
+    """Bulk-insert (prompt, reference) pairs as row_index start..: COPY on Postgres, chunked
     executemany on SQLite. Returns the number of rows."""
     if is_postgres(session):
-        return _copy_dataset_rows(session, run_id, rows)
+        return _copy_dataset_rows(session, run_id, rows, start)
     count = 0
     chunk: list[dict[str, Any]] = []
     for prompt, reference in rows:
         chunk.append(
-            {"run_id": run_id, "row_index": count, "prompt": prompt, "reference": reference}
+            {"run_id": run_id, "row_index": start + count, "prompt": prompt, "reference": reference}
         )
         count += 1
         if len(chunk) >= INSERT_CHUNK:
@@ -49,7 +52,7 @@ def insert_dataset_rows(
 
 
 def _copy_dataset_rows(
-    session: Session, run_id: uuid.UUID, rows: Iterable[tuple[Any, dict[str, Any]]]
+    session: Session, run_id: uuid.UUID, rows: Iterable[tuple[Any, dict[str, Any]]], start: int
 ) -> int:
     """COPY … FROM STDIN on the session's own connection (same transaction)."""
     session.flush()
@@ -58,7 +61,7 @@ def _copy_dataset_rows(
     copy_sql = "COPY dataset_rows (run_id, row_index, prompt, reference) FROM STDIN"
     with dbapi_conn.cursor() as cur, cur.copy(copy_sql) as copy:
         for prompt, reference in rows:
-            copy.write_row((run_id, count, json.dumps(prompt), json.dumps(reference)))
+            copy.write_row((run_id, start + count, json.dumps(prompt), json.dumps(reference)))
             count += 1
     return count
 
@@ -88,7 +91,7 @@ def get(session: Session, run_id: uuid.UUID) -> Run | None:
 
 def config_number(*path: str) -> ColumnElement[float]:
     """A number inside a run's stored config, read by the database: loops over every run (the
-    metrics scrape, the cost page, budgets) never load configs that hold a 100,000-row dataset,
+    metrics scrape, the cost page, budgets) never load configs that hold a 1,000-row inline dataset,
     nor fill the parsed-config cache with them."""
     return Run.config[path if len(path) > 1 else path[0]].as_float()
 
@@ -159,3 +162,28 @@ def cost_by_kind(session: Session, run_id: uuid.UUID) -> dict[str, float]:
         .group_by(CostRecord.kind)
     ).all()
     return {str(kind): float(usd) for kind, usd in rows}
+
+
+def delete_rows(session: Session, run_id: uuid.UUID) -> None:
+    """The run's prompt rows and dataset rows (a preparation starting again)."""
+    session.execute(delete(PromptRow).where(PromptRow.run_id == run_id))
+    session.execute(delete(DatasetRow).where(DatasetRow.run_id == run_id))
+
+
+def dataset_row_span(session: Session, run_id: uuid.UUID) -> tuple[int, int]:
+    """(count, max row_index + 1) of the run's dataset rows."""
+    count, top = session.execute(
+        select(func.count(), func.coalesce(func.max(DatasetRow.row_index) + 1, 0)).where(
+            DatasetRow.run_id == run_id
+        )
+    ).one()
+    return int(count), int(top)
+
+
+def preparing_ids(session: Session) -> list[uuid.UUID]:
+    query = select(Run.id).where(Run.status == "preparing").order_by(Run.created_at, Run.id)
+    return list(session.execute(query).scalars())
+
+
+def status_of(session: Session, run_id: uuid.UUID) -> str | None:
+    return session.execute(select(Run.status).where(Run.id == run_id)).scalar_one_or_none()

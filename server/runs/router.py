@@ -5,12 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Request, status
 
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
 from server.errors import Unprocessable
+from server.jobs.wake import wake
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
@@ -20,9 +21,14 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=Transaction
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunCreated)
 def create_run(
-    config: RunConfig, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+    config: RunConfig,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    _admin: AdminDep,
 ) -> RunCreated:
-    """Create a run (pending until its learner attaches); the learner token is shown once."""
+    """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
+    `preparing` until its prompt rows are made); the learner token is shown once."""
     refusal = service.webhook_refusal(config, settings.outbound_policy())
     if refusal is not None:
         raise Unprocessable(refusal, field="alarms.webhook_url")
@@ -30,7 +36,11 @@ def create_run(
     if judge is not None:
         raise Unprocessable(judge[1], field=judge[0])
     run, learner_token = service.create_run(session, config)
-    return RunCreated(run=service.detail(session, run), learner_token=learner_token)
+    created = RunCreated(run=service.detail(session, run), learner_token=learner_token)
+    if run.status == "preparing":
+        session.commit()  # the job must see the run
+        wake(request.app.state, "datasets", "run_prep")
+    return created
 
 
 @router.get("", response_model=list[RunOut])

@@ -1,5 +1,7 @@
-"""Run rules: creation (dataset rows and every epoch's prompt rows up front, the learner token),
-the config and live stats. Status changes: server/runs/lifecycle.py."""
+"""Run rules: creation (dataset rows and every epoch's prompt rows up front for the generator and
+inline kinds; a run on a stored dataset is created `preparing` and the run_prep job makes them,
+server/runs/prepare.py), the learner token, the config and live stats. Status changes:
+server/runs/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ from sqlalchemy.orm import Session
 
 from protocol import datasets
 from protocol.outbound import OutboundPolicy
-from protocol.run_config import GeneratorDataset, RunConfig
+from protocol.run_config import (
+    GeneratorDataset,
+    HfDataset,
+    InlineDataset,
+    RunConfig,
+    UploadedDataset,
+)
+from server.datasets import service as datasets_service
 from server.errors import NotFound
 from server.models import Run
 from server.runs import repository
@@ -23,8 +32,7 @@ from server.tokens import service as tokens
 # -- creation and config ------------------------------------------------------------------------
 
 
-def _dataset_rows(config: RunConfig) -> Iterator[tuple[Any, dict[str, Any]]]:
-    ds = config.dataset
+def _dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
     rows = (
         datasets.generate(ds.generator, ds.size, ds.seed)
         if isinstance(ds, GeneratorDataset)
@@ -56,18 +64,27 @@ def judge_refusal(config: RunConfig, policy: OutboundPolicy) -> tuple[str, str] 
 
 
 def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
-    """Insert the run (pending), its dataset rows and every epoch's prompt rows (queued,
-    queue_pos = epoch × N + row_index) in bulk, and mint its learner token (shown once)."""
+    """Insert the run and mint its learner token (shown once). Generator and inline kinds:
+    the run is pending with its dataset rows and every epoch's prompt rows (queued, queue_pos =
+    epoch × N + row_index) inserted in bulk here. Stored kinds (uploaded, hf): the dataset is
+    checked as far as it is known (422 otherwise) and the run is `preparing` until the run_prep
+    job has made its rows."""
+    ds = config.dataset
+    dataset_id = None
+    if isinstance(ds, UploadedDataset | HfDataset):
+        dataset_id = datasets_service.dataset_for_run(session, ds, config.epochs).id
     run = repository.insert_run(
         session,
         name=config.name,
-        status="pending",
+        status="pending" if dataset_id is None else "preparing",
         base_model=config.base_model,
         priority=config.priority,
         config=config.model_dump(mode="json"),
+        dataset_id=dataset_id,
     )
-    n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(config))
-    repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
+    if isinstance(ds, GeneratorDataset | InlineDataset):
+        n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(ds))
+        repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
@@ -90,7 +107,7 @@ def _remember(run_id: uuid.UUID, config: RunConfig) -> None:
 
 def get_config(run: Run) -> RunConfig:
     """The run's validated config. A run's config never changes after creation, so parsed
-    configs are kept per run id (a 100,000-row JSONL config is not re-validated per lease)."""
+    configs are kept per run id (a 1,000-row inline config is not re-validated per lease)."""
     with _CACHE_LOCK:
         cached = _CACHE.get(run.id)
     if cached is not None:
@@ -109,7 +126,7 @@ def cached_config(run_id: uuid.UUID) -> RunConfig | None:
 def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
     """get_config by run id, reading the config column only when it is not cached (the lease
     engine's hot path never loads a large inline dataset). One thread parses a run's config;
-    the others wait for it instead of each validating 100,000 rows."""
+    the others wait for it instead of each validating the rows."""
     with _CACHE_LOCK:
         cached = _CACHE.get(run_id)
         if cached is not None:

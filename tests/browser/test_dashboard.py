@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -390,3 +391,38 @@ def test_the_csp_watch_sees_a_violation(
     assert page.evaluate("() => window.ran") is None
     assert violations and any("script-src" in v for v in violations), violations
     violations.clear()
+
+
+def test_a_dataset_file_uploaded_through_the_form(
+    server: tuple[str, Any], chromium: tuple[Any, list[str]], tmp_path: Path
+) -> None:
+    """Source `uploaded` with a file: the form uploads it through the datasets upload, the run
+    is `preparing` on it, and the new-run form then lists it among the stored datasets."""
+    base, app = server
+    page, _violations = chromium
+    data = tmp_path / "questions.jsonl"
+    data.write_text('{"question": "What is 2 + 3?", "answer": "5"}\n' * 3)
+    page.goto(f"{base}/login")
+    page.fill("#token", mint_token(app, "admin", name="browser"))
+    page.press("#token", "Enter")
+    page.wait_for_url(f"{base}/runs")
+    page.goto(f"{base}/runs/new")
+    page.fill("#f-name", "browser-dataset-run")
+    page.select_option("#f-dataset-kind", "uploaded")
+    page.set_input_files("#f-dataset-file", str(data))
+    page.fill("#f-dataset-prompt_column", "question")
+    page.click("button[type=submit]:has-text('Create run')")
+    command = page.locator("#learner-command").inner_text()
+    run_id = re.search(r"--run ([0-9a-f-]{36})", command)
+    assert run_id is not None
+    with app.state.sessionmaker() as session:
+        from server.models import Run
+
+        run = session.get(Run, uuid.UUID(run_id.group(1)))
+        assert run is not None and run.status == "preparing" and run.dataset_id is not None
+        dataset_id = str(run.dataset_id)
+    page.goto(f"{base}/runs/new")
+    page.click("summary:has-text('Stored datasets')")
+    table = page.locator("#stored-datasets").inner_text()
+    assert "questions.jsonl" in table and dataset_id in table and "question, answer" in table
+    _shot(page, "12-new-run-stored-datasets")

@@ -22,7 +22,7 @@ from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient
 from protocol.outbound import OutboundPolicy
 from protocol.rewards import RewardAllowlist
-from protocol.run_config import RunConfig
+from protocol.run_config import LearnerRunConfig
 from server.db import transaction
 from server.models import PromptRow, RolloutBatch
 from tests.conftest import make_settings
@@ -92,7 +92,7 @@ def test_a_hanging_reward_rejects_its_batch_reward_error(live, tmp_path: Path) -
     attach = client.learner_attach(str(run.id), str(tokenizer_fingerprint(tok)))
     claimed = client.claim_batches(str(run.id), attach.fencing, 4).batches
     assert len(claimed) == 2
-    config = RunConfig.model_validate(attach.run_config)
+    config = LearnerRunConfig.model_validate(attach.run_config)
     outcomes: dict[str, Any] = {}
     with Intake(
         run_id=str(run.id),
@@ -163,7 +163,7 @@ def test_a_judge_that_keeps_failing_rejects_its_batch_reward_error(live, tmp_pat
         (claimed,) = client.claim_batches(str(run.id), attach.fencing, 4).batches
         with Intake(
             run_id=str(run.id),
-            config=RunConfig.model_validate(attach.run_config),
+            config=LearnerRunConfig.model_validate(attach.run_config),
             tokenizer=tok,
             fingerprint=str(tokenizer_fingerprint(tok)),
             work_dir=tmp_path / "work",

@@ -87,5 +87,5 @@ def test_parse_jsonl_errors_name_the_line(text: str, message: str) -> None:
 
 def test_parse_jsonl_row_limit() -> None:
     text = '{"prompt": "p"}\n' * (datasets.MAX_JSONL_ROWS + 1)
-    with pytest.raises(DatasetError, match="at most 100,000 rows"):
+    with pytest.raises(DatasetError, match="at most 1,000 rows"):
         parse_jsonl(text)

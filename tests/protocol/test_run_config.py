@@ -177,7 +177,7 @@ RULES = [
         "dataset",
         {"kind": "jsonl", "rows": []},
         "dataset.jsonl.rows",
-        "rows must hold between 1 and 100,000 rows (got 0)",
+        "rows must hold between 1 and 1,000 rows (got 0)",
     ),
     (
         "dataset",
@@ -296,10 +296,48 @@ def test_defaults_checked_against_given_values() -> None:
 
 
 def test_jsonl_row_limit() -> None:
-    rows = [{"prompt": "p"}] * 100_001
+    rows = [{"prompt": "p"}] * 1_001
     (error,) = errors_of(with_patch("dataset", {"kind": "jsonl", "rows": rows}))
     assert error[0] == "dataset.jsonl.rows"
-    assert "between 1 and 100,000 rows (got 100,001)" in error[1]
+    assert "between 1 and 1,000 rows (got 1,001); use an uploaded dataset" in error[1]
+
+
+def test_jsonl_size_limit() -> None:
+    rows = [{"prompt": "p" * 2_000}] * 600
+    (error,) = errors_of(with_patch("dataset", {"kind": "jsonl", "rows": rows}))
+    assert error[0] == "dataset.jsonl.rows"
+    assert "at most 1,048,576 bytes as JSON" in error[1] and "uploaded dataset" in error[1]
+
+
+@pytest.mark.parametrize(
+    ("dataset", "field", "message"),
+    [
+        ({"kind": "uploaded"}, "dataset.uploaded.id", "Field required"),
+        ({"kind": "uploaded", "id": "x"}, "dataset.uploaded.id", "valid UUID"),
+        ({"kind": "hf", "path": ""}, "dataset.hf.path", "path must be 1 to 500 characters"),
+        ({"kind": "hf", "path": "a", "prompt_column": ""}, "dataset.hf.prompt_column", "column"),
+        ({"kind": "hf", "path": "a", "extra": 1}, "dataset.hf.extra", "Extra inputs"),
+        ({"kind": "rows_omitted", "rows": 3}, "dataset", "does not match any of the expected"),
+    ],
+)
+def test_stored_dataset_rules(dataset: dict[str, Any], field: str, message: str) -> None:
+    (error,) = errors_of(with_patch("dataset", dataset))
+    assert error[0] == field
+    assert message in error[1]
+
+
+def test_the_learner_view_has_no_inline_rows() -> None:
+    from protocol.run_config import LearnerRunConfig, RunConfig
+
+    config = RunConfig.model_validate(
+        with_patch("dataset", {"kind": "jsonl", "rows": [{"prompt": "p", "answer": "1"}] * 3})
+    )
+    view = config.for_learner()
+    assert view["dataset"] == {"kind": "rows_omitted", "rows": 3}
+    parsed = LearnerRunConfig.model_validate(view)
+    assert parsed.group_size == config.group_size and parsed.rewards == config.rewards
+    hf = RunConfig.model_validate(with_patch("dataset", {"kind": "hf", "path": "openai/gsm8k"}))
+    assert hf.for_learner()["dataset"] == hf.model_dump(mode="json")["dataset"]
 
 
 def test_chat_prompts_and_reference_columns_accepted() -> None:

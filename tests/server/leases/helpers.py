@@ -15,7 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from protocol.run_config import RunConfig
+from protocol.datasets import generate
+from protocol.run_config import InlineDataset, RunConfig
 from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
 from server.runs import service as runs
 from server.tokens import service as tokens
@@ -63,7 +64,8 @@ def make_run(
     )
     session.add(run)
     session.flush()
-    rows = config.dataset.rows  # type: ignore[union-attr]
+    ds = config.dataset
+    rows = ds.rows if isinstance(ds, InlineDataset) else generate(ds.generator, ds.size, ds.seed)  # type: ignore[union-attr]
     dataset_rows = [
         DatasetRow(
             run_id=run.id,

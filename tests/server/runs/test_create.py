@@ -148,10 +148,8 @@ def test_create_needs_an_admin_token(runs_app, runs_client) -> None:  # type: ig
     assert resp.status_code == 403
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_100k_jsonl_rows_are_inserted_in_bulk(runs_client, admin, db: Session) -> None:  # type: ignore[no-untyped-def]
-    n = datasets.MAX_JSONL_ROWS
+def test_the_largest_inline_dataset_is_inserted_in_bulk(runs_client, admin, db: Session) -> None:  # type: ignore[no-untyped-def]
+    n = datasets.MAX_JSONL_ROWS  # larger datasets are uploaded (tests/server/datasets)
     rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n)]
     config = example_config(dataset={"kind": "jsonl", "rows": rows})
     start = time.perf_counter()
@@ -160,4 +158,4 @@ def test_100k_jsonl_rows_are_inserted_in_bulk(runs_client, admin, db: Session) -
     assert resp.status_code == 201, resp.text[:500]
     assert resp.json()["run"]["stats"]["prompt_rows"] == {"queued": n}
     print(f"created a run with {n} JSONL rows in {elapsed:.1f} s")
-    assert elapsed < 60
+    assert elapsed < 10

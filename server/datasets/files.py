@@ -1,0 +1,163 @@
+"""Reading dataset files: the checks an upload passes while it streams (JSONL), the footer
+check of a Parquet file, and row iteration with bounded memory (Parquet by record batches,
+JSONL by lines). Every refusal is a DatasetError whose message names the line or row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from protocol.datasets import DatasetError
+from protocol.schemas import check_free_json
+
+MAX_COLUMNS = 1_000
+BATCH_ROWS = 10_000
+
+
+def check_row(row: Any, where: str, max_row_bytes: int) -> dict[str, Any]:
+    """A row is a non-empty JSON object of at most max_row_bytes, finite numbers only, no NUL."""
+    if not isinstance(row, dict) or not row:
+        raise DatasetError(f"{where}: a row must be a non-empty JSON object")
+    try:
+        check_free_json(row, max_row_bytes)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: {exc}") from None
+    return row
+
+
+class Columns:
+    """Column names in order of first appearance, bounded."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, None] = {}
+
+    def add(self, row: dict[str, Any], where: str) -> None:
+        for key in row:
+            if key not in self.names:
+                if len(self.names) >= MAX_COLUMNS:
+                    raise DatasetError(f"{where}: more than {MAX_COLUMNS:,} columns")
+                self.names[key] = None
+
+    def as_list(self) -> list[str]:
+        return list(self.names)
+
+
+class JsonlCheck:
+    """Fed the upload's bytes as they arrive: each line UTF-8, one JSON object, at most
+    max_row_bytes; blank lines skipped. `finish()` refuses a file without rows."""
+
+    def __init__(self, max_row_bytes: int) -> None:
+        self.max_row_bytes = max_row_bytes
+        self.buffer = b""
+        self.line = 0
+        self.rows = 0
+        self.columns = Columns()
+
+    def feed(self, chunk: bytes) -> None:
+        *lines, self.buffer = (self.buffer + chunk).split(b"\n")
+        for raw in lines:
+            self._line(raw)
+        if len(self.buffer) > self.max_row_bytes:
+            raise self._too_long(self.line + 1)
+
+    def finish(self) -> None:
+        if self.buffer:
+            self._line(self.buffer)
+            self.buffer = b""
+        if self.rows == 0:
+            raise DatasetError("the file holds no rows (a dataset needs at least one)")
+
+    def _too_long(self, number: int) -> DatasetError:
+        return DatasetError(f"line {number}: longer than {self.max_row_bytes:,} bytes")
+
+    def _line(self, raw: bytes) -> None:
+        self.line += 1
+        if len(raw) > self.max_row_bytes:
+            raise self._too_long(self.line)
+        if not raw.strip():
+            return
+        where = f"line {self.line}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
+        self.columns.add(check_row(row, where, self.max_row_bytes), where)
+        self.rows += 1
+
+
+def parquet_shape(path: Path) -> tuple[int, list[str]]:
+    """Rows and columns from a Parquet file's footer (no row is read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path)
+        rows, columns = meta.metadata.num_rows, list(meta.schema_arrow.names)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"not a readable Parquet file ({exc})") from None
+    if rows == 0:
+        raise DatasetError("the file holds no rows (a dataset needs at least one)")
+    if not columns or len(columns) > MAX_COLUMNS:
+        raise DatasetError(f"a Parquet dataset needs 1 to {MAX_COLUMNS:,} columns")
+    if any("\x00" in c for c in columns):
+        raise DatasetError("a column name may not contain NUL (\\u0000)")
+    return rows, columns
+
+
+def iter_rows(
+    path: Path, fmt: str, max_row_bytes: int, columns: list[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every row of the file as a checked JSON object, with bounded memory."""
+    if fmt == "parquet":
+        yield from _parquet_rows(path, max_row_bytes, columns)
+        return
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"line {number}"
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise DatasetError(f"{where}: not a UTF-8 JSON object ({exc})") from None
+            yield check_row(row, where, max_row_bytes)
+
+
+def _parquet_rows(
+    path: Path, max_row_bytes: int, columns: list[str] | None
+) -> Iterator[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    index = 0
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns)
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield check_row(_json_values(row, index), f"row {index}", max_row_bytes)
+                index += 1
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"row {index}: the Parquet file cannot be read ({exc})") from None
+
+
+def _json_values(row: dict[str, Any], index: int) -> dict[str, Any]:
+    """Parquet values must be JSON values (strings, numbers, lists, structs): a timestamp or
+    bytes column is refused with its name."""
+    try:
+        json.dumps(row)
+    except TypeError:
+        for key, value in row.items():
+            try:
+                json.dumps(value)
+            except TypeError:
+                kind = type(value).__name__
+                raise DatasetError(
+                    f"row {index}: column {key!r} holds a {kind}, not a JSON value"
+                ) from None
+    return row

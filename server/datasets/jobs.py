@@ -1,0 +1,148 @@
+"""The `datasets` job: every pending dataset becomes ready or failed. An upload's JSONL lines
+were checked while it streamed, so it is only confirmed in the bucket; an uploaded Parquet file
+has every row read (JSON values, row size); an hf dataset is loaded with the `datasets` library
+(imported here only: it is slow to import), written to the bucket as Parquet and read the same
+way. One dataset at a time, each finished by a compare-and-set on `pending`."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from protocol.datasets import DatasetError
+from protocol.storage import ObjectStore, sha256_file
+from server.config import DatasetSettings
+from server.datasets import files, repository
+from server.db import transaction
+from server.events.service import raise_event
+
+log = logging.getLogger("asyncgrpo.jobs.datasets")
+MAX_REASON = 2000
+
+
+def check_pending(
+    factory: sessionmaker[Session], store: ObjectStore, limits: DatasetSettings
+) -> int:
+    """Finish every pending dataset; returns how many changed status."""
+    with transaction(factory) as session:
+        ids = repository.pending_ids(session)
+    return sum(_finish_one(factory, store, limits, dataset_id) for dataset_id in ids)
+
+
+def _finish_one(
+    factory: sessionmaker[Session],
+    store: ObjectStore,
+    limits: DatasetSettings,
+    dataset_id: uuid.UUID,
+) -> bool:
+    with transaction(factory) as session:
+        dataset = repository.get(session, dataset_id)
+        if dataset is None or dataset.status != "pending":
+            return False
+        kind, fmt, key = dataset.kind, dataset.format, dataset.bucket_key
+        spec, expected = dataset.spec, (dataset.size_bytes, dataset.sha256, dataset.row_count)
+    try:
+        if kind == "hf":
+            values = _load_hf(store, limits, key, spec or {})
+        elif fmt == "parquet":
+            values = _check_parquet(store, limits, key, expected)
+        else:
+            values = _confirm(store, key, expected)
+        values["status"] = "ready"
+    except Exception as exc:  # any failure is the dataset's reason, never the job's crash
+        log.info("dataset %s failed: %s", dataset_id, exc)
+        values = {"status": "failed", "reason": _reason(exc)}
+        if kind == "uploaded":
+            store.delete(key)
+    with transaction(factory) as session:
+        moved = repository.finish(session, dataset_id, **values)
+        if moved:
+            _event(session, dataset_id, values)
+    return moved
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, DatasetError) else f"{type(exc).__name__}: {exc}"
+    return text[:MAX_REASON]
+
+
+def _event(session: Session, dataset_id: uuid.UUID, values: dict[str, Any]) -> None:
+    ready = values["status"] == "ready"
+    raise_event(
+        session,
+        kind="dataset.status",
+        severity="info" if ready else "warning",
+        message=f"dataset {dataset_id} is {values['status']}"
+        + ("" if ready else f": {values['reason']}"),
+        data={"dataset_id": str(dataset_id), "status": values["status"]},
+    )
+
+
+def _confirm(store: ObjectStore, key: str, expected: tuple[Any, ...]) -> dict[str, Any]:
+    """A JSONL upload was checked line by line as it streamed: its object must be there."""
+    size, sha256, _rows = expected
+    info = store.head(key)
+    if info is None or info.size != size:
+        raise DatasetError(f"the uploaded file is missing from the bucket ({key})")
+    return {"fingerprint": sha256}
+
+
+def _scan(path: Path, limits: DatasetSettings) -> tuple[int, list[str]]:
+    """Read every row (checked); the row count and the columns."""
+    columns = files.Columns()
+    count = 0
+    for count, row in enumerate(files.iter_rows(path, "parquet", limits.max_row_bytes), start=1):
+        if count == 1:
+            columns.add(row, "row 0")
+    return count, columns.as_list()
+
+
+def _check_parquet(
+    store: ObjectStore, limits: DatasetSettings, key: str, expected: tuple[Any, ...]
+) -> dict[str, Any]:
+    _size, sha256, rows = expected
+    with tempfile.TemporaryDirectory(prefix="asyncgrpo-ds-") as folder:
+        path = Path(folder) / "data.parquet"
+        store.download_file(key, path)
+        count, _columns = _scan(path, limits)
+    if count != rows:
+        raise DatasetError(f"the file holds {count:,} rows, its footer says {rows:,}")
+    return {"fingerprint": sha256}
+
+
+def _load_hf(
+    store: ObjectStore, limits: DatasetSettings, key: str, spec: dict[str, Any]
+) -> dict[str, Any]:
+    import datasets as hf  # the `datasets` library, not this package: slow to import
+
+    kwargs = {k: spec[k] for k in ("name", "revision", "data_files") if spec.get(k) is not None}
+    loaded = hf.load_dataset(
+        spec["path"], split=spec.get("split", "train"), cache_dir=limits.hf_cache_dir, **kwargs
+    )
+    if not isinstance(loaded, hf.Dataset):
+        raise DatasetError(f"split {spec.get('split')!r} did not give one dataset")
+    if loaded.num_rows == 0:
+        raise DatasetError("the dataset holds no rows (a dataset needs at least one)")
+    with tempfile.TemporaryDirectory(prefix="asyncgrpo-hf-") as folder:
+        path = Path(folder) / "data.parquet"
+        loaded.to_parquet(str(path))
+        count, _columns = _scan(path, limits)
+        digest = sha256_file(path)
+        size = path.stat().st_size
+        store.put_file(key, path)
+    fingerprint = (
+        getattr(loaded, "_fingerprint", None) or hashlib.sha256(digest.encode()).hexdigest()
+    )
+    return {
+        "fingerprint": str(fingerprint)[:128],
+        "sha256": digest,
+        "size_bytes": size,
+        "row_count": count,
+        "columns": list(loaded.column_names),
+    }

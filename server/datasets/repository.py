@@ -1,0 +1,69 @@
+"""All SQL of the datasets feature."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from server.db_types import db_now
+from server.models import Dataset, Run
+
+
+def insert(session: Session, **fields: Any) -> Dataset:
+    dataset = Dataset(**fields)
+    session.add(dataset)
+    session.flush()
+    return dataset
+
+
+def get(session: Session, dataset_id: uuid.UUID) -> Dataset | None:
+    return session.get(Dataset, dataset_id, populate_existing=True)
+
+
+def by_spec_key(session: Session, spec_key: str) -> Dataset | None:
+    return session.execute(select(Dataset).where(Dataset.spec_key == spec_key)).scalar_one_or_none()
+
+
+def list_datasets(session: Session, limit: int, offset: int) -> list[Dataset]:
+    query = select(Dataset).order_by(Dataset.created_at.desc(), Dataset.id)
+    return list(session.execute(query.limit(limit).offset(offset)).scalars())
+
+
+def pending_ids(session: Session) -> list[uuid.UUID]:
+    query = select(Dataset.id).where(Dataset.status == "pending").order_by(Dataset.created_at)
+    return list(session.execute(query).scalars())
+
+
+def finish(session: Session, dataset_id: uuid.UUID, **values: Any) -> bool:
+    """pending → ready or failed (compare-and-set): False when another pass got there first."""
+    if values.get("status") == "ready":
+        values["ready_at"] = db_now()
+    row = session.execute(
+        update(Dataset)
+        .where(Dataset.id == dataset_id, Dataset.status == "pending")
+        .values(**values)
+        .returning(Dataset.id)
+        .execution_options(synchronize_session=False)
+    ).first()
+    return row is not None
+
+
+def retry(session: Session, dataset_id: uuid.UUID) -> None:
+    """A failed hf dataset asked for again goes back to pending (the Hub may be back)."""
+    session.execute(
+        update(Dataset)
+        .where(Dataset.id == dataset_id, Dataset.status == "failed")
+        .values(status="pending", reason=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def runs_using(session: Session, dataset_id: uuid.UUID) -> list[uuid.UUID]:
+    return list(session.execute(select(Run.id).where(Run.dataset_id == dataset_id)).scalars())
+
+
+def remove(session: Session, dataset_id: uuid.UUID) -> None:
+    session.execute(delete(Dataset).where(Dataset.id == dataset_id))

@@ -1,0 +1,84 @@
+"""Datasets API (admin): upload a JSONL or Parquet file, list, read, delete."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
+
+from protocol.schemas import BIGINT_MAX
+from server.datasets import service, upload
+from server.datasets.schemas import DatasetFormat, DatasetOut
+from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
+from server.jobs.wake import wake
+from server.routing import TransactionalRoute
+
+DATASETS_PATH = "/api/v1/datasets"
+router = APIRouter(prefix=DATASETS_PATH, tags=["datasets"], route_class=TransactionalRoute)
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=DatasetOut)
+async def upload_dataset(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    _admin: AdminDep,
+    name: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=200,
+            pattern=r"^[^\x00]*$",
+            description="File name (its suffix gives the format); no NUL.",
+        ),
+    ] = "dataset.jsonl",
+    format: Annotated[  # noqa: A002 - the public query parameter's name
+        DatasetFormat | None, Query(description="jsonl or parquet; default: from the name.")
+    ] = None,
+) -> DatasetOut:
+    """Upload a dataset file as the raw request body (JSONL: one JSON object per line, UTF-8;
+    or Parquet). Streamed to the bucket with its sha256; 413 over `datasets.max_upload_bytes`
+    (before reading when Content-Length says so); 422 with the reason (naming the line) for a
+    file that cannot be a dataset, and nothing is kept. Answers 202 with the dataset `pending`:
+    the `datasets` job makes it `ready` (rows, columns, fingerprint) or `failed` (reason)."""
+    limits = settings.datasets
+    upload.refuse_declared(request.headers.get("content-length"), limits)
+    fmt = upload.format_of(name, format)
+    created = await upload.receive(
+        request.stream(),
+        name=name,
+        fmt=fmt,
+        store=store,
+        factory=request.app.state.sessionmaker,
+        limits=limits,
+    )
+    wake(request.app.state, "datasets")
+    return created
+
+
+@router.get("", response_model=list[DatasetOut])
+def list_datasets(
+    session: SessionDep,
+    _admin: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
+    offset: Annotated[
+        int, Query(ge=0, le=BIGINT_MAX, description="Datasets to skip (newest first).")
+    ] = 0,
+) -> list[DatasetOut]:
+    """Datasets, newest first, with status, row counts and columns."""
+    return service.list_datasets(session, limit, offset)
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> DatasetOut:
+    return DatasetOut.model_validate(service.get(session, dataset_id))
+
+
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_dataset(
+    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, _admin: AdminDep
+) -> Response:
+    """Delete a dataset and its file; 409 while a run uses it."""
+    service.delete(session, store, dataset_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

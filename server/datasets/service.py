@@ -1,0 +1,176 @@
+"""Dataset rules: reads, deletion, the dataset a run names (checked at run creation), and the
+one reader of a stored dataset's rows with a run's column mapping (iter_mapped_rows)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from protocol import datasets, layout
+from protocol.run_config import HfDataset, StoredDataset, check_prompt_rows
+from protocol.storage import ObjectStore
+from server.datasets import files, repository
+from server.datasets.schemas import DatasetOut
+from server.errors import Conflict, NotFound, Unprocessable
+from server.models import Dataset
+
+Prompt = datasets.Prompt
+
+
+def get(session: Session, dataset_id: uuid.UUID) -> Dataset:
+    dataset = repository.get(session, dataset_id)
+    if dataset is None:
+        raise NotFound(f"dataset {dataset_id} not found")
+    return dataset
+
+
+def list_datasets(session: Session, limit: int, offset: int) -> list[DatasetOut]:
+    return [DatasetOut.model_validate(d) for d in repository.list_datasets(session, limit, offset)]
+
+
+def delete(session: Session, store: ObjectStore, dataset_id: uuid.UUID) -> None:
+    """Delete a dataset no run uses (409 naming the runs otherwise), then its object."""
+    dataset = get(session, dataset_id)
+    runs = repository.runs_using(session, dataset_id)
+    if runs:
+        names = ", ".join(str(r) for r in runs[:5])
+        raise Conflict(f"dataset {dataset_id} is used by {len(runs)} run(s): {names}")
+    repository.remove(session, dataset_id)
+    session.commit()
+    store.delete(dataset.bucket_key)
+
+
+# -- the dataset of a run ----------------------------------------------------------------------
+
+
+def spec_key(spec: HfDataset) -> str:
+    return hashlib.sha256(json.dumps(spec.spec(), sort_keys=True).encode()).hexdigest()
+
+
+def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
+    """The one row of this hf spec: created pending (the `datasets` job loads it), or put
+    back to pending when it failed before (the Hub may be reachable now)."""
+    key = spec_key(spec)
+    found = repository.by_spec_key(session, key)
+    if found is not None:
+        repository.retry(session, found.id)
+        return repository.get(session, found.id) or found
+    dataset_id = uuid.uuid4()
+    name = f"{spec.path}" + (f" ({spec.name})" if spec.name else "") + f" [{spec.split}]"
+    return repository.insert(
+        session,
+        id=dataset_id,
+        name=name[:200],
+        kind="hf",
+        status="pending",
+        format="parquet",
+        bucket_key=layout.dataset_key(dataset_id, "parquet"),
+        spec=spec.spec(),
+        spec_key=key,
+    )
+
+
+def dataset_for_run(session: Session, spec: StoredDataset, epochs: int) -> Dataset:
+    """The dataset a new run reads, checked as far as it is known: 422 naming the field for an
+    unknown or failed dataset, a missing column (with the columns that exist) or too many
+    prompt rows. A pending one is accepted (its columns checked when known, as for an upload):
+    the run waits for it (status `preparing`)."""
+    if isinstance(spec, HfDataset):
+        dataset = find_or_create_hf(session, spec)
+    else:
+        found = repository.get(session, spec.id)
+        if found is None:
+            raise Unprocessable(f"dataset {spec.id} not found", field="dataset.id")
+        dataset = found
+    if dataset.status == "failed":
+        raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field="dataset.id")
+    # An upload's columns and rows are known from the moment it is stored (the request read
+    # them), even while the job still checks it.
+    if dataset.columns is not None:
+        check_columns(dataset, spec)
+    if dataset.row_count is not None:
+        try:
+            check_prompt_rows(epochs, int(dataset.row_count))
+        except ValueError as exc:
+            raise Unprocessable(str(exc), field="epochs") from None
+    return dataset
+
+
+def missing_column(dataset: Dataset, spec: StoredDataset) -> tuple[str, str] | None:
+    """(field, message) for the first column the mapping names that the dataset lacks."""
+    have = list(dataset.columns or [])
+    fields = [("dataset.prompt_column", spec.prompt_column)] + [
+        ("dataset.reference_columns", c) for c in spec.reference_columns or []
+    ]
+    for field, column in fields:
+        if column not in have:
+            return field, (
+                f"dataset {dataset.id} has no column {column!r}; its columns: {', '.join(have)}"
+            )
+    return None
+
+
+def check_columns(dataset: Dataset, spec: StoredDataset) -> None:
+    missing = missing_column(dataset, spec)
+    if missing is not None:
+        raise Unprocessable(missing[1], field=missing[0])
+
+
+# -- rows with a column mapping ------------------------------------------------------------------
+
+
+def map_row(row: dict[str, Any], index: int, spec: StoredDataset) -> tuple[Prompt, dict[str, Any]]:
+    """(prompt, reference) of one stored row under the run's mapping; DatasetError naming the
+    row when its prompt is missing or not a prompt."""
+    if spec.prompt_column not in row:
+        raise datasets.DatasetError(
+            f"row {index}: no column {spec.prompt_column!r}; its columns: {', '.join(row)}"
+        )
+    try:
+        prompt = datasets.check_prompt(row[spec.prompt_column])
+    except datasets.DatasetError as exc:
+        raise datasets.DatasetError(f"row {index}: column {spec.prompt_column!r}: {exc}") from None
+    if isinstance(prompt, str) and spec.system_prompt:
+        prompt = [
+            {"role": "system", "content": spec.system_prompt},
+            {"role": "user", "content": prompt},
+        ]
+    names = spec.reference_columns
+    if names is None:
+        reference = {k: v for k, v in row.items() if k != spec.prompt_column}
+    else:
+        reference = {k: row.get(k) for k in names}
+    return prompt, reference
+
+
+def iter_mapped_rows(
+    store: ObjectStore,
+    dataset: Dataset,
+    spec: StoredDataset,
+    *,
+    max_row_bytes: int = 1024 * 1024,
+) -> Iterator[tuple[Prompt, dict[str, Any]]]:
+    """Every row of a ready stored dataset as (prompt, reference) under `spec`'s column mapping
+    (prompt column, system prompt, reference columns), in file order, with bounded memory: the
+    object is downloaded to a temp file and read in record batches (Parquet) or lines (JSONL).
+    Raises DatasetError naming the row for a row that cannot be used."""
+    if dataset.status != "ready":
+        raise datasets.DatasetError(f"dataset {dataset.id} is {dataset.status}, not ready")
+    missing = missing_column(dataset, spec)
+    if missing is not None:
+        raise datasets.DatasetError(missing[1])
+    with tempfile.TemporaryDirectory(prefix="asyncgrpo-rows-") as folder:
+        path = Path(folder) / f"data.{dataset.format}"
+        store.download_file(dataset.bucket_key, path)
+        # With named reference columns, a Parquet file's other columns are never read.
+        columns = spec.columns_needed() if spec.reference_columns is not None else None
+        rows = files.iter_rows(path, dataset.format, max_row_bytes, columns)
+        for index, row in enumerate(rows):
+            yield map_row(row, index, spec)

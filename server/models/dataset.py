@@ -1,0 +1,37 @@
+"""Datasets stored as objects in the bucket: uploaded files and Hugging Face datasets."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Index, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from server.db_types import JSONType, UTCDateTime
+from server.models.base import Base, CreatedAt, UUIDPk
+
+
+class Dataset(UUIDPk, CreatedAt, Base):
+    """A dataset object: `pending` until a job has checked (uploaded) or loaded (hf) it, then
+    `ready` with its rows, columns and fingerprint, or `failed` with the reason."""
+
+    __tablename__ = "datasets"
+    # One row per Hugging Face spec: runs on the same spec share the loaded object.
+    __table_args__ = (Index("ix_datasets_spec_key", "spec_key", unique=True),)
+
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))  # uploaded | hf
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    format: Mapped[str] = mapped_column(String(16))  # jsonl | parquet
+    bucket_key: Mapped[str] = mapped_column(String(1024))
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    row_count: Mapped[int | None] = mapped_column(BigInteger)
+    columns: Mapped[list[str] | None] = mapped_column(JSONType)
+    fingerprint: Mapped[str | None] = mapped_column(String(128))
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # sha256 of the canonical hf spec (None for uploads): the find-or-create key.
+    spec_key: Mapped[str | None] = mapped_column(String(64))
+    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,0 +1,144 @@
+"""The `run_prep` job: a run on a stored dataset (uploaded or hf) is created `preparing`; once
+its dataset is ready, the dataset's rows are read with the run's column mapping
+(server.datasets.service.iter_mapped_rows) and inserted as the run's dataset rows in chunks
+(one transaction each: SQLite's one write lock is never held for long), then every epoch's
+prompt rows are made and the run moves to `pending` in one final transaction. A pass that dies
+half-way leaves the run `preparing`; the next pass deletes the partial rows and starts again.
+A failed dataset, or a row that cannot be used, fails the run with the reason."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from protocol.datasets import DatasetError
+from protocol.run_config import (
+    HfDataset,
+    RunConfig,
+    StoredDataset,
+    UploadedDataset,
+    check_prompt_rows,
+)
+from protocol.storage import ObjectStore
+from server.config import DatasetSettings
+from server.datasets import repository as datasets_repo
+from server.datasets import service as datasets
+from server.db import transaction
+from server.events.service import raise_event
+from server.models import Dataset
+from server.runs import lifecycle, repository
+
+log = logging.getLogger("asyncgrpo.jobs.run_prep")
+
+
+def prepare_runs(
+    factory: sessionmaker[Session], store: ObjectStore, limits: DatasetSettings
+) -> int:
+    """Prepare every run whose dataset is ready (or fail it); returns how many moved."""
+    with transaction(factory) as session:
+        ids = repository.preparing_ids(session)
+    return sum(prepare_one(factory, store, limits, run_id) for run_id in ids)
+
+
+def prepare_one(
+    factory: sessionmaker[Session], store: ObjectStore, limits: DatasetSettings, run_id: uuid.UUID
+) -> bool:
+    with transaction(factory) as session:
+        run = repository.get(session, run_id)
+        if run is None or run.status != "preparing" or run.dataset_id is None:
+            return False
+        config = RunConfig.model_validate(run.config)
+        dataset = datasets_repo.get(session, run.dataset_id)
+    if dataset is None or dataset.status == "pending":
+        return False
+    spec = config.dataset
+    if not isinstance(spec, UploadedDataset | HfDataset):
+        return False  # not a stored kind: its rows were made at creation
+    if dataset.status == "failed":
+        return _fail(factory, run_id, f"dataset {dataset.id} failed: {dataset.reason}")
+    try:
+        _check(dataset, spec, config.epochs)
+        with transaction(factory) as session:
+            repository.delete_rows(session, run_id)
+        n_rows = _insert_rows(factory, store, limits, run_id, dataset, spec)
+    except DatasetError as exc:
+        return _fail(factory, run_id, str(exc))
+    if n_rows is None:
+        return False  # the run left `preparing` (cancelled) meanwhile
+    return _queue(factory, run_id, n_rows, config.epochs)
+
+
+def _check(dataset: Dataset, spec: StoredDataset, epochs: int) -> None:
+    missing = datasets.missing_column(dataset, spec)
+    if missing is not None:
+        raise DatasetError(missing[1])
+    try:
+        check_prompt_rows(epochs, int(dataset.row_count or 0))
+    except ValueError as exc:
+        raise DatasetError(str(exc)) from None
+
+
+def _chunks(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    while chunk := list(itertools.islice(rows, size)):
+        yield chunk
+
+
+def _insert_rows(
+    factory: sessionmaker[Session],
+    store: ObjectStore,
+    limits: DatasetSettings,
+    run_id: uuid.UUID,
+    dataset: Dataset,
+    spec: StoredDataset,
+) -> int | None:
+    rows = datasets.iter_mapped_rows(store, dataset, spec, max_row_bytes=limits.max_row_bytes)
+    n_rows = 0
+    for chunk in _chunks(rows, limits.prepare_chunk_rows):
+        with transaction(factory) as session:
+            if repository.status_of(session, run_id) != "preparing":
+                return None
+            n_rows += repository.insert_dataset_rows(session, run_id, chunk, start=n_rows)
+    return n_rows
+
+
+def _queue(factory: sessionmaker[Session], run_id: uuid.UUID, n_rows: int, epochs: int) -> bool:
+    """Every epoch's prompt rows and preparing → pending, in one transaction; nothing when the
+    dataset rows are not exactly 0..n_rows-1 (another pass interfered: the next one redoes)."""
+    with transaction(factory) as session:
+        if repository.dataset_row_span(session, run_id) != (n_rows, n_rows):
+            log.warning("run %s: dataset rows changed during preparation; again next pass", run_id)
+            return False
+        repository.insert_prompt_rows(session, run_id, n_rows, epochs)
+        if not lifecycle.move(session, run_id, "prepared", None):
+            session.rollback()
+            return False
+        raise_event(
+            session,
+            kind="run.status",
+            severity="info",
+            message=f"prepared: {n_rows:,} dataset rows × {epochs} epoch(s); the run is pending",
+            run_id=run_id,
+            data={"action": "prepared", "status": "pending", "rows": n_rows},
+        )
+    return True
+
+
+def _fail(factory: sessionmaker[Session], run_id: uuid.UUID, reason: str) -> bool:
+    with transaction(factory) as session:
+        if not lifecycle.move(session, run_id, "prepare_failed", reason[:2000]):
+            return False
+        repository.delete_rows(session, run_id)
+        raise_event(
+            session,
+            kind="run.status",
+            severity="critical",
+            message=f"the run failed while preparing its prompt rows: {reason}"[:2000],
+            run_id=run_id,
+            data={"action": "prepare_failed", "status": "failed"},
+        )
+    return True

@@ -1,0 +1,134 @@
+"""POST /api/v1/datasets: JSONL and Parquet become ready with rows and columns; hostile files
+are refused with the reason and leave nothing behind (no row, no object, no temp file)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from server.models import Dataset
+from tests.server.datasets.files import QUESTIONS, empty_parquet, jsonl, parquet, upload
+
+
+def _nothing_left(db, app) -> None:  # type: ignore[no-untyped-def]
+    db.rollback()
+    assert db.execute(select(func.count()).select_from(Dataset)).scalar_one() == 0
+    root = Path(app.state.store.root)
+    files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+    assert files == [Path(".asyncgrpo/database.json")]  # the bucket's binding only
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_upload_becomes_ready_with_rows_and_columns(ds_app, ds_client, admin, run_jobs, kind):  # type: ignore[no-untyped-def]
+    data = jsonl(QUESTIONS) if kind == "jsonl" else parquet(QUESTIONS)
+    resp = upload(ds_client, admin, data, f"gsm.{kind}")
+    assert resp.status_code == 202, resp.text
+    created = resp.json()
+    assert created["status"] == "pending" and created["format"] == kind
+    assert created["sha256"] == hashlib.sha256(data).hexdigest()
+    assert created["size_bytes"] == len(data)
+    assert ds_app.state.store.get_bytes(f"datasets/{created['id']}/data.{kind}") == data
+
+    assert run_jobs("datasets") == [1]
+    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+    assert one["status"] == "ready", one
+    assert one["row_count"] == len(QUESTIONS)
+    assert one["columns"] == ["question", "answer", "source"]
+    assert one["fingerprint"] == created["sha256"]
+    listed = ds_client.get("/api/v1/datasets", headers=admin).json()
+    assert [(d["id"], d["row_count"], d["status"]) for d in listed] == [
+        (created["id"], len(QUESTIONS), "ready")
+    ]
+
+
+def test_format_from_the_query_and_unknown_suffix(ds_client, admin) -> None:  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, parquet(QUESTIONS), "data.bin", format="parquet")
+    assert resp.status_code == 202, resp.text
+    resp = upload(ds_client, admin, jsonl(QUESTIONS), "data.bin")
+    assert resp.status_code == 422
+    assert resp.json()["field"] == "format"
+
+
+TEN_MB_ROW = b'{"prompt": "' + b"x" * (10 * 1024 * 1024) + b'"}\n'
+HOSTILE = [
+    (b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n', "line 2: not UTF-8"),
+    (b'{"prompt": "ok"}\n' + TEN_MB_ROW, "line 2: longer than"),
+    (b"", "no rows"),
+    (b"\n  \n\n", "no rows"),
+    (b'{"prompt": "ok"}\n[1, 2]\n', "line 2: a row must be a non-empty JSON object"),
+    (b'{"prompt": "ok"}\n{"prompt": NaN}\n', "line 2: numbers must be finite"),
+    (b'{"prompt": "ok"\n', "line 1: invalid JSON"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("data", "reason"), HOSTILE)
+def test_hostile_jsonl_is_refused_and_nothing_is_kept(ds_app, ds_client, admin, db, data, reason):  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, data, "bad.jsonl")
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["field"] == "file"
+    assert reason in resp.json()["detail"]
+    _nothing_left(db, ds_app)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [(b"PAR1 not really parquet", "not a readable Parquet file"), (empty_parquet(), "no rows")],
+)
+def test_hostile_parquet_is_refused(ds_app, ds_client, admin, db, data, reason):  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, data, "bad.parquet")
+    assert resp.status_code == 422, resp.text
+    assert reason in resp.json()["detail"]
+    _nothing_left(db, ds_app)
+
+
+def test_declared_size_over_the_limit_is_413_before_reading(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
+    def body():  # type: ignore[no-untyped-def]
+        yield b'{"prompt": "never read"}\n'
+
+    headers = {**admin, "Content-Length": str(2 * 1024**3)}
+    resp = ds_client.post("/api/v1/datasets?name=big.jsonl", content=body(), headers=headers)
+    assert resp.status_code == 413, resp.text
+    assert "datasets.max_upload_bytes" in resp.json()["detail"]
+    _nothing_left(db, ds_app)
+
+
+def test_streamed_size_over_the_limit_is_413(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
+    ds_app.state.settings.datasets.max_upload_bytes = 64 * 1024
+    row = json.dumps({"prompt": "y" * 1000}).encode() + b"\n"
+
+    def body():  # type: ignore[no-untyped-def]
+        for _ in range(200):  # 200 KB, chunked: no Content-Length
+            yield row
+
+    resp = ds_client.post("/api/v1/datasets?name=big.jsonl", content=body(), headers=admin)
+    assert resp.status_code == 413, resp.text
+    _nothing_left(db, ds_app)
+
+
+def test_a_parquet_row_over_the_row_limit_fails_in_the_job(ds_app, ds_client, admin, db, run_jobs):  # type: ignore[no-untyped-def]
+    ds_app.state.settings.datasets.max_row_bytes = 4096
+    rows = [{"prompt": "short"}, {"prompt": "z" * 10_000}]
+    created = upload(ds_client, admin, parquet(rows), "rows.parquet").json()
+    run_jobs("datasets")
+    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+    assert one["status"] == "failed"
+    assert "row 1" in one["reason"] and "4096" in one["reason"].replace(",", "")
+    assert ds_app.state.store.head(f"datasets/{created['id']}/data.parquet") is None
+
+
+def test_upload_needs_an_admin_token(ds_client) -> None:  # type: ignore[no-untyped-def]
+    assert upload(ds_client, {}, jsonl(QUESTIONS), "a.jsonl").status_code == 401
+    assert ds_client.get("/api/v1/datasets").status_code == 401
+
+
+def test_nul_in_the_name_or_a_parquet_column_is_refused(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, jsonl(QUESTIONS), "a\x00.jsonl")
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["field"] == "query.name"
+    resp = upload(ds_client, admin, parquet([{"pro\x00mpt": "x"}]), "nul.parquet")
+    assert resp.status_code == 422 and "NUL" in resp.json()["detail"]
+    _nothing_left(db, ds_app)
