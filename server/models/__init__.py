@@ -2,6 +2,7 @@
 
 from server.models.adapter import AdapterVersion
 from server.models.base import Base
+from server.models.evals import EvalItem, EvalResult, EvalRow
 from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
@@ -20,6 +21,9 @@ __all__ = [
     "CostRecord",
     "DashboardSession",
     "DatasetRow",
+    "EvalItem",
+    "EvalResult",
+    "EvalRow",
     "Event",
     "GpuPrice",
     "Installation",

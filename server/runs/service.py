@@ -59,6 +59,10 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
+    if config.eval is not None:
+        from server.evals.service import dataset_rows, insert_eval_rows
+
+        insert_eval_rows(session, run.id, dataset_rows(config.eval))
     return run, minted.plaintext
 
 
