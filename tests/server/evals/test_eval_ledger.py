@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from server.db import transaction
@@ -102,3 +103,15 @@ def test_versions_zero_k_and_final_are_evaluated(app, client, admin_headers) -> 
             ).scalars()
         ]
     assert kinds.count("eval.scored") == 3  # every evaluated version reaches the webhook
+
+    # /metrics: the latest evaluated version's figures
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for s in family.samples
+    }
+    rid = (("run_id", str(run.id)),)
+    final = got["versions"][-1]
+    assert samples[("asyncgrpo_run_eval_version", rid)] == 3
+    for name in ("accuracy", "mean_reward", "pass_at_n"):
+        assert samples[(f"asyncgrpo_run_eval_{name}", rid)] == pytest.approx(final[name])
