@@ -24,9 +24,7 @@ log = logging.getLogger(__name__)
 IDLE_S = 1.0  # between claims that found nothing
 
 
-def eval_samples(
-    ev: EvalConfig, batch: sl.ClaimedEvalBatch, intake: Intake
-) -> list[sl.EvalSample]:
+def eval_samples(ev: EvalConfig, batch: sl.ClaimedEvalBatch, intake: Intake) -> list[sl.EvalSample]:
     """Every sample of the batch with its total reward and accuracy_reward value (BatchRejected
     when the batch is unusable)."""
     data, rewards = intake.load_eval(batch)

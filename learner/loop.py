@@ -27,8 +27,8 @@ import torch
 from learner.background import Pending
 from learner.checkpoint import capture_state, load_state
 from learner.config import LearnerSettings
-from learner.frozen import FrozenWeights
 from learner.evals import EvalScorer
+from learner.frozen import FrozenWeights
 from learner.intake import Intake, IntakeResult
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob

@@ -470,9 +470,7 @@ class AsyncGrpoClient:
         path = f"/api/v1/runs/{run_id}/evals/claim"
         return self._learner(sl.EvalClaimResponse, path, body, timeout_s=wait_s + 30.0)
 
-    def post_eval_results(
-        self, run_id: str, body: sl.EvalResultsRequest
-    ) -> sl.EvalResultsResponse:
+    def post_eval_results(self, run_id: str, body: sl.EvalResultsRequest) -> sl.EvalResultsResponse:
         """The scores of one claimed eval batch's samples."""
         return self._learner(sl.EvalResultsResponse, f"/api/v1/runs/{run_id}/evals", body)
 

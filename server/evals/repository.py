@@ -224,9 +224,7 @@ def accepted_eval_batches(session: Session, run_id: uuid.UUID, limit: int) -> li
     )
 
 
-def set_batch_state(
-    session: Session, batch_id: uuid.UUID, from_state: str, **values: Any
-) -> bool:
+def set_batch_state(session: Session, batch_id: uuid.UUID, from_state: str, **values: Any) -> bool:
     return (
         session.execute(
             update(RolloutBatch)

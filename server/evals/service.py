@@ -199,9 +199,7 @@ def accept(
     return batch_id, reject
 
 
-def requeue_leases(
-    session: Session, lease_ids: Iterable[uuid.UUID], *, count_attempt: bool
-) -> int:
+def requeue_leases(session: Session, lease_ids: Iterable[uuid.UUID], *, count_attempt: bool) -> int:
     """The open items of these eval leases back to queued (dropped after max_attempts)."""
     return _requeue(session, repo.open_items_of_leases(session, list(lease_ids)), count_attempt)
 
@@ -303,7 +301,9 @@ def claimable(session: Session, run_id: uuid.UUID, fencing: int, limit: int) -> 
     """Up to `limit` uploaded eval batches, now claimed under this learner's token."""
     batches = repo.accepted_eval_batches(session, run_id, limit)
     for batch in batches:
-        repo.set_batch_state(session, batch.id, "accepted", state="claimed", claimed_fencing=fencing)
+        repo.set_batch_state(
+            session, batch.id, "accepted", state="claimed", claimed_fencing=fencing
+        )
     return batches
 
 

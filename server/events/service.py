@@ -13,7 +13,6 @@ from server.jobs import webhooks
 from server.models import Event
 from server.runs.service import config_of
 
-
 # `info` events delivered to the run's webhook all the same: results a pipeline waits for.
 WEBHOOK_INFO_KINDS = frozenset({"eval.scored"})
 

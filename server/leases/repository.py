@@ -18,7 +18,6 @@ from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
 
-
 # A run hands out leases while running (training and eval) and while evaluating (eval only).
 LEASING_STATUSES = ("running", "evaluating")
 

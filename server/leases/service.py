@@ -192,9 +192,7 @@ def _grant_eval(
         system_prompt=config.grpo.system_prompt,
         group_size=ev.n,
         prompts=[
-            LeasePrompt(
-                prompt_row_id=i.id, dataset_row_id=i.eval_row_id, prompt=i.prompt, epoch=0
-            )
+            LeasePrompt(prompt_row_id=i.id, dataset_row_id=i.eval_row_id, prompt=i.prompt, epoch=0)
             for i in granted.items
         ],
         seed=granted.seed,

@@ -58,3 +58,14 @@ def test_each_rule_names_its_field(fields: dict[str, Any], loc: str, message: st
 def test_accuracy_reward_names_the_rewards_and_the_value() -> None:
     errors = errors_of(with_eval(accuracy_reward="nope"))
     assert any("(numeric_match)" in msg and "'nope'" in msg for _p, msg, _t in errors), errors
+
+
+def test_the_eval_example_is_valid_and_round_trips() -> None:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "runs" / "arithmetic-eval.json"
+    raw = json.loads(path.read_text())
+    cfg = RunConfig.model_validate(raw)
+    assert cfg.eval is not None and cfg.eval.n_prompts() == 32
+    assert cfg.model_dump(mode="json") == raw

@@ -9,8 +9,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.server.leases.helpers import batch_manifest
 from tests.server.learner.support import RunHandle, make_run
+from tests.server.leases.helpers import batch_manifest
 
 EVAL_ROWS = [{"prompt": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(3)]
 
@@ -29,7 +29,9 @@ def eval_block(**overrides: Any) -> dict[str, Any]:
     return block
 
 
-def make_eval_run(app: Any, n_rows: int = 6, eval_overrides: Any = None, **overrides: Any) -> RunHandle:
+def make_eval_run(
+    app: Any, n_rows: int = 6, eval_overrides: Any = None, **overrides: Any
+) -> RunHandle:
     rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n_rows)]
     fields: dict[str, Any] = {
         "dataset": {"kind": "jsonl", "rows": rows},
@@ -53,7 +55,11 @@ def finish(client: TestClient, headers: dict[str, str], lease: dict[str, Any]) -
     base = f"/api/v1/leases/{lease['lease_id']}"
     up = client.post(
         f"{base}/upload",
-        json={"fencing": lease["fencing"], "size": len(data), "sha256": batch_manifest(lease, data)["sha256"]},
+        json={
+            "fencing": lease["fencing"],
+            "size": len(data),
+            "sha256": batch_manifest(lease, data)["sha256"],
+        },
         headers=headers,
     )
     if up.status_code != 200:
@@ -62,7 +68,9 @@ def finish(client: TestClient, headers: dict[str, str], lease: dict[str, Any]) -
     assert client.put(put["url"], content=data, headers=put["headers"]).status_code == 200
     manifest = batch_manifest(lease, data, key=put["key"])
     return client.post(
-        f"{base}/complete", json={"fencing": lease["fencing"], "manifest": manifest}, headers=headers
+        f"{base}/complete",
+        json={"fencing": lease["fencing"], "manifest": manifest},
+        headers=headers,
     )
 
 

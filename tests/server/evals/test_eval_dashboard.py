@@ -11,7 +11,9 @@ from tests.server.learner.support import attach, make_run, make_worker
 
 
 def test_eval_chart_on_the_run_page(client: TestClient, app, admin_token: str) -> None:  # type: ignore[no-untyped-def]
-    run = make_eval_run(app, n_rows=2, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 4})
+    run = make_eval_run(
+        app, n_rows=2, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 4}
+    )
     _, token = make_worker(app)
     fencing = attach(client, run)["fencing"]
     drain(client, worker_headers(token))

@@ -15,7 +15,7 @@ from server.db_types import db_now_plus
 from server.learner.retention import apply_retention
 from server.models import AdapterVersion, EvalItem, Lease, Run
 from tests.conftest import make_settings
-from tests.server.evals.support import acquire, finish, make_eval_run, score_evals, worker_headers
+from tests.server.evals.support import acquire, finish, make_eval_run, worker_headers
 from tests.server.learner.support import (
     RunHandle,
     attach,
@@ -67,7 +67,9 @@ def test_eval_has_its_own_bound_and_training_is_not_starved(app, client) -> None
 
 
 def test_eval_gets_leases_when_training_is_at_its_bound(app, client) -> None:
-    run = make_eval_run(app, n_rows=4, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 2})
+    run = make_eval_run(
+        app, n_rows=4, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 2}
+    )
     _, token = make_worker(app)
     worker = worker_headers(token)
     attach(client, run)
@@ -126,8 +128,6 @@ def _publish_versions_from(client, run, fencing, start, end) -> None:  # type: i
 
 def test_retention_keeps_a_version_with_eval_pending(app, client) -> None:
     run = make_eval_run(app, n_rows=8, max_staleness=0, eval_overrides={"every_versions": 2})
-    _, token = make_worker(app)
-    worker = worker_headers(token)
     fencing = attach(client, run)["fencing"]
     _publish_versions(client, run, fencing, 4)  # due: 0, 2, 4; 1 and 3 are not
     with transaction(app.state.sessionmaker) as session:
@@ -144,7 +144,9 @@ def test_retention_keeps_a_version_with_eval_pending(app, client) -> None:
 
 
 def test_expired_eval_lease_is_requeued_and_its_late_upload_refused(app, client) -> None:
-    run = make_eval_run(app, n_rows=2, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 4})
+    run = make_eval_run(
+        app, n_rows=2, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 4}
+    )
     _, token = make_worker(app)
     worker = worker_headers(token)
     attach(client, run)
@@ -177,7 +179,9 @@ def test_expired_eval_lease_is_requeued_and_its_late_upload_refused(app, client)
 
 
 def test_rejected_eval_batch_requeues_and_bad_results_are_refused(app, client) -> None:
-    run = make_eval_run(app, n_rows=2, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 4})
+    run = make_eval_run(
+        app, n_rows=2, prompts_per_step=2, eval_overrides={"max_leases_in_flight": 4}
+    )
     _, token = make_worker(app)
     worker = worker_headers(token)
     fencing = attach(client, run)["fencing"]
@@ -228,5 +232,6 @@ def test_a_run_without_eval_has_no_eval_results(app, client, admin_headers) -> N
     attach(client, run)
     got = client.get(run.url("evals"), headers=admin_headers).json()
     assert got["enabled"] is False and got["versions"] == []
-    assert client.get(f"/api/v1/runs/{uuid.uuid4()}/evals", headers=admin_headers).status_code == 404
-    assert score_evals  # the helper is shared; unused here
+    assert (
+        client.get(f"/api/v1/runs/{uuid.uuid4()}/evals", headers=admin_headers).status_code == 404
+    )
