@@ -40,8 +40,8 @@ def _expected(item_ids: list[int], n: int) -> dict[str, float]:
 
 def test_versions_zero_k_and_final_are_evaluated(app, client, admin_headers) -> None:
     run = make_eval_run(
-        app, n_rows=6, alarms={"webhook_url": "http://127.0.0.1:9/hook"}
-    )  # 3 versions of 2 prompts: due 0, 2 and 3 (final)
+        app, n_rows=10, alarms={"webhook_url": "http://127.0.0.1:9/hook"}
+    )  # 5 versions of 2 prompts: due 0, 2, 4 and 5 (final)
     _, token = make_worker(app)
     worker = worker_headers(token)
     fencing = attach(client, run)["fencing"]
@@ -75,21 +75,21 @@ def test_versions_zero_k_and_final_are_evaluated(app, client, admin_headers) -> 
             assert published.json()["run_status"] == "evaluating"
             break
         assert version < 10
-    assert version == 3
+    assert version == 5
 
     # training is over: only eval leases, pinned to the final version
     leases = drain(client, worker)
-    assert leases and {(x["kind"], x["adapter_version"]) for x in leases} == {("eval", 3)}
+    assert leases and {(x["kind"], x["adapter_version"]) for x in leases} == {("eval", 5)}
     for lease in leases:
-        items.setdefault(3, []).extend(p["prompt_row_id"] for p in lease["prompts"])
+        items.setdefault(5, []).extend(p["prompt_row_id"] for p in lease["prompts"])
     answers = score_evals(client, run, fencing)
     assert answers[-1]["run_status"] == "completed"
     assert client.get(run.url(""), headers=admin_headers).json()["status"] == "completed"
 
     got = client.get(run.url("evals"), headers=admin_headers).json()
     assert got["enabled"] and got["n"] == 2 and got["every_versions"] == 2
-    assert [v["version"] for v in got["versions"]] == [0, 2, 3]
-    assert sorted(items) == [0, 2, 3]
+    assert [v["version"] for v in got["versions"]] == [0, 2, 4, 5]
+    assert sorted(items) == [0, 2, 4, 5]
     for v in got["versions"]:
         assert v["state"] == "done" and v["scored_at"] is not None
         assert len(items[v["version"]]) == 3
@@ -102,7 +102,7 @@ def test_versions_zero_k_and_final_are_evaluated(app, client, admin_headers) -> 
                 select(WebhookDelivery).where(WebhookDelivery.run_id == run.id)
             ).scalars()
         ]
-    assert kinds.count("eval.scored") == 3  # every evaluated version reaches the webhook
+    assert kinds.count("eval.scored") == 4  # every evaluated version reaches the webhook
 
     # /metrics: the latest evaluated version's figures
     samples = {
@@ -112,6 +112,6 @@ def test_versions_zero_k_and_final_are_evaluated(app, client, admin_headers) -> 
     }
     rid = (("run_id", str(run.id)),)
     final = got["versions"][-1]
-    assert samples[("asyncgrpo_run_eval_version", rid)] == 3
+    assert samples[("asyncgrpo_run_eval_version", rid)] == 5
     for name in ("accuracy", "mean_reward", "pass_at_n"):
         assert samples[(f"asyncgrpo_run_eval_{name}", rid)] == pytest.approx(final[name])
