@@ -299,6 +299,19 @@ class EvalConfig(_Strict):
         "accuracy_reward": (lambda s: 1 <= len(s) <= 500, "must be 1 to 500 characters"),
     }
 
+    @field_validator("max_prompts")
+    @classmethod
+    def _bounded_prompts(cls, n: int | None, info: ValidationInfo) -> int | None:
+        dataset = info.data.get("dataset")
+        n_rows = getattr(dataset, "n_rows", None)  # a stored dataset's size is known later
+        if n is None and n_rows is not None and n_rows() > MAX_EVAL_PROMPTS:
+            raise _fail(
+                f"max_prompts must be set when the eval dataset has more than "
+                f"{MAX_EVAL_PROMPTS:,} rows: every evaluated version samples each eval prompt "
+                f"(got {n_rows():,} rows)"
+            )
+        return n
+
     @field_validator("temperature")
     @classmethod
     def _greedy_needs_one_sample(cls, t: float, info: ValidationInfo) -> float:

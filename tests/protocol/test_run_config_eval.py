@@ -45,6 +45,11 @@ CASES = [
     ({"max_leases_in_flight": 0}, "eval.max_leases_in_flight", "must be between 1 and 1024"),
     ({"accuracy_reward": "hash_score"}, "eval", "eval.accuracy_reward must name one of the run"),
     ({"bogus": 1}, "eval.bogus", "Extra inputs are not permitted"),
+    (
+        {"dataset": {"kind": "generator", "size": 100_001}},
+        "eval.max_prompts",
+        "max_prompts must be set when the eval dataset has more than 100,000 rows",
+    ),
     ({"dataset": {"kind": "generator", "size": 0}}, "eval.dataset.generator.size", "size must"),
 ]
 

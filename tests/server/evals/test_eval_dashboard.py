@@ -21,6 +21,10 @@ def test_eval_chart_on_the_run_page(client: TestClient, app, admin_token: str) -
     evals = client.get(run.url("evals"), headers={"Authorization": f"Bearer {admin_token}"}).json()
     v0 = evals["versions"][0]
     assert v0["state"] == "done"
+    proxy = client.get(
+        run.url("metrics"), headers={"Authorization": f"Bearer {admin_token}"}
+    ).json()["proxy"]
+    assert proxy["samples_generated"] == 2 * 2  # training's 2 prompts × G; eval not counted
 
     login(client, admin_token)
     page = client.get(f"/runs/{run.id}")
