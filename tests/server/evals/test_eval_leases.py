@@ -235,3 +235,31 @@ def test_a_run_without_eval_has_no_eval_results(app, client, admin_headers) -> N
     assert (
         client.get(f"/api/v1/runs/{uuid.uuid4()}/evals", headers=admin_headers).status_code == 404
     )
+
+
+def test_a_learner_reattaching_while_evaluating_is_told_so(app, client) -> None:  # type: ignore[no-untyped-def]
+    run = make_eval_run(app, n_rows=2, prompts_per_step=2)
+    _, token = make_worker(app)
+    worker = worker_headers(token)
+    fencing = attach(client, run)["fencing"]
+    train = acquire(client, worker)
+    assert train is not None and train["kind"] == "train"
+    assert finish(client, worker, train).json()["state"] == "accepted"
+    batches = [b["batch_id"] for b in claim(client, run, fencing).json()["batches"]]
+    published = upload_and_publish(client, run, fencing, 1, batches, final=True)
+    assert published.json()["run_status"] == "evaluating"
+    with transaction(app.state.sessionmaker) as session:  # the learner died: its lease lapses
+        session.execute(
+            update(Run).where(Run.id == run.id).values(learner_expires_at=db_now_plus(-1))
+        )
+    again = attach(client, run)
+    assert again["run_status"] == "evaluating" and again["fencing"] > fencing
+    body = client.post(
+        run.url("evals/claim"), json={"fencing": fencing}, headers=run.headers
+    )
+    assert body.status_code == 409  # the old token is fenced out
+    body = client.post(
+        run.url("evals/claim"), json={"fencing": again["fencing"]}, headers=run.headers
+    )
+    assert body.status_code == 200 and body.json()["pending_versions"] == 2  # 0 and 1
+    assert body.json()["run_status"] == "evaluating"
