@@ -254,9 +254,7 @@ def test_a_learner_reattaching_while_evaluating_is_told_so(app, client) -> None:
         )
     again = attach(client, run)
     assert again["run_status"] == "evaluating" and again["fencing"] > fencing
-    body = client.post(
-        run.url("evals/claim"), json={"fencing": fencing}, headers=run.headers
-    )
+    body = client.post(run.url("evals/claim"), json={"fencing": fencing}, headers=run.headers)
     assert body.status_code == 409  # the old token is fenced out
     body = client.post(
         run.url("evals/claim"), json={"fencing": again["fencing"]}, headers=run.headers
