@@ -27,6 +27,7 @@ import torch
 from learner.background import Pending
 from learner.checkpoint import capture_state, load_state
 from learner.config import LearnerSettings
+from learner.evals import EvalScorer
 from learner.frozen import FrozenWeights
 from learner.intake import Intake, IntakeResult
 from learner.prepare import PreparedStep, StepPreparer
@@ -160,6 +161,16 @@ class Session:
             adapter_sha256=self.intake.adapter_sha256,
             base_model=self.config.base_model,
         )
+        self.evals: EvalScorer | None = None
+        if self.config.eval is not None:
+            self.evals = EvalScorer(
+                client=learner.eval_client,
+                run_id=self.run_id,
+                fencing=self.fencing,
+                intake=self.intake,
+                config=self.config.eval,
+            )
+        self.training_over = attach.run_status == "evaluating"
         self.next_step: Pending[PreparedStep] | None = None
         self.publishing: Pending[Published] | None = None
         self.consumed: list[uuid.UUID] = []
@@ -242,6 +253,10 @@ class Session:
     def run(self) -> bool:
         """Train until the run completes or this process's max_versions (True)."""
         self.last_step_end = time.perf_counter()
+        if self.evals is not None:
+            self.evals.start()
+        if self.training_over:  # re-attached after the final publish: only evals are left
+            return self._wait_evaluated()
         self._request_step(self.building)
         while True:
             assert self.next_step is not None
@@ -418,16 +433,33 @@ class Session:
         self.last_publish_s = self.publishing.seconds
         self.publishing = None
         self.frozen.prune(result.version)
+        if result.run_status == "evaluating":
+            return self._wait_evaluated()
         # A paused (or budget-exhausted) run keeps its learner: it resumes where it stopped.
         return result.run_status in TERMINAL_RUN_STATUSES
+
+    def _wait_evaluated(self) -> bool:
+        """After the final publish: wait while the eval thread scores the last evals; True
+        once the server has completed the run (LeaseLost when the lease goes meanwhile)."""
+        assert self.evals is not None
+        log.info("the final version is published; scoring its evaluation")
+        while not self.evals.finished.wait(0.5):
+            self._check_lease()
+            if self.evals.lost.is_set() or not self.evals.is_alive():
+                raise LeaseLost("the eval scorer stopped before the run completed")
+        return True
 
     def close(self) -> None:
         """Stop the background calls (their next lease check raises) and wait for them."""
         self.stopping.set()
+        if self.evals is not None:
+            self.evals.stopped.set()
         self.intake.close()  # a reward running on the intake thread ends at once
         for call in (self.next_step, self.publishing):
             if call is not None:
                 call.join(CLOSE_WAIT_S)
+        if self.evals is not None:
+            self.evals.stop(CLOSE_WAIT_S)
 
 
 def _last_version(run_limit: int | None, process_limit: int | None) -> int | None:
@@ -450,6 +482,7 @@ class Learner:
         # thread's calls are retried by its Retrier, which checks the lease between attempts
         self.intake_client = AsyncGrpoClient(settings.server_url, settings.token, max_retries=30)
         self.publish_client = AsyncGrpoClient(settings.server_url, settings.token, max_retries=0)
+        self.eval_client = AsyncGrpoClient(settings.server_url, settings.token, max_retries=30)
         # attach reports the tokenizer fingerprint, so the tokenizer comes before the run config
         self.tokenizer: Any = load_tokenizer(settings.model)
         self.fingerprint = str(tokenizer_fingerprint(self.tokenizer))

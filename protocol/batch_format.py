@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,7 +23,8 @@ BATCH_SCHEMA = pa.schema(
         pa.field("group_index", pa.int32(), nullable=False),
         pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("completion_token_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("behaviour_logprobs", pa.list_(pa.float32()), nullable=False),
+        # null in every row of an eval batch (eval samples are scored, never trained on)
+        pa.field("behaviour_logprobs", pa.list_(pa.float32()), nullable=True),
         pa.field("finish_reason", pa.string(), nullable=False),
     ]
 )
@@ -44,6 +45,9 @@ class BatchMetadata(BaseModel):
     adapter_sha256: str | None = Field(description="That version's sha256 (None for version 0).")
     tokenizer_fingerprint: str = Field(description="protocol.fingerprint of the tokenizer used.")
     sampling: dict[str, Any] = Field(description="Sampling parameters (temperature, ...).")
+    kind: Literal["train", "eval"] = Field(
+        "train", description="train, or eval (no behaviour log-probs: the column is null)."
+    )
 
 
 @dataclass(frozen=True)
@@ -54,5 +58,5 @@ class RolloutSample:
     group_index: int
     prompt_token_ids: Sequence[int]
     completion_token_ids: Sequence[int]
-    behaviour_logprobs: Sequence[float]
+    behaviour_logprobs: Sequence[float] | None  # None in eval batches
     finish_reason: str

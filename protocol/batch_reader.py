@@ -73,6 +73,8 @@ class BatchExpectations:
     sampling: Mapping[str, Any] | None = None
     prompt_token_ids: Mapping[int, Sequence[int]] | None = None
     limits: BatchLimits = field(default_factory=BatchLimits)
+    # eval: behaviour_logprobs must be null in every row (and group_size is the eval's n)
+    kind: Literal["train", "eval"] = "train"
 
     @property
     def n_samples(self) -> int:
@@ -88,7 +90,7 @@ class RolloutBatchData:
     group_indices: list[int]
     prompt_token_ids: list[list[int]]
     completion_token_ids: list[list[int]]
-    behaviour_logprobs: list[list[float]]
+    behaviour_logprobs: list[list[float]]  # empty lists in an eval batch
     finish_reasons: list[str]
 
     @property
@@ -177,6 +179,7 @@ def _check_lease(meta: BatchMetadata, expect: BatchExpectations) -> None:
         "adapter_version": expect.adapter_version,
         "adapter_sha256": expect.adapter_sha256,
         "tokenizer_fingerprint": expect.tokenizer_fingerprint,
+        "kind": expect.kind,
     }
     if expect.sampling is not None:
         wanted["sampling"] = dict(expect.sampling)
@@ -202,7 +205,7 @@ def _check_footer(pf: pq.ParquetFile, expect: BatchExpectations) -> None:
     per_row = {
         "prompt_token_ids": limits.max_prompt_tokens,
         "completion_token_ids": expect.max_new_tokens,
-        "behaviour_logprobs": expect.max_new_tokens,
+        "behaviour_logprobs": 0 if expect.kind == "eval" else expect.max_new_tokens,
     }
     values = dict.fromkeys(BATCH_SCHEMA.names, 0)
     decoded = 0
@@ -254,7 +257,11 @@ def read_batch(path: Path | str, expect: BatchExpectations) -> RolloutBatchData:
         group_indices=cols["group_index"].to_pylist(),
         prompt_token_ids=cols["prompt_token_ids"].to_pylist(),
         completion_token_ids=cols["completion_token_ids"].to_pylist(),
-        behaviour_logprobs=cols["behaviour_logprobs"].to_pylist(),
+        behaviour_logprobs=(
+            [[] for _ in range(table.num_rows)]
+            if expect.kind == "eval"
+            else cols["behaviour_logprobs"].to_pylist()
+        ),
         finish_reasons=cols["finish_reason"].to_pylist(),
     )
 

@@ -33,9 +33,15 @@ def _column(table: pa.Table, name: str) -> pa.Array:
     return table.column(name).combine_chunks()
 
 
-def _check_nulls(table: pa.Table) -> None:
+def _check_nulls(table: pa.Table, kind: str) -> None:
+    """No nulls anywhere, except that an eval batch's behaviour_logprobs are null in every
+    row (eval samples are scored, never trained on)."""
     for name in table.column_names:
         col = _column(table, name)
+        if kind == "eval" and name == "behaviour_logprobs":
+            if col.null_count != len(col):
+                raise RowError("eval_logprobs", "an eval batch carries no behaviour log-probs")
+            continue
         if col.null_count:
             raise RowError("nulls", f"column {name} has {col.null_count} nulls")
         if name in _LIST_COLUMNS and pc.list_flatten(col).null_count:
@@ -45,7 +51,6 @@ def _check_nulls(table: pa.Table) -> None:
 def _check_lengths(table: pa.Table, expect: BatchExpectations) -> None:
     p_len = pc.list_value_length(_column(table, "prompt_token_ids")).to_numpy()
     c_len = pc.list_value_length(_column(table, "completion_token_ids")).to_numpy()
-    l_len = pc.list_value_length(_column(table, "behaviour_logprobs")).to_numpy()
     if (p_len < 1).any() or (p_len > expect.limits.max_prompt_tokens).any():
         raise RowError("prompt_length", f"prompt lengths {p_len.min()}..{p_len.max()} out of range")
     if (c_len < 1).any():
@@ -54,6 +59,9 @@ def _check_lengths(table: pa.Table, expect: BatchExpectations) -> None:
         raise RowError(
             "completion_too_long", f"completion of {c_len.max()} > {expect.max_new_tokens} tokens"
         )
+    if expect.kind == "eval":
+        return
+    l_len = pc.list_value_length(_column(table, "behaviour_logprobs")).to_numpy()
     if (l_len != c_len).any():
         row = int(np.flatnonzero(l_len != c_len)[0])
         raise RowError(
@@ -69,6 +77,8 @@ def _check_values(table: pa.Table, expect: BatchExpectations, eps: float) -> Non
                 "token_out_of_vocab",
                 f"{name}: ids {ids.min()}..{ids.max()} outside [0, {expect.vocab_size})",
             )
+    if expect.kind == "eval":
+        return
     lp = pc.list_flatten(_column(table, "behaviour_logprobs")).to_numpy()
     if not np.isfinite(lp).all():
         raise RowError("logprob_not_finite", "a behaviour log-prob is NaN or infinite")
@@ -130,7 +140,7 @@ def check_rows(
     table: pa.Table, expect: BatchExpectations, eps: float, finish_reasons: Sequence[str]
 ) -> CheckedRows:
     """Raise RowError on the first failed check; return the canonical row order."""
-    _check_nulls(table)
+    _check_nulls(table, expect.kind)
     _check_lengths(table, expect)
     _check_values(table, expect, eps)
     _check_finish(table, finish_reasons)

@@ -5,7 +5,8 @@ Columns (docs/architecture.md, "Bucket layout and batch format"):
     group_index           int32          0..G-1 within the prompt's group
     prompt_token_ids      list<int32>    the chat-templated prompt, as the worker tokenized it
     completion_token_ids  list<int32>    sampled tokens (up to and including the first EOS)
-    behaviour_logprobs    list<float32>  log_softmax(logits / T) of each sampled token
+    behaviour_logprobs    list<float32>  log_softmax(logits / T) of each sampled token (null in
+                                         every row of an eval batch, never null in a training one)
     finish_reason         string         "stop" or "length"
 File metadata (key `asyncgrpo.batch`, JSON): see `BatchMetadata`.
 
@@ -60,7 +61,10 @@ def samples_table(metadata: BatchMetadata, samples: Sequence[RolloutSample]) -> 
         pa.array([s.group_index for s in samples], pa.int32()),
         pa.array([list(s.prompt_token_ids) for s in samples], pa.list_(pa.int32())),
         pa.array([list(s.completion_token_ids) for s in samples], pa.list_(pa.int32())),
-        pa.array([list(s.behaviour_logprobs) for s in samples], pa.list_(pa.float32())),
+        pa.array(
+            [None if s.behaviour_logprobs is None else list(s.behaviour_logprobs) for s in samples],
+            pa.list_(pa.float32()),
+        ),
         pa.array([s.finish_reason for s in samples], pa.string()),
     ]
     meta = {METADATA_KEY: json.dumps(metadata.model_dump(mode="json"), sort_keys=True).encode()}

@@ -459,3 +459,21 @@ class AsyncGrpoClient:
 
     def spot_check(self, run_id: str, body: sl.SpotCheckRequest) -> sl.SpotCheckResponse:
         return self._learner(sl.SpotCheckResponse, f"/api/v1/runs/{run_id}/spot-checks", body)
+
+    # -- evaluation during training ------------------------------------------------------------
+
+    def claim_evals(
+        self, run_id: str, fencing: int, *, max_batches: int = 4, wait_s: float = 0.0
+    ) -> sl.EvalClaimResponse:
+        """Uploaded eval batches, claimed by this learner (long-poll up to wait_s)."""
+        body = sl.EvalClaimRequest(fencing=fencing, max_batches=max_batches, wait_s=wait_s)
+        path = f"/api/v1/runs/{run_id}/evals/claim"
+        return self._learner(sl.EvalClaimResponse, path, body, timeout_s=wait_s + 30.0)
+
+    def post_eval_results(self, run_id: str, body: sl.EvalResultsRequest) -> sl.EvalResultsResponse:
+        """The scores of one claimed eval batch's samples."""
+        return self._learner(sl.EvalResultsResponse, f"/api/v1/runs/{run_id}/evals", body)
+
+    def run_evals(self, run_id: str) -> dict[str, Any]:
+        """Eval results per version (admin)."""
+        return self._json("GET", f"/api/v1/runs/{run_id}/evals")  # type: ignore[no-any-return]

@@ -437,6 +437,107 @@ def loss_combination_errors(
     return out
 
 
+MAX_EVAL_PROMPTS = 100_000
+MAX_EVAL_SAMPLES = 1024
+MAX_EVAL_LEASES = 1024
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation during training: versions 0, k, 2k, … and the final version are
+    sampled on the eval prompts and scored with the run's rewards (README, "Evaluation during
+    training")."""
+
+    dataset: DatasetSpec = Field(
+        description="The held-out prompts (e.g. a test split): any dataset kind, with its own "
+        "column mapping for stored kinds."
+    )
+    every_versions: int = Field(
+        1,
+        description="Evaluate versions 0, k, 2k, … (k = every_versions) and always the final "
+        "version; version 0 is the base model.",
+    )
+    n: int = Field(1, description="Samples per eval prompt (pass@n is over these).")
+    temperature: float = Field(
+        0.0, description="Sampling temperature of eval (0: greedy, which needs n = 1)."
+    )
+    max_prompts: int | None = Field(
+        None, description="Evaluate at most this many prompts of the dataset (None: all)."
+    )
+    max_new_tokens: int | None = Field(
+        None, description="Completion length limit of eval (None: sampling.max_new_tokens)."
+    )
+    accuracy_reward: str = Field(
+        description="Name of one of the run's rewards: a sample is accurate when its value "
+        "is at least `threshold`."
+    )
+    threshold: float = Field(1.0, description="Accuracy threshold on accuracy_reward.")
+    max_leases_in_flight: int = Field(
+        2, description="Eval leases active at once (eval's own bound, beside training's)."
+    )
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "every_versions": (lambda k: 1 <= k <= INT_MAX, f"must be between 1 and {INT_MAX:,}"),
+        "n": (lambda n: 1 <= n <= MAX_EVAL_SAMPLES, f"must be between 1 and {MAX_EVAL_SAMPLES}"),
+        "max_prompts": (
+            lambda n: 1 <= n <= MAX_EVAL_PROMPTS,
+            f"must be between 1 and {MAX_EVAL_PROMPTS:,} when set",
+        ),
+        "max_new_tokens": (
+            lambda n: 1 <= n <= MAX_NEW_TOKENS,
+            f"must be between 1 and {MAX_NEW_TOKENS} when set",
+        ),
+        "max_leases_in_flight": (
+            lambda n: 1 <= n <= MAX_EVAL_LEASES,
+            f"must be between 1 and {MAX_EVAL_LEASES}",
+        ),
+        "accuracy_reward": (lambda s: 1 <= len(s) <= 500, "must be 1 to 500 characters"),
+    }
+
+    @field_validator("max_prompts")
+    @classmethod
+    def _bounded_prompts(cls, n: int | None, info: ValidationInfo) -> int | None:
+        dataset = info.data.get("dataset")
+        rows = dataset.n_rows() if dataset is not None else None  # stored: known later
+        if n is None and rows is not None and rows > MAX_EVAL_PROMPTS:
+            raise _fail(
+                f"max_prompts must be set when the eval dataset has more than "
+                f"{MAX_EVAL_PROMPTS:,} rows: every evaluated version samples each eval prompt "
+                f"(got {rows:,} rows)"
+            )
+        return n
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_needs_one_sample(cls, t: float, info: ValidationInfo) -> float:
+        if t < 0:
+            raise _fail(f"temperature must be at least 0 (0 is greedy) (got {t!r})")
+        n = info.data.get("n")
+        if t == 0 and n is not None and n != 1:
+            raise _fail(
+                f"temperature 0 is greedy decoding: every sample would be the same, so n must be "
+                f"1 (got n = {n})"
+            )
+        return t
+
+    def check_stored_rows(self, rows: int) -> None:
+        """A stored eval dataset of `rows` rows, once the server knows its size: without
+        max_prompts, at most MAX_EVAL_PROMPTS rows (as for the other kinds)."""
+        if self.max_prompts is None and rows > MAX_EVAL_PROMPTS:
+            raise _fail(
+                f"max_prompts must be set when the eval dataset has more than "
+                f"{MAX_EVAL_PROMPTS:,} rows: every evaluated version samples each eval prompt "
+                f"(got {rows:,} rows)"
+            )
+
+    def n_prompts(self) -> int | None:
+        """Eval prompts per evaluated version (None: a stored dataset's size, which only the
+        server knows, bounded by max_prompts)."""
+        rows = self.dataset.n_rows()
+        if rows is None:
+            return self.max_prompts
+        return rows if self.max_prompts is None else min(rows, self.max_prompts)
+
+
 def _http_url(url: str) -> bool:
     parsed = urlparse(url)
     return parsed.scheme in ("http", "https") and bool(parsed.netloc)
@@ -501,6 +602,9 @@ class RunConfig(_Strict):
     priority: int = Field(0, description="Higher runs are leased first.")
     seed: int = Field(0, description="Seed for lease seeds and the learner.")
     alarms: AlarmConfig = Field(default_factory=AlarmConfig, description="Alarm thresholds.")
+    eval: EvalConfig | None = Field(
+        None, description="Held-out evaluation during training (None: no evaluation)."
+    )
 
     RULES: ClassVar[dict[str, Rule]] = {
         "name": (lambda s: 1 <= len(s.strip()) and len(s) <= 200, "must be 1 to 200 characters"),
@@ -588,7 +692,25 @@ class RunConfig(_Strict):
         parses it)."""
         dumped = self.model_dump(mode="json")
         dumped["dataset"] = omit_rows(self.dataset).model_dump(mode="json")
+        if self.eval is not None:
+            dumped["eval"]["dataset"] = omit_rows(self.eval.dataset).model_dump(mode="json")
         return dumped
+
+    @field_validator("eval")
+    @classmethod
+    def _accuracy_reward_is_a_reward(
+        cls, ev: EvalConfig | None, info: ValidationInfo
+    ) -> EvalConfig | None:
+        specs = info.data.get("rewards")
+        if ev is None or specs is None:
+            return ev
+        names = [r.name for r in specs]
+        if ev.accuracy_reward not in names:
+            raise _fail(
+                f"eval.accuracy_reward must name one of the run's rewards ({', '.join(names)}) "
+                f"(got {ev.accuracy_reward!r})"
+            )
+        return ev
 
     def admission_bound_groups(self) -> int:
         """Groups that may be leased, accepted or claimed (not yet consumed) at once."""
@@ -605,9 +727,22 @@ def check_prompt_rows(epochs: int, rows: int) -> None:
         )
 
 
+class LearnerEvalConfig(EvalConfig):
+    """EvalConfig as the learner receives it: an inline eval dataset's rows are left out."""
+
+    dataset: Annotated[  # type: ignore[assignment]
+        GeneratorDataset | RowsOmitted | UploadedDataset | HfDataset,
+        Field(discriminator="kind", description="The eval dataset, without inline rows."),
+    ]
+
+
 class LearnerRunConfig(RunConfig):
-    """RunConfig as the learner receives it at attach (RunConfig.for_learner): an inline
-    dataset's rows are left out."""
+    """RunConfig as the learner receives it at attach (RunConfig.for_learner): inline rows of
+    the dataset and of the eval dataset are left out."""
+
+    eval: LearnerEvalConfig | None = Field(  # type: ignore[assignment]
+        None, description="Held-out evaluation, without inline eval rows."
+    )
 
     dataset: Annotated[  # type: ignore[assignment]
         GeneratorDataset | RowsOmitted | UploadedDataset | HfDataset,

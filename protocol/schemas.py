@@ -25,6 +25,7 @@ RunStatus = Literal[
     "running",
     "paused",
     "budget_exhausted",
+    "evaluating",
     "completed",
     "failed",
     "cancelled",
@@ -156,10 +157,20 @@ class AdapterRef(BaseModel):
     files: list[AdapterFile] = Field(description="PEFT files with download URLs.")
 
 
+# A training lease's batch is trained on; an eval lease's batch (pinned to the version under
+# evaluation, no behaviour log-probs) is only scored (README, "Evaluation during training").
+LeaseKind = Literal["train", "eval"]
+
+
 class Lease(BaseModel):
     """Everything a worker needs to produce one batch."""
 
     lease_id: uuid.UUID = Field(description="Lease id.")
+    kind: LeaseKind = Field(
+        "train",
+        description="train, or eval: generate with exactly adapter_version (never a newer "
+        "one), at sampling.temperature (0: greedy), without behaviour log-probs.",
+    )
     run_id: uuid.UUID = Field(description="Run id.")
     base_model: str = Field(description="Base model of the run.")
     tokenizer_fingerprint: str | None = Field(description="Tokenizer fingerprint of the run.")

@@ -101,6 +101,11 @@ class AttachResponse(_Response):
         "at version 0.",
     )
     run_config: dict[str, Any] = Field(description="The run's RunConfig as JSON.")
+    run_status: str | None = Field(
+        None,
+        description="The run's status after the attach: `evaluating` means training is done "
+        "and only eval batches remain to score.",
+    )
     heartbeat_interval_s: float = Field(description="How often to heartbeat.")
     lease_ttl_s: float = Field(description="The learner lease lapses this long after a call.")
 
@@ -295,3 +300,67 @@ class SpotCheckResponse(_Response):
     spot_checks: int = Field(description="Spot checks recorded for this worker.")
     spot_check_mismatch: float = Field(description="Running mean of mean |Δ log-prob|.")
     quarantined: bool = Field(description="This check quarantined the worker.")
+
+
+# -- evaluation during training (README, "Evaluation during training") -------------------------
+
+MAX_EVAL_CLAIM = 64
+MAX_EVAL_SAMPLES_PER_POST = 1 << 18
+
+
+class EvalClaimRequest(FencedRequest):
+    max_batches: int = Field(4, ge=1, le=MAX_EVAL_CLAIM, description="Most eval batches.")
+    wait_s: float = Field(
+        0.0, ge=0.0, le=600.0, description="Long-poll: wait up to this long (capped) for work."
+    )
+
+
+class EvalPromptOut(_Response):
+    item_id: int = Field(description="Eval item id (the batch's prompt_row_id column).")
+    eval_row_id: int = Field(description="Eval row id.")
+    prompt: Any = Field(description="The prompt: text or chat messages.")
+    reference: dict[str, Any] = Field(description="Reference columns for the rewards.")
+
+
+class ClaimedEvalBatch(_Response):
+    batch_id: uuid.UUID = Field(description="RolloutBatch id (kind eval).")
+    lease_id: uuid.UUID = Field(description="The eval lease that produced it.")
+    worker_id: uuid.UUID = Field(description="The worker that produced it.")
+    version: int = Field(description="The adapter version under evaluation (0: base model).")
+    bucket_key: str = Field(description="Bucket key of the Parquet file.")
+    sha256: str = Field(description="SHA-256 the worker declared; verify on download.")
+    size: int = Field(description="Size in bytes.")
+    url: str = Field(description="Presigned GET URL.")
+    n_samples: int = Field(description="Completions in the batch (prompts × n).")
+    n: int = Field(description="Samples per prompt.")
+    max_new_tokens: int = Field(description="Completion length limit of the eval.")
+    prompts: list[EvalPromptOut] = Field(description="The batch's eval items.")
+
+
+class EvalClaimResponse(_Response):
+    batches: list[ClaimedEvalBatch] = Field(description="Eval batches now claimed.")
+    run_status: str = Field(description="The run's status.")
+    pending_versions: int = Field(description="Versions whose evaluation is not yet done.")
+
+
+class EvalSample(_Request):
+    item_id: int = Field(ge=0, le=BIGINT_MAX, description="The sample's eval item.")
+    reward: float = Field(allow_inf_nan=False, description="Weighted total reward.")
+    accuracy_value: float = Field(
+        allow_inf_nan=False, description="Value of the eval's accuracy_reward."
+    )
+
+
+class EvalResultsRequest(FencedRequest):
+    batch_id: uuid.UUID = Field(description="The claimed eval batch these samples score.")
+    samples: list[EvalSample] = Field(
+        min_length=1,
+        max_length=MAX_EVAL_SAMPLES_PER_POST,
+        description="Every sample of the batch: each of its items exactly n times.",
+    )
+
+
+class EvalResultsResponse(_Response):
+    version: int = Field(description="The version the batch evaluated.")
+    version_done: bool = Field(description="Every item of that version is now scored.")
+    run_status: str = Field(description="The run's status (completed once the last is done).")

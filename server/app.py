@@ -107,6 +107,7 @@ def _include_routers(app: FastAPI) -> None:
     from server.adapters.router import router as adapters_router
     from server.blobs.router import router as blobs_router
     from server.datasets.router import router as datasets_router
+    from server.evals.router import router as evals_router
     from server.health import router as health_router
     from server.learner.router import router as learner_router
     from server.leases.router import router as leases_router
@@ -123,6 +124,7 @@ def _include_routers(app: FastAPI) -> None:
         leases_router,
         versions_router,
         learner_router,
+        evals_router,
         runs_router,
         adapters_router,
         tokens_router,

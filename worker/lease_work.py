@@ -187,14 +187,16 @@ class LeaseWork:
             adapter_sha256=lease.adapter.sha256 if lease.adapter else None,
             tokenizer_fingerprint=self.fingerprint,
             sampling=dict(lease.sampling),
+            kind=lease.kind,
         )
+        # an eval batch is only scored: it carries no behaviour log-probs
         samples = [
             RolloutSample(
                 prompt_row_id=lease.prompts[c.prompt_index].prompt_row_id,
                 group_index=c.group_index,
                 prompt_token_ids=prompts[c.prompt_index],
                 completion_token_ids=c.token_ids,
-                behaviour_logprobs=c.logprobs,
+                behaviour_logprobs=None if lease.kind == "eval" else c.logprobs,
                 finish_reason=c.finish_reason,
             )
             for c in completions

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from protocol.run_config import RunConfig
 from server.adapters import service as adapters
 from server.dashboard import repository as repo
+from server.evals import repository as evals_repo
 from server.jobs import alarms, stats
 from server.jobs.common import db_time
 from server.learner import telemetry
@@ -226,6 +227,23 @@ def spend_chart(session: Session, run_id: uuid.UUID, bucket_s: int) -> dict[str,
 INT_X = {"x": "int"}
 
 
+def eval_chart(session: Session, run_id: uuid.UUID, config: RunConfig) -> dict[str, Any]:
+    """Accuracy, pass@n and mean reward of each evaluated version (pending ones left out)."""
+    n = config.eval.n if config.eval is not None else 1
+    done = [r for r in evals_repo.results(session, run_id) if r.state == "done"]
+    return {
+        "labels": ["version", "accuracy", f"pass@{n}", "mean reward"],
+        "data": [
+            [r.version for r in done],
+            [r.accuracy for r in done],
+            [r.pass_at_n for r in done],
+            [r.mean_reward for r in done],
+        ],
+        **INT_X,
+        "y": "zero",
+    }
+
+
 def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
     """All chart data of the run page (one JSON document polled by the page)."""
     run = runs.get_run(session, run_id)
@@ -239,6 +257,7 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
     clip_limit = config.alarms.clip_fraction
     return {
         "reward": {"labels": ["version", "reward mean"], "data": learner["reward"], **INT_X},
+        "eval": eval_chart(session, run_id, config),
         "clip": {
             "labels": ["step", "clip low", "clip high", "threshold (low+high)"],
             "data": [*learner["clip"], [clip_limit] * len(learner["clip"][0])],

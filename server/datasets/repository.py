@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
@@ -62,7 +62,8 @@ def retry(session: Session, dataset_id: uuid.UUID) -> None:
 
 
 def runs_using(session: Session, dataset_id: uuid.UUID) -> list[uuid.UUID]:
-    return list(session.execute(select(Run.id).where(Run.dataset_id == dataset_id)).scalars())
+    uses = or_(Run.dataset_id == dataset_id, Run.eval_dataset_id == dataset_id)
+    return list(session.execute(select(Run.id).where(uses)).scalars())
 
 
 def remove(session: Session, dataset_id: uuid.UUID) -> None:

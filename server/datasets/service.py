@@ -77,24 +77,27 @@ def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
     )
 
 
-def dataset_for_run(session: Session, spec: StoredDataset, epochs: int) -> Dataset:
+def dataset_for_run(
+    session: Session, spec: StoredDataset, epochs: int, where: str = "dataset"
+) -> Dataset:
     """The dataset a new run reads, checked as far as it is known: 422 naming the field for an
     unknown or failed dataset, a missing column (with the columns that exist) or too many
     prompt rows. A pending one is accepted (its columns checked when known, as for an upload):
-    the run waits for it (status `preparing`)."""
+    the run waits for it (status `preparing`). `where` is the config path of the spec (e.g.
+    `eval.dataset`), named in the errors."""
     if isinstance(spec, HfDataset):
         dataset = find_or_create_hf(session, spec)
     else:
         found = repository.get(session, spec.id)
         if found is None:
-            raise Unprocessable(f"dataset {spec.id} not found", field="dataset.id")
+            raise Unprocessable(f"dataset {spec.id} not found", field=f"{where}.id")
         dataset = found
     if dataset.status == "failed":
-        raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field="dataset.id")
+        raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field=f"{where}.id")
     # An upload's columns and rows are known from the moment it is stored (the request read
     # them), even while the job still checks it.
     if dataset.columns is not None:
-        check_columns(dataset, spec)
+        check_columns(dataset, spec, where)
     if dataset.row_count is not None:
         try:
             check_prompt_rows(epochs, int(dataset.row_count))
@@ -103,11 +106,13 @@ def dataset_for_run(session: Session, spec: StoredDataset, epochs: int) -> Datas
     return dataset
 
 
-def missing_column(dataset: Dataset, spec: StoredDataset) -> tuple[str, str] | None:
+def missing_column(
+    dataset: Dataset, spec: StoredDataset, where: str = "dataset"
+) -> tuple[str, str] | None:
     """(field, message) for the first column the mapping names that the dataset lacks."""
     have = list(dataset.columns or [])
-    fields = [("dataset.prompt_column", spec.prompt_column)] + [
-        ("dataset.reference_columns", c) for c in spec.reference_columns or []
+    fields = [(f"{where}.prompt_column", spec.prompt_column)] + [
+        (f"{where}.reference_columns", c) for c in spec.reference_columns or []
     ]
     for field, column in fields:
         if column not in have:
@@ -117,8 +122,8 @@ def missing_column(dataset: Dataset, spec: StoredDataset) -> tuple[str, str] | N
     return None
 
 
-def check_columns(dataset: Dataset, spec: StoredDataset) -> None:
-    missing = missing_column(dataset, spec)
+def check_columns(dataset: Dataset, spec: StoredDataset, where: str = "dataset") -> None:
+    missing = missing_column(dataset, spec, where)
     if missing is not None:
         raise Unprocessable(missing[1], field=missing[0])
 

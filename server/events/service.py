@@ -13,6 +13,9 @@ from server.jobs import webhooks
 from server.models import Event
 from server.runs.service import config_of
 
+# `info` events delivered to the run's webhook all the same: results a pipeline waits for.
+WEBHOOK_INFO_KINDS = frozenset({"eval.scored"})
+
 
 def raise_event(
     session: Session,
@@ -26,7 +29,8 @@ def raise_event(
 ) -> Event:
     """Insert an Event and queue a signed delivery to the run's webhook, if it has one.
     `info` events (publishes, attaches, status changes by an admin) are shown on the dashboard
-    only: the webhook is for alarms and failures."""
+    only: the webhook is for alarms and failures, and for the info kinds in WEBHOOK_INFO_KINDS
+    (each evaluated version's results)."""
     event = repository.insert(
         session,
         run_id=run_id,
@@ -36,7 +40,7 @@ def raise_event(
         message=message,
         data=data or {},
     )
-    if run_id is not None and severity != "info":
+    if run_id is not None and (severity != "info" or kind in WEBHOOK_INFO_KINDS):
         url = config_of(session, run_id).alarms.webhook_url
         if url:
             webhooks.enqueue(session, event, url)

@@ -23,6 +23,7 @@ from protocol.schemas_learner import (
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.errors import Conflict, FencingLost, Unprocessable
+from server.evals import service as evals
 from server.events.service import raise_event
 from server.learner import repository as repo
 from server.learner.service import authorize, fence, run_config
@@ -164,7 +165,9 @@ def publish(
     consumed = repo.mark_consumed(session, batch_ids, body.version)
     queue.consume(session, run_id, batch_ids, body.version)
     status = run.status
-    if final:
+    if config.eval is not None:
+        status = evals.on_publish(session, run_id, config, body.version, final) or status
+    elif final:
         lifecycle.complete(
             session, run_id, "final version published" if body.final else "max_versions reached"
         )
@@ -174,7 +177,7 @@ def publish(
         kind="version.published",
         severity="info",
         message=f"version {body.version} published ({consumed} batches consumed)"
-        + ("; the run is completed" if final else ""),
+        + (f"; the run is {status}" if final else ""),
         run_id=run_id,
         data={"version": body.version, "final": final},
     )

@@ -17,6 +17,7 @@ from server.db_types import db_now, db_now_plus
 from server.models import (
     AdapterVersion,
     DatasetRow,
+    EvalResult,
     Lease,
     MetricPoint,
     PromptRow,
@@ -162,7 +163,11 @@ def accepted_batches_page(session: Session, run_id: uuid.UUID, limit: int) -> li
     return list(
         session.execute(
             select(RolloutBatch)
-            .where(RolloutBatch.run_id == run_id, RolloutBatch.state == "accepted")
+            .where(
+                RolloutBatch.run_id == run_id,
+                RolloutBatch.state == "accepted",
+                RolloutBatch.kind == "train",
+            )
             .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -336,11 +341,19 @@ def mark_consumed(session: Session, batch_ids: Sequence[uuid.UUID], version: int
     )
 
 
-def reject_unconsumed(session: Session, run_id: uuid.UUID, reason: str) -> None:
-    """Every accepted or claimed batch of the run is rejected with this reason (the run ended)."""
+def reject_unconsumed(
+    session: Session, run_id: uuid.UUID, reason: str, *, kind: str | None = None
+) -> None:
+    """Every accepted or claimed batch of the run (of this kind, when given) is rejected with
+    this reason (the run, or its training, ended)."""
+    kinds = [RolloutBatch.kind == kind] if kind is not None else []
     session.execute(
         update(RolloutBatch)
-        .where(RolloutBatch.run_id == run_id, RolloutBatch.state.in_(("accepted", "claimed")))
+        .where(
+            RolloutBatch.run_id == run_id,
+            RolloutBatch.state.in_(("accepted", "claimed")),
+            *kinds,
+        )
         .values(state="rejected", reject_reason=reason)
         .execution_options(**_NO_SYNC)
     )
@@ -387,12 +400,16 @@ def batch_stats(session: Session, run_id: uuid.UUID) -> list[Any]:
 
 
 def versions_in_use(session: Session, run_id: uuid.UUID) -> set[int]:
-    """Adapter versions named by an active lease or an unconsumed (accepted/claimed) batch."""
+    """Adapter versions named by an active lease, an unconsumed (accepted/claimed) batch or an
+    eval still pending (its leases need the version's files)."""
     leased = select(Lease.adapter_version).where(Lease.run_id == run_id, Lease.state == "active")
     batched = select(RolloutBatch.adapter_version).where(
         RolloutBatch.run_id == run_id, RolloutBatch.state.in_(("accepted", "claimed"))
     )
-    return set(session.execute(leased.union(batched)).scalars())
+    evaluating = select(EvalResult.version).where(
+        EvalResult.run_id == run_id, EvalResult.state == "pending"
+    )
+    return set(session.execute(leased.union(batched, evaluating)).scalars())
 
 
 def live_versions(session: Session, run_id: uuid.UUID) -> list[AdapterVersion]:

@@ -23,7 +23,8 @@ class ProxyStats(BaseModel):
     batches_accepted: int = Field(description="Batches that passed `complete`.")
     rejected_by_reason: dict[str, int] = Field(description="Rejected batches per reason.")
     samples_generated: int = Field(
-        description="Samples in uploaded batches plus in leases aborted as stale."
+        description="Samples in uploaded training batches plus in leases aborted as stale "
+        "(eval batches are not counted)."
     )
     samples_rejected_stale: int = Field(description="Samples in batches rejected as stale.")
     samples_aborted: int = Field(

@@ -33,6 +33,7 @@ from protocol.staleness import outside_window, staleness, trained_on
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.errors import Conflict, FencingLost, NotFound, Unprocessable
+from server.evals import service as evals
 from server.events.service import raise_event
 from server.learner import repository as repo
 from server.leases import queue
@@ -97,6 +98,9 @@ def attach(
         raise _attach_refusal(session, run_id, body.tokenizer_fingerprint)
     lifecycle.move(session, run_id, "attach", "learner attached")
     repo.release_claims(session, run_id)
+    config = run_config(session, run_id)
+    if config.eval is not None:
+        evals.queue_version(session, run_id, 0)  # the base model's eval (once)
     raise_event(
         session,
         kind="learner.attached",
@@ -113,10 +117,16 @@ def attach(
         resume_checkpoint_version=resume.checkpoint_version,
         resume_adapter=resume.adapter,
         resume_learner_step=resume.learner_step,
-        run_config=run_config(session, run_id).for_learner(),
+        run_config=config.for_learner(),
+        run_status=_status(session, run_id),
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,
     )
+
+
+def _status(session: Session, run_id: uuid.UUID) -> str | None:
+    run = repo.get_run(session, run_id)
+    return None if run is None else run.status
 
 
 def _refuse_missing_rewards(session: Session, run_id: uuid.UUID, loadable: list[str]) -> None:
@@ -386,6 +396,10 @@ def reject(
     if batch.state != "claimed" or batch.claimed_fencing != body.fencing:
         raise Conflict(f"batch is {batch.state}, not claimed by this learner", state=batch.state)
     repo.reject_batch(session, batch_id, body.reason, body.detail, from_state="claimed")
+    if batch.kind == "eval":  # its items go back to the eval queue
+        requeued = evals.requeue_batch(session, batch_id)
+        workers.count_rejection(session, batch.worker_id)
+        return RejectResponse(batch_id=batch_id, requeued=requeued, dropped=0)
     rows = repo.row_ids_of_batch(session, batch_id)
     result = queue.requeue(session, run_id, rows, body.reason, count_attempt=True)
     workers.count_rejection(session, batch.worker_id)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from server.db import is_postgres
 from server.db_types import db_now
+from server.evals import service as evals
 from server.leases import queue
 from server.models import Lease, PromptRow
 
@@ -44,6 +45,8 @@ def sweep_expired(session: Session, *, limit: int = 500) -> int:
         .returning(Lease.id, Lease.run_id)
         .execution_options(synchronize_session=False)
     ).all()
+    # eval leases' items go back to their own queue (an attempt counted)
+    evals.requeue_leases(session, [lease_id for lease_id, _run in expired], count_attempt=True)
     by_run: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
     for lease_id, run_id in expired:
         by_run[run_id].append(lease_id)

@@ -46,7 +46,7 @@ RETURNING w.id AS worker_id,
                               ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id),
                      '[]')
      FROM runs r
-     WHERE r.status = 'running'
+     WHERE r.status IN ('running', 'evaluating')
        AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
 """
 
@@ -101,6 +101,7 @@ WITH completed AS (
     FROM tokens t, workers w, runs r
     WHERE {_HELD} AND {_AUTHENTICATED} AND r.id = l.run_id
       AND l.n_prompts * l.group_size = %(n_samples)s
+      AND l.kind = 'train'
       AND (SELECT count(*) FROM prompt_rows p
            WHERE p.lease_id = l.id AND p.state = 'leased') = l.n_prompts
     RETURNING l.id, l.run_id, l.worker_id, l.adapter_version, l.n_prompts,

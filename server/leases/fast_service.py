@@ -103,8 +103,8 @@ async def _grant(
 ) -> Lease | None:
     run_id = uuid.UUID(run["id"])
     config = runs.cached_config(run_id)
-    if config is None:
-        raise Fallback
+    if config is None or config.eval is not None:
+        raise Fallback  # eval's grant policy is on the portable path (server/evals/service.py)
     cap = await fair_share.cap_async(
         conn,
         run_id=run_id,

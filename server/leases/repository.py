@@ -18,6 +18,9 @@ from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
 
+# A run hands out leases while running (training and eval) and while evaluating (eval only).
+LEASING_STATUSES = ("running", "evaluating")
+
 
 def candidate_runs(session: Session, models: list[str]) -> list[Run]:
     """Running runs of these base models, fairly: higher priority first, then the run leased
@@ -28,7 +31,7 @@ def candidate_runs(session: Session, models: list[str]) -> list[Run]:
         session.execute(
             select(Run)
             .options(defer(Run.config))
-            .where(Run.status == "running", Run.base_model.in_(models))
+            .where(Run.status.in_(LEASING_STATUSES), Run.base_model.in_(models))
             .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
         ).scalars()
     )
@@ -79,6 +82,7 @@ def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID)
             Lease.fencing,
             Lease.adapter_version,
             Lease.group_size,
+            Lease.kind,
             Run.status,
             Run.current_version,
             Run.tokenizer_fingerprint,
@@ -162,12 +166,15 @@ def touch_worker(
     )
 
 
-def abort_active(session: Session, run_id: uuid.UUID, reason: str) -> None:
-    """Every active lease of the run ends `aborted` with this reason (its rows are the queue's
-    business: server/leases/queue.py)."""
+def abort_active(
+    session: Session, run_id: uuid.UUID, reason: str, *, kind: str | None = None
+) -> None:
+    """Every active lease of the run (of this kind, when given) ends `aborted` with this reason
+    (its rows are the queue's business: server/leases/queue.py)."""
+    kinds = [Lease.kind == kind] if kind is not None else []
     session.execute(
         update(Lease)
-        .where(Lease.run_id == run_id, Lease.state == "active")
+        .where(Lease.run_id == run_id, Lease.state == "active", *kinds)
         .values(**end_values("aborted", reason))
         .execution_options(synchronize_session=False)
     )

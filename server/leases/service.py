@@ -21,6 +21,7 @@ from protocol.schemas import (
     INT_MAX,
     AdapterFile,
     AdapterRef,
+    BatchManifest,
     CompleteRequest,
     CompleteResponse,
     HeartbeatRequest,
@@ -42,6 +43,7 @@ from server.config import Settings
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.errors import Conflict, FencingLost, NotFound, PayloadTooLarge, Unprocessable
+from server.evals import service as evals
 from server.leases import expiry, fair_share, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
@@ -136,7 +138,89 @@ def grant_params(
 def _grant(
     session: Session, store: ObjectStore, settings: Settings, run: Run, worker_id: uuid.UUID
 ) -> Lease | None:
+    """A lease of the run, by the grant policy (server/evals/service.py, EVAL_TURN): training
+    first while it is admissible, except on every EVAL_TURN-th grant, and eval when training
+    has nothing admissible; an evaluating run hands out eval leases only."""
     config = runs.config_of(session, run.id)
+    if config.eval is None:
+        return _grant_train(session, store, settings, run, worker_id, config)
+    if run.status == "evaluating" or evals.eval_first(run.fencing_seq):
+        lease = _grant_eval(session, store, settings, run, worker_id, config)
+        if lease is not None or run.status == "evaluating":
+            return lease
+    lease = _grant_train(session, store, settings, run, worker_id, config)
+    if lease is None:
+        lease = _grant_eval(session, store, settings, run, worker_id, config)
+    return lease
+
+
+def _grant_eval(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    run: Run,
+    worker_id: uuid.UUID,
+    config: RunConfig,
+) -> Lease | None:
+    lease_id = uuid.uuid4()
+    granted = evals.grant(
+        session,
+        run.id,
+        worker_id,
+        lease_id,
+        config,
+        lambda fencing: lease_seed(config.seed, run.id, fencing),
+    )
+    if granted is None:
+        return None
+    assert config.eval is not None
+    ev = config.eval
+    max_new = ev.max_new_tokens or config.sampling.max_new_tokens
+    adapter = granted.adapter
+    return Lease(
+        lease_id=lease_id,
+        kind="eval",
+        run_id=run.id,
+        base_model=run.base_model,
+        tokenizer_fingerprint=granted.fingerprint,
+        sampling={
+            **config.sampling.model_dump(mode="json"),
+            "temperature": ev.temperature,
+            "max_new_tokens": max_new,
+        },
+        max_new_tokens=max_new,
+        system_prompt=config.grpo.system_prompt,
+        group_size=ev.n,
+        prompts=[
+            LeasePrompt(prompt_row_id=i.id, dataset_row_id=i.eval_row_id, prompt=i.prompt, epoch=0)
+            for i in granted.items
+        ],
+        seed=granted.seed,
+        adapter_version=granted.version,
+        adapter=adapter_ref(
+            store,
+            settings,
+            run.id,
+            granted.version,
+            None if adapter is None else (adapter.sha256, adapter.files),
+        ),
+        fencing=granted.fencing,
+        ttl_s=config.lease_ttl_s,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        batch_key=layout.batch_key(run.id, lease_id, granted.fencing),
+    )
+
+
+def _grant_train(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    run: Run,
+    worker_id: uuid.UUID,
+    config: RunConfig,
+) -> Lease | None:
+    if run.status != "running":
+        return None
     cap = fair_share.cap(
         session,
         run_id=run.id,
@@ -337,7 +421,10 @@ def _beat(session: Session, worker: Worker, lease_id: uuid.UUID, fencing: int) -
     config = runs.config_of(session, lease.run_id)
     ttl_s = config.lease_ttl_s
     reason = None
-    if lease.status != "running":
+    if lease.kind == "eval":  # pinned to its version: never stale
+        if lease.status not in ("running", "evaluating"):
+            reason = f"run_{lease.status}"
+    elif lease.status != "running":
         reason = f"run_{lease.status}"
     elif config.admission_control and outside_window(
         lease.current_version, lease.adapter_version, config.max_staleness
@@ -347,6 +434,11 @@ def _beat(session: Session, worker: Worker, lease_id: uuid.UUID, fencing: int) -
         _fence(session, lease_id, worker, fencing, **repo.extend_values(ttl_s))
         return HeartbeatResponse(current_version=lease.current_version, abort=False, ttl_s=ttl_s)
     _fence(session, lease_id, worker, fencing, **repo.end_values("aborted", reason))
+    if lease.kind == "eval":
+        evals.requeue_leases(session, [lease_id], count_attempt=False)
+        return HeartbeatResponse(
+            current_version=lease.current_version, abort=True, ttl_s=0.0, reason=reason
+        )
     rows = repo.leased_rows(session, lease_id)
     # A stale lease counts an attempt; a run that stopped running (paused, cancelled…) does not.
     queue.requeue(session, lease.run_id, rows, "aborted", count_attempt=reason == "stale")
@@ -403,13 +495,15 @@ def complete(
     if info is not None and info.size == manifest.size:  # else rejected below as it was
         _refuse_unsigned_digest(store, key, manifest.sha256)
     _fence(session, lease_id, worker, body.fencing, **repo.end_values("completed", "completed"))
-    rows = repo.leased_rows(session, lease_id)
     reject = None
     if info is None:
         reject = "missing_object"
     elif info.size != manifest.size:
         reject = "size_mismatch"
-    elif manifest.n_samples != len(rows) * lease.group_size:
+    if lease.kind == "eval":
+        return _complete_eval(session, worker, lease, manifest, key, reject)
+    rows = repo.leased_rows(session, lease_id)
+    if reject is None and manifest.n_samples != len(rows) * lease.group_size:
         reject = "invalid"
     batch_id = repo.insert_batch(
         session,
@@ -440,6 +534,38 @@ def complete(
     )
 
 
+def _complete_eval(
+    session: Session,
+    worker: Worker,
+    lease: Any,
+    manifest: BatchManifest,
+    key: str,
+    reject: str | None,
+) -> CompleteResponse:
+    batch_id, reject = evals.accept(
+        session,
+        lease,
+        worker.id,
+        {
+            "bucket_key": key,
+            "sha256": manifest.sha256,
+            "bytes": manifest.size,
+            "n_samples": manifest.n_samples,
+            "n_tokens": manifest.n_tokens,
+            "generation_seconds": manifest.generation_seconds,
+            "manifest": manifest.model_dump(mode="json"),
+        },
+        reject,
+    )
+    if reject:
+        repo.touch_worker(session, worker.id, rejected_batches=1)
+    else:
+        repo.touch_worker(session, worker.id, accepted_batches=1)
+    return CompleteResponse(
+        batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
+    )
+
+
 def release(
     session: Session, worker: Worker, lease_id: uuid.UUID, body: ReleaseRequest
 ) -> ReleaseResponse:
@@ -448,8 +574,12 @@ def release(
     lease = _lease(session, lease_id, worker)
     reason = body.reason or "release"
     _fence(session, lease_id, worker, body.fencing, **repo.end_values("released", reason))
-    rows = repo.leased_rows(session, lease_id)
     counted = reason in ATTEMPT_COUNTING_RELEASES
+    if lease.kind == "eval":
+        released = evals.requeue_leases(session, [lease_id], count_attempt=counted)
+        repo.touch_worker(session, worker.id)
+        return ReleaseResponse(released=released)
+    rows = repo.leased_rows(session, lease_id)
     result = queue.requeue(session, lease.run_id, rows, reason, count_attempt=counted)
     repo.touch_worker(session, worker.id)
     return ReleaseResponse(released=len(result.requeued))

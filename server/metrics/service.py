@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.run_config import AlarmConfig
 from server.db import transaction
+from server.evals import repository as evals_repo
 from server.jobs import stats
 from server.jobs.common import db_time
 from server.models import Lease, PromptRow, Run, Worker
@@ -130,6 +131,29 @@ def run_metrics(session: Session) -> Iterator[Metric]:
     yield from (info, version, leases, groups, waste, generated, clip, spent, budget)
     yield from learner.values()
     yield from _run_breakdowns(session)
+    yield from _run_evals(session)
+
+
+EVAL_GAUGES = (
+    ("version", "run_eval_version", "The latest evaluated version (0: the base model)."),
+    ("accuracy", "run_eval_accuracy", "Eval accuracy of the latest evaluated version."),
+    ("mean_reward", "run_eval_mean_reward", "Eval mean reward of the latest evaluated version."),
+    ("pass_at_n", "run_eval_pass_at_n", "Eval pass@n of the latest evaluated version."),
+)
+
+
+def _run_evals(session: Session) -> Iterator[Metric]:
+    """Per run with an evaluated version: the latest one's version and figures."""
+    families = {
+        field: GaugeMetricFamily(P + gauge, text, labels=["run_id"])
+        for field, gauge, text in EVAL_GAUGES
+    }
+    for row in evals_repo.latest_done(session):
+        for field, family in families.items():
+            value = getattr(row, field)
+            if value is not None:
+                family.add_metric([str(row.run_id)], float(value))
+    yield from families.values()
 
 
 def _add_learner_figures(

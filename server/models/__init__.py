@@ -3,6 +3,7 @@
 from server.models.adapter import AdapterVersion
 from server.models.base import Base
 from server.models.dataset import Dataset
+from server.models.evals import EvalItem, EvalResult, EvalRow
 from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
@@ -22,6 +23,9 @@ __all__ = [
     "DashboardSession",
     "Dataset",
     "DatasetRow",
+    "EvalItem",
+    "EvalResult",
+    "EvalRow",
     "Event",
     "GpuPrice",
     "Installation",

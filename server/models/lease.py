@@ -31,6 +31,8 @@ class Lease(UUIDPk, CreatedAt, Base):
     n_prompts: Mapped[int] = mapped_column(Integer)
     group_size: Mapped[int] = mapped_column(Integer)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # train, or eval (pinned to adapter_version; eval's own bound; never aborted as stale)
+    kind: Mapped[str] = mapped_column(String(8), default="train", server_default="train")
 
 
 class RolloutBatch(UUIDPk, CreatedAt, Base):
@@ -59,3 +61,5 @@ class RolloutBatch(UUIDPk, CreatedAt, Base):
     consumed_version: Mapped[int | None] = mapped_column(Integer)
     generation_seconds: Mapped[float | None] = mapped_column(Float)
     manifest: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # train, or eval: claimed through evals/claim only, scored and never trained on
+    kind: Mapped[str] = mapped_column(String(8), default="train", server_default="train")

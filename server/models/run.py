@@ -42,6 +42,11 @@ class Run(UUIDPk, CreatedAt, Base):
     dataset_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("datasets.id", ondelete="RESTRICT"), index=True
     )
+    # The stored dataset of the run's eval block, when it names one (made into eval rows by the
+    # run_prep job, like dataset_id's rows).
+    eval_dataset_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("datasets.id", ondelete="RESTRICT"), index=True
+    )
 
 
 class DatasetRow(Base):

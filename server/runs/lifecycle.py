@@ -49,6 +49,8 @@ TRANSITIONS: dict[str, Transition] = {
     "resume": Transition("admin", frozenset({"paused", "budget_exhausted"}), RESUME),
     "cancel": Transition("admin", LIVE, "cancelled"),
     "budget": Transition("jobs", frozenset({"pending", "running", "paused"}), "budget_exhausted"),
+    # the final version of a run with an eval block: training is over, its evals are not
+    "evaluate": Transition("learner", LIVE - {"evaluating"}, "evaluating"),
     "complete": Transition("learner", LIVE, "completed"),
     "fail": Transition("learner", LIVE, "failed"),
 }
@@ -115,6 +117,19 @@ def complete(session: Session, run_id: uuid.UUID, reason: str) -> None:
     queue.drop_unfinished(session, run_id, closed)
     learner_repo.reject_unconsumed(session, run_id, closed)
     leases_repo.abort_active(session, run_id, closed)
+
+
+def finish_training(session: Session, run_id: uuid.UUID, reason: str) -> None:
+    """The final version of a run with an eval block is published: the run is `evaluating`
+    and its training ledger closed as `complete` closes it (prompt rows dropped
+    `run_completed`, unconsumed training batches rejected, active training leases aborted);
+    the eval ledger stays open until every due version is scored (then `complete`)."""
+    if not move(session, run_id, "evaluate", reason):
+        raise Conflict("the run has already ended")
+    closed = "run_completed"
+    queue.drop_unfinished(session, run_id, closed)
+    learner_repo.reject_unconsumed(session, run_id, closed, kind="train")
+    leases_repo.abort_active(session, run_id, closed, kind="train")
 
 
 def describe() -> str:

@@ -1,7 +1,7 @@
-"""Run rules: creation (dataset rows and every epoch's prompt rows up front for the generator and
-inline kinds; a run on a stored dataset is created `preparing` and the run_prep job makes them,
-server/runs/prepare.py), the learner token, the config and live stats. Status changes:
-server/runs/lifecycle.py."""
+"""Run rules: creation (for the generator and inline kinds, the dataset rows and every epoch's
+prompt rows up front; a run on a stored dataset, or with a stored eval dataset, is created
+`preparing` and the run_prep job makes them: server/runs/prepare.py), the learner token, the
+config and live stats. Status changes: server/runs/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from protocol.run_config import (
     UploadedDataset,
 )
 from server.datasets import service as datasets_service
-from server.errors import NotFound
+from server.errors import NotFound, Unprocessable
 from server.models import Run
 from server.runs import repository
 from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
@@ -70,17 +70,24 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     checked as far as it is known (422 otherwise) and the run is `preparing` until the run_prep
     job has made its rows."""
     ds = config.dataset
-    dataset_id = None
+    dataset_id = eval_dataset_id = None
     if isinstance(ds, UploadedDataset | HfDataset):
         dataset_id = datasets_service.dataset_for_run(session, ds, config.epochs).id
+    eval_ds = config.eval.dataset if config.eval is not None else None
+    if isinstance(eval_ds, UploadedDataset | HfDataset):
+        held_out = datasets_service.dataset_for_run(session, eval_ds, 0, "eval.dataset")
+        _check_eval_rows(config, held_out.row_count)
+        eval_dataset_id = held_out.id
+    stored = dataset_id is not None or eval_dataset_id is not None
     run = repository.insert_run(
         session,
         name=config.name,
-        status="pending" if dataset_id is None else "preparing",
+        status="preparing" if stored else "pending",
         base_model=config.base_model,
         priority=config.priority,
         config=config.model_dump(mode="json"),
         dataset_id=dataset_id,
+        eval_dataset_id=eval_dataset_id,
     )
     if isinstance(ds, GeneratorDataset | InlineDataset):
         n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(ds))
@@ -88,7 +95,19 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
+    if isinstance(eval_ds, GeneratorDataset | InlineDataset):
+        from server.evals.service import dataset_rows, insert_eval_rows
+
+        insert_eval_rows(session, run.id, dataset_rows(eval_ds))
     return run, minted.plaintext
+
+
+def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
+    if config.eval is not None and rows is not None:
+        try:
+            config.eval.check_stored_rows(rows)
+        except ValueError as exc:
+            raise Unprocessable(str(exc), field="eval.max_prompts") from None
 
 
 _CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()

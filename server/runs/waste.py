@@ -70,8 +70,9 @@ class Waste:
 
 
 def stale_waste(session: Session, run_id: uuid.UUID, window_s: float | None = None) -> Waste:
-    """The run's stale waste over the last `window_s` seconds (None: the whole run)."""
-    batch_where: list[Any] = [RolloutBatch.run_id == run_id]
+    """The run's stale waste over the last `window_s` seconds (None: the whole run); a training
+    figure: eval batches (never stale) are not counted."""
+    batch_where: list[Any] = [RolloutBatch.run_id == run_id, RolloutBatch.kind == "train"]
     lease_where: list[Any] = [_stale_aborted(run_id)]
     if window_s is not None:
         since = db_now_plus(-float(window_s))
@@ -125,7 +126,7 @@ def stale_waste_series(session: Session, run_id: uuid.UUID, bucket_s: int) -> Wa
     bucket = epoch_bucket(RolloutBatch.created_at, bucket_s)
     for at, reason, samples in session.execute(
         select(bucket, RolloutBatch.reject_reason, func.sum(RolloutBatch.n_samples))
-        .where(RolloutBatch.run_id == run_id)
+        .where(RolloutBatch.run_id == run_id, RolloutBatch.kind == "train")
         .group_by(bucket, RolloutBatch.reject_reason)
     ).all():
         series.generated[at] += int(samples or 0)

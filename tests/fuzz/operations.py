@@ -31,6 +31,7 @@ OPEN_OPERATIONS = {
 # so the kind cannot be read from their dependencies.
 AUTHENTICATED_IN_HANDLER = {
     ("POST", "/api/v1/runs/{run_id}/batches/claim"): "learner",
+    ("POST", "/api/v1/runs/{run_id}/evals/claim"): "learner",
     ("GET", "/api/v1/versions"): "worker",
     **{
         ("POST", f"/api/v1/leases{path}"): "worker"

@@ -114,3 +114,29 @@ def test_cancel_stops_generation_at_once(tx_backend: Any, prompt_ids: list[list[
     with pytest.raises(GenerationCancelled):
         tx_backend.generate(prompt_ids, 4, SamplingSpec(T, 2000, seed=1), None, cancel)
     assert time.monotonic() - started < 5.0
+
+
+def greedy_gaps(model: Any, prompts: list[list[int]], completions: list[Any]) -> list[float]:
+    """For each completion token: max logit − the token's logit under a teacher-forced forward
+    pass of `model` (0 when the token is the argmax). Completions as dicts or Completions."""
+    gaps = []
+    for c in completions:
+        tokens = c["token_ids"] if isinstance(c, dict) else c.token_ids
+        index = c["prompt_index"] if isinstance(c, dict) else c.prompt_index
+        prompt = prompts[index]
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        chosen = logits.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
+        gaps.extend((logits.max(dim=1).values - chosen).tolist())
+    return gaps
+
+
+def test_temperature_zero_is_greedy_whatever_the_seed(
+    tx_backend: Any, small_model: Any, prompt_ids: list[list[int]]
+) -> None:
+    """Eval leases at temperature 0: the argmax token at every step, the same for any seed."""
+    first = tx_backend.generate(prompt_ids, 1, SamplingSpec(0.0, 8, seed=1), None)
+    again = tx_backend.generate(prompt_ids, 1, SamplingSpec(0.0, 8, seed=99), None)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+    assert max(greedy_gaps(small_model, prompt_ids, first)) < 1e-3

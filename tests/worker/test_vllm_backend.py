@@ -151,3 +151,14 @@ def test_a_killed_engine_is_an_engine_fault_and_restarts(vllm_result: Any) -> No
     assert death["fault"] is not None and "vLLM engine died" in death["fault"]
     assert death["fault_s"] < 30.0  # an error, not a hang
     assert death["after_restart"] == len(vllm_result["prompt_ids"]) * 2
+
+
+@pytest.mark.timeout(1200)
+def test_temperature_zero_is_greedy_whatever_the_seed(vllm_result: Any, small_model: Any) -> None:
+    """Eval leases at temperature 0: the argmax token at every step (under the same model in
+    transformers, within fp32 noise), the same for any seed."""
+    from tests.worker.test_transformers_backend import greedy_gaps
+
+    assert vllm_result["greedy_same_for_any_seed"]
+    gaps = greedy_gaps(small_model, vllm_result["prompt_ids"], vllm_result["greedy"])
+    assert gaps and max(gaps) < 1e-3, max(gaps)

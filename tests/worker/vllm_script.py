@@ -47,6 +47,12 @@ def main(inp: dict[str, Any]) -> dict[str, Any]:
     out["same_seed_same_tokens"] = [c["token_ids"] for c in gen(0)] == [
         c["token_ids"] for c in out["runs"][0]["completions"]
     ]
+    # temperature 0 (eval leases): greedy, whatever the seed
+    greedy = [backend.generate(prompts, 1, SamplingSpec(0.0, 8, seed=s), None) for s in (1, 99)]
+    out["greedy"] = [c.__dict__ for c in greedy[0]]
+    out["greedy_same_for_any_seed"] = [c.token_ids for c in greedy[0]] == [
+        c.token_ids for c in greedy[1]
+    ]
     cancel = threading.Event()
     threading.Timer(0.5, cancel.set).start()
     t0 = time.monotonic()

@@ -38,15 +38,16 @@ class EngineFault(Exception):
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Temperature-only sampling (top_p = 1 and no top-k are set explicitly by backends)."""
+    """Temperature-only sampling (top_p = 1 and no top-k are set explicitly by backends);
+    temperature 0 is greedy decoding (eval leases only: their log-probs are not used)."""
 
     temperature: float
     max_new_tokens: int
     seed: int
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (got {self.temperature})")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (got {self.temperature})")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
 

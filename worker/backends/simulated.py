@@ -98,9 +98,12 @@ class FixedDistribution:
         self, seed: int, prompt_index: int, group_index: int, sampling: SamplingSpec
     ) -> tuple[list[int], list[float], bool]:
         """(token ids, their log-probs, ended with EOS) of one completion."""
-        log_probs = self.log_probs(sampling.temperature)
+        log_probs = self.log_probs(sampling.temperature or 1.0)
         rng = np.random.default_rng([seed, prompt_index, group_index])
-        drawn = rng.choice(len(self.logits), size=sampling.max_new_tokens, p=np.exp(log_probs))
+        if sampling.temperature == 0:  # greedy (eval only)
+            drawn = np.full(sampling.max_new_tokens, int(np.argmax(log_probs)))
+        else:
+            drawn = rng.choice(len(self.logits), size=sampling.max_new_tokens, p=np.exp(log_probs))
         eos_at = np.flatnonzero(drawn == self.eos_index)
         stop = eos_at.size > 0
         if stop:

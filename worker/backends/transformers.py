@@ -343,9 +343,10 @@ class TransformersBackend(Backend):
     # -- generation ----------------------------------------------------------------------------
 
     def _config(self, sampling: SamplingSpec) -> GenerationConfig:
+        greedy = sampling.temperature == 0  # eval only
         return GenerationConfig(
-            do_sample=True,
-            temperature=sampling.temperature,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
             top_k=0,
             top_p=1.0,
             min_p=None,
@@ -451,7 +452,8 @@ class TransformersBackend(Backend):
         # would cost more than the decode step on a GPU).
         logprobs = torch.empty(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
         for step, logits in enumerate(out.logits):
-            scaled = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+            # greedy (T = 0, eval only): log-probs at T = 1, which nothing trains on
+            scaled = torch.log_softmax(logits.float() / (sampling.temperature or 1.0), dim=-1)
             logprobs[:, step] = scaled.gather(1, new_tokens[:, step : step + 1]).squeeze(1)
         new_tokens, logprobs = new_tokens.cpu(), logprobs.cpu()
         return [
