@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
+from asyncgrpo import plan_cli
+
 if TYPE_CHECKING:
     from pydantic_settings import BaseSettings
 
@@ -23,6 +25,7 @@ app.add_typer(db_app, name="db")
 registration_token_app = typer.Typer(help="Worker registration tokens.", no_args_is_help=True)
 app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
+app.command("plan")(plan_cli.plan)
 
 
 def _fail(message: str) -> NoReturn:

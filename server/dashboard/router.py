@@ -10,7 +10,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from server.adapters import service as adapters
-from server.dashboard import costs, forms, planner
+from server.dashboard import costs, fleet_plan, forms, planner
 from server.dashboard import service as dash
 from server.dashboard.auth import (
     LOGIN_CSRF_COOKIE,
@@ -349,11 +349,23 @@ def planner_page(
     rank: str = "16",
     targets: str = "all-linear",
     link_gbps: str = "1",
+    learner_gpus: str = "1",
+    micro_batch_tokens: str = "8192",
+    learner_gpu: str = "H100:2.5:6000",
+    worker_gpus: str = "L4:0.35:1500, A10G:0.45:1300",
+    prompt_tokens: str = "256",
+    completion_tokens: str = "512",
+    group_size: str = "8",
+    bound_groups: str = "16",
+    worker_sequences: str = "256",
+    accept_fraction: str = "1",
 ) -> HTMLResponse:
+    values = {k: v for k, v in locals().items() if k not in ("request", "_user")}
     error = None
-    result = None
+    result = fleet = None
     try:
         result = planner.plan(model, int(rank), targets, float(link_gbps))
+        fleet = fleet_plan.plan_from_form(planner.PRESETS[model], values)
     except ValueError as exc:
         error = str(exc) if "invalid literal" not in str(exc) else "enter numbers"
     template = (
@@ -364,8 +376,9 @@ def planner_page(
         template,
         page="planner",
         plan=result,
+        fleet=fleet,
         error=error,
-        values={"model": model, "rank": rank, "targets": targets, "link_gbps": link_gbps},
+        values=values,
         presets=planner.PRESETS,
         targets=planner.TARGET_LABELS,
     )
