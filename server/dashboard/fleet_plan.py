@@ -15,9 +15,10 @@ Activations are per GPU (each rank runs its own micro-batch), so FSDP does not d
 An estimate: allocator fragmentation, CUDA context (~0.5-1 GB) and temporary buffers come on top.
 
 Fleet: a worker generates W completion tokens/s at full occupancy (S sequences in flight); the
-learner trains R tokens/s (prompt + completion). With p prompt and c completion tokens per
-sample and a fraction a of generated samples accepted (not stale, not dropped):
-  learner demand  = R / (p + c) samples/s,   one worker = a · W / c samples/s,
+learner trains R completion tokens/s (the figure the learner reports as `tokens_per_s`, prompt
+tokens are in its cost but not counted). With c completion tokens per sample and a fraction a of
+generated samples accepted (not stale, not dropped):
+  learner demand  = R / c samples/s,   one worker = a · W / c accepted samples/s,
   workers needed  = ceil(demand / one worker),
   workers usable  = max(1, floor(B · G / S)) for an admission bound of B groups of G samples: more
                     workers than the bound can keep full only share the same groups,
@@ -58,11 +59,20 @@ class Gpu:
     tokens_per_s: float
 
     @classmethod
-    def parse(cls, text: str) -> Gpu:
-        """`NAME:PRICE:TOKENS_PER_S`, e.g. `L4:0.35:1500`; ValueError naming what is wrong."""
+    def parse(cls, text: str, measured: dict[str, float] | None = None) -> Gpu:
+        """`NAME:PRICE:TOKENS_PER_S`, e.g. `L4:0.35:1500`, or `NAME:PRICE` to take the tokens/s
+        measured for NAME (case-insensitive) from `measured`; ValueError naming what is wrong."""
         parts = text.split(":")
-        if len(parts) != 3 or not parts[0]:
+        if len(parts) not in (2, 3) or not parts[0]:
             raise ValueError(f"GPU {text!r}: expected NAME:PRICE_PER_HOUR:TOKENS_PER_S")
+        if len(parts) == 2:
+            known = {k.lower(): v for k, v in (measured or {}).items()}
+            if parts[0].lower() not in known:
+                raise ValueError(
+                    f"GPU {text!r}: no tokens/s given and none measured for {parts[0]} "
+                    "(write NAME:PRICE_PER_HOUR:TOKENS_PER_S)"
+                )
+            parts.append(str(known[parts[0].lower()]))
         try:
             price, rate = float(parts[1]), float(parts[2])
         except ValueError:
@@ -120,7 +130,6 @@ def learner_memory(
 
 @dataclass(frozen=True)
 class FleetInputs:
-    prompt_tokens: float
     completion_tokens: float
     group_size: int
     bound_groups: int
@@ -129,12 +138,8 @@ class FleetInputs:
     learner_gpus: int
 
     def check(self) -> None:
-        for name in ("prompt_tokens", "completion_tokens"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= (0 if name == "prompt_tokens" else 1)):
-                raise ValueError(
-                    f"{name} must be {'0' if name == 'prompt_tokens' else '1'} or more"
-                )
+        if not (math.isfinite(self.completion_tokens) and self.completion_tokens >= 1):
+            raise ValueError("completion_tokens must be 1 or more")
         for name in ("group_size", "bound_groups", "worker_sequences", "learner_gpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be 1 or more")
@@ -159,7 +164,7 @@ class FleetRow:
 
 
 def fleet_row(worker: Gpu, learner: Gpu, f: FleetInputs) -> FleetRow:
-    demand = learner.tokens_per_s / (f.prompt_tokens + f.completion_tokens)
+    demand = learner.tokens_per_s / f.completion_tokens
     one = f.accept_fraction * worker.tokens_per_s / f.completion_tokens
     needed = max(1, math.ceil(demand / one - 1e-9))
     usable = max(1, (f.bound_groups * f.group_size) // f.worker_sequences)
@@ -231,37 +236,4 @@ def full_plan(
         memory=memory,
         learner_gpu_memory_gb=GPU_MEMORY_GB.get(learner.name) if learner else None,
         fleet=rows,
-    )
-
-
-def plan_from_form(shape: ModelShape, values: dict[str, str]) -> FullPlan:
-    """The planner page's fields (strings) → a plan; ValueError naming the bad field."""
-
-    def number(name: str, kind: type[int] | type[float]) -> Any:
-        try:
-            value = kind(values[name])
-        except ValueError:
-            raise ValueError(f"{name.replace('_', ' ')}: enter a number") from None
-        if not math.isfinite(value):
-            raise ValueError(f"{name.replace('_', ' ')}: enter a finite number")
-        return value
-
-    offers = [w.strip() for w in values["worker_gpus"].split(",") if w.strip()]
-    learner = values["learner_gpu"].strip()
-    return full_plan(
-        shape,
-        number("rank", int),
-        values["targets"],
-        micro_batch_tokens=number("micro_batch_tokens", int),
-        learner=Gpu.parse(learner) if learner else None,
-        workers=[Gpu.parse(w) for w in offers],
-        fleet=FleetInputs(
-            prompt_tokens=number("prompt_tokens", float),
-            completion_tokens=number("completion_tokens", float),
-            group_size=number("group_size", int),
-            bound_groups=number("bound_groups", int),
-            worker_sequences=number("worker_sequences", int),
-            accept_fraction=number("accept_fraction", float),
-            learner_gpus=number("learner_gpus", int),
-        ),
     )

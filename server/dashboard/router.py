@@ -10,7 +10,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from server.adapters import service as adapters
-from server.dashboard import costs, fleet_plan, forms, planner
+from server.dashboard import costs, forms, planner, planner_form
 from server.dashboard import service as dash
 from server.dashboard.auth import (
     LOGIN_CSRF_COOKIE,
@@ -344,6 +344,7 @@ def cost_page(
 @router.get("/planner", response_class=HTMLResponse)
 def planner_page(
     request: Request,
+    session: SessionDep,
     _user: LoginDep,
     model: str = "qwen2.5-7b",
     rank: str = "16",
@@ -353,19 +354,22 @@ def planner_page(
     micro_batch_tokens: str = "8192",
     learner_gpu: str = "H100:2.5:6000",
     worker_gpus: str = "L4:0.35:1500, A10G:0.45:1300",
-    prompt_tokens: str = "256",
     completion_tokens: str = "512",
     group_size: str = "8",
     bound_groups: str = "16",
     worker_sequences: str = "256",
     accept_fraction: str = "1",
+    from_run: str = "",
+    fill: str = "",
 ) -> HTMLResponse:
-    values = {k: v for k, v in locals().items() if k not in ("request", "_user")}
+    skip = ("request", "session", "_user", "fill")
+    values = {k: v for k, v in locals().items() if k not in skip}
     error = None
-    result = fleet = None
+    result = fleet = measured = None
     try:
+        measured = planner_form.measured_for_form(session, from_run, values, fill=bool(fill))
         result = planner.plan(model, int(rank), targets, float(link_gbps))
-        fleet = fleet_plan.plan_from_form(planner.PRESETS[model], values)
+        fleet = planner_form.plan_from_form(planner.PRESETS[model], values, measured)
     except ValueError as exc:
         error = str(exc) if "invalid literal" not in str(exc) else "enter numbers"
     template = (
@@ -377,8 +381,10 @@ def planner_page(
         page="planner",
         plan=result,
         fleet=fleet,
+        measured=measured,
         error=error,
         values=values,
         presets=planner.PRESETS,
         targets=planner.TARGET_LABELS,
+        runs=planner_form.runs_to_measure(session),
     )

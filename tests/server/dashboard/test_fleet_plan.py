@@ -62,7 +62,6 @@ def test_fsdp_shards_weights_and_lora_state_but_not_activations() -> None:
 
 def _fleet(worker_sequences: int = 32, accept: float = 0.8) -> FleetInputs:
     return FleetInputs(
-        prompt_tokens=256,
         completion_tokens=512,
         group_size=8,
         bound_groups=16,
@@ -72,32 +71,41 @@ def _fleet(worker_sequences: int = 32, accept: float = 0.8) -> FleetInputs:
     )
 
 
-LEARNER = Gpu("H100", 2.5, 6000)
+LEARNER = Gpu("H100", 2.5, 4800)
 L4 = Gpu("L4", 0.35, 1500)
 
 
 def test_workers_that_keep_the_learner_busy() -> None:
-    # Learner: 6000 / (256 + 512) = 7.8125 samples/s. One L4: 0.8 · 1500 / 512 = 2.34375
-    # accepted samples/s; needed ceil(3.33) = 4. Bound 16 groups · 8 = 128 sequences, 32 per
-    # worker: 4 usable. Accepted 7.8125/s = 28,125/h; cost 4 · 0.35 + 2.5 = 3.90 $/h:
-    # 3.9 / 28,125 · 1000 = 0.13867 $ per 1,000 accepted samples.
+    # Learner: 4800 completion tokens/s ÷ 512 = 9.375 samples/s. One L4: 0.8 · 1500 / 512 =
+    # 2.34375 accepted samples/s; needed 9.375 / 2.34375 = 4. Bound 16 groups · 8 = 128
+    # sequences, 32 per worker: 4 usable. Accepted 9.375/s = 33,750/h; cost 4 · 0.35 + 2.5 =
+    # 3.90 $/h: 3.9 / 33,750 · 1000 = 0.11556 $ per 1,000 accepted samples.
     row = fleet_row(L4, LEARNER, _fleet())
     assert (row.workers_needed, row.workers_usable, row.workers) == (4, 4, 4)
     assert not row.bound_limited
     assert row.learner_busy == pytest.approx(1.0)
-    assert row.accepted_per_hour == pytest.approx(28_125)
+    assert row.accepted_per_hour == pytest.approx(33_750)
     assert row.cost_per_hour == pytest.approx(3.9)
-    assert row.cost_per_1000_accepted == pytest.approx(3.9 / 28_125 * 1000)
+    assert row.cost_per_1000_accepted == pytest.approx(3.9 / 33_750 * 1000)
+
+
+def test_workers_round_up() -> None:
+    # 5000 / 512 = 9.765625 samples/s ÷ 2.34375 = 4.17: 5 workers; 16 sequences per worker:
+    # 128 // 16 = 8 usable. Accepted 9.765625/s = 35,156.25/h; cost 5 · 0.35 + 2.5 = 4.25 $/h:
+    # 4.25 / 35,156.25 · 1000 = 0.12089 $.
+    row = fleet_row(L4, Gpu("H100", 2.5, 5000), _fleet(worker_sequences=16))
+    assert (row.workers_needed, row.workers_usable, row.workers) == (5, 8, 5)
+    assert row.cost_per_1000_accepted == pytest.approx(4.25 / 35_156.25 * 1000)
 
 
 def test_admission_bound_caps_the_fleet() -> None:
     # 64 sequences per worker: 128 // 64 = 2 usable workers, 2 · 2.34375 = 4.6875 accepted/s
-    # = 16,875/h, learner busy 4.6875 / 7.8125 = 60%; cost 2 · 0.35 + 2.5 = 3.2 $/h:
+    # = 16,875/h, learner busy 4.6875 / 9.375 = 50%; cost 2 · 0.35 + 2.5 = 3.2 $/h:
     # 3.2 / 16,875 · 1000 = 0.18963 $.
     row = fleet_row(L4, LEARNER, _fleet(worker_sequences=64))
     assert (row.workers_needed, row.workers_usable, row.workers) == (4, 2, 2)
     assert row.bound_limited
-    assert row.learner_busy == pytest.approx(0.6)
+    assert row.learner_busy == pytest.approx(0.5)
     assert row.accepted_per_hour == pytest.approx(16_875)
     assert row.cost_per_1000_accepted == pytest.approx(3.2 / 16_875 * 1000)
 
@@ -126,6 +134,7 @@ def test_shape_from_a_local_hf_config(tmp_path) -> None:  # type: ignore[no-unty
     ("text", "message"),
     [
         ("L4", "NAME:PRICE_PER_HOUR:TOKENS_PER_S"),
+        ("L4:0.3", "no tokens/s given and none measured for L4"),
         ("L4:cheap:100", "must be numbers"),
         ("L4:-1:100", "price must be 0 or more"),
         ("L4:0.3:0", "tokens/s must be greater than 0"),
@@ -135,3 +144,8 @@ def test_shape_from_a_local_hf_config(tmp_path) -> None:  # type: ignore[no-unty
 def test_bad_gpu_offers_are_refused(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Gpu.parse(text)
+
+
+def test_an_offer_without_tokens_takes_the_measured_rate() -> None:
+    assert Gpu.parse("l4:0.3", {"L4": 50.0}) == Gpu("l4", 0.3, 50.0)
+    assert Gpu.parse("L4:0.3:70", {"L4": 50.0}).tokens_per_s == 70  # written wins
