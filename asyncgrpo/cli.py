@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
+from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ registration_token_app = typer.Typer(help="Worker registration tokens.", no_args
 app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
+app.command("plan")(plan_cli.plan)
 
 
 def _fail(message: str) -> NoReturn:

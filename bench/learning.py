@@ -1,13 +1,23 @@
-"""Evidence that the whole system learns: the embedded control plane, rollout workers and the
-learner (asyncgrpo/cluster.py, as `asyncgrpo demo` and the e2e suite use it) on CPU with the
-small model and the built-in `arithmetic` task, for >= 30 adapter versions.
+"""Evidence that the whole system learns, measured on held-out prompts: the embedded control
+plane, rollout workers and the learner (asyncgrpo/cluster.py, as `asyncgrpo demo` and the e2e
+suite use it) on CPU with the small model; the run's eval block scores version 0 (the base
+model) and the last version greedily on prompts it never trains on.
 
-    nice .venv/bin/python -m bench.learning [--versions 32] [--workers 1] [--work-dir DIR] [--json]
+    nice .venv/bin/python -m bench.learning [--task arithmetic|word_problems] [--versions N]
+        [--workers 2] [--seed 0] [--work-dir DIR] [--json]
 
-Setup as in facts.md: LoRA r=16 on q,k,v,o, lr 5e-4, 8 prompts x 8 completions per step, 32 new
-tokens, temperature 1.0. Progress (one line per poll with a new version) goes to stdout and to
-DIR/progress.log; at the end (or on Ctrl-C / SIGTERM, with what was reached) it prints the mean
-reward of the batches trained into each version and the first-5 vs last-5 figures. Not CI.
+Tasks:
+- `arithmetic` (default, 16 versions): 2-digit additions from the `arithmetic` generator,
+  `numeric_match`, 8 prompts x 8 completions per step, 16 new tokens at temperature 1.0, LoRA
+  r 16 on every linear layer, lr 1e-3 (the demo's settings); eval on 64 held-out additions (another
+  seed, every training question removed), greedy, at versions 0, N/2 and N. Goal: eval accuracy of
+  the last version >= version 0 + 0.2.
+- `word_problems` (12 versions): examples/runs/gsm8k-smollm2-cpu.json as it is (GSM8K-format
+  problems the project writes, `math_verify`, eval on 64 test problems every 4 versions);
+  reported, no goal.
+
+Progress goes to stdout and DIR/progress.log; at the end (or on Ctrl-C / SIGTERM, with what was
+reached) it prints the training reward per version and the eval figures per version. Not CI.
 """
 
 from __future__ import annotations
@@ -24,47 +34,71 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster, ClusterConfig  # noqa: E402
-from asyncgrpo.demo import STOPPED, Snapshot, poll  # noqa: E402
+from asyncgrpo.demo import STOPPED, Snapshot, demo_config, poll  # noqa: E402
 from bench import report  # noqa: E402
+from protocol import datasets  # noqa: E402
 
-TARGET_GAIN = 0.3
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_GAIN = 0.2  # eval accuracy, last version over version 0 (arithmetic)
+EVAL_PROMPTS = 64
 
 
-def learning_config(versions: int, seed: int) -> dict[str, Any]:
-    prompts_per_step = 8
-    return {
-        "name": "bench-learning-arithmetic",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {
-            "kind": "generator",
-            "generator": "arithmetic",
-            "size": versions * prompts_per_step,
-            "seed": seed,
-        },
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {
-            "rank": 16,
-            "alpha": 32.0,
-            "dropout": 0.0,
-            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-        },
-        "grpo": {"learning_rate": 5e-4, "system_prompt": "You are a helpful assistant."},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 32},
-        "group_size": 8,
-        "prompts_per_lease": 2,
-        "prompts_per_step": prompts_per_step,
-        "weight_sync_steps": 1,
-        "max_staleness": 1,
-        "max_attempts": 3,
-        "epochs": 1,
-        "max_versions": versions,
-        "lease_ttl_s": 600.0,
-        "heartbeat_interval_s": 10.0,
+def held_out_additions(train_seed: int, n: int = EVAL_PROMPTS) -> list[dict[str, Any]]:
+    """`n` additions of another seed that are not among the training questions."""
+    train = {r["prompt"] for r in datasets.generate("arithmetic", 1000, train_seed)}
+    candidates = datasets.generate("arithmetic", 4 * n, train_seed + 1)
+    return [r for r in candidates if r["prompt"] not in train][:n]
+
+
+def arithmetic_config(versions: int, seed: int) -> dict[str, Any]:
+    config = demo_config(versions, seed)
+    config["name"] = "bench-learning-arithmetic"
+    config["dataset"] = {
+        "kind": "generator",
+        "generator": "arithmetic",
+        "size": versions * config["prompts_per_step"],
         "seed": seed,
     }
+    config["seed"] = seed
+    config["lease_ttl_s"] = 600.0
+    config["eval"] = {
+        "dataset": {"kind": "jsonl", "rows": held_out_additions(seed)},
+        "every_versions": max(1, versions // 2),
+        "n": 1,
+        "temperature": 0.0,
+        "accuracy_reward": "numeric_match",
+        "threshold": 1.0,
+    }
+    return config
 
 
-def first_last(rewards: dict[int, float], n: int = 5) -> tuple[float, float] | None:
+def _absolute(dataset: dict[str, Any]) -> dict[str, Any]:
+    """The example's data files are relative to the repository root; the server may run
+    elsewhere."""
+    if isinstance(dataset.get("data_files"), str):
+        return {**dataset, "data_files": str(ROOT / dataset["data_files"])}
+    return dataset
+
+
+def word_problems_config(versions: int, seed: int) -> dict[str, Any]:
+    config = json.loads((ROOT / "examples/runs/gsm8k-smollm2-cpu.json").read_text())
+    config["name"] = "bench-learning-word-problems"
+    config["max_versions"] = versions
+    config["seed"] = seed
+    config["lease_ttl_s"] = 600.0
+    config["dataset"] = _absolute(config["dataset"])
+    config["eval"]["dataset"] = _absolute(config["eval"]["dataset"])
+    return config
+
+
+TASKS = {
+    "arithmetic": (arithmetic_config, 16),
+    "word_problems": (word_problems_config, 12),
+}
+
+
+def first_last(rewards: dict[int, float], n: int = 3) -> tuple[float, float] | None:
+    """Mean training reward of the first and of the last `n` versions (None below 2n)."""
     versions = sorted(rewards)
     if len(versions) < 2 * n:
         return None
@@ -73,26 +107,53 @@ def first_last(rewards: dict[int, float], n: int = 5) -> tuple[float, float] | N
     return first, last
 
 
-def print_rewards(rewards: dict[int, float], wall_s: float, out: Any) -> bool:
-    """Print the per-version table and the first-5 / last-5 figures; True when the gain holds."""
-    print("\nversion  reward_mean", file=out)
+def print_rewards(rewards: dict[int, float], wall_s: float, out: Any) -> None:
+    print("\nversion  training reward_mean", file=out)
     for version, value in sorted(rewards.items()):
         print(f"{version:7d}  {value:.3f}", file=out)
-    print(
-        f"versions with a reward figure: {len(rewards)}; wall time {wall_s / 60:.1f} min", file=out
-    )
     figures = first_last(rewards)
-    if figures is None:
-        print("fewer than 10 versions: no first-5 / last-5 comparison", file=out)
-        return False
-    first, last = figures
-    ok = last - first >= TARGET_GAIN
-    print(
-        f"first 5 versions: {first:.3f}  last 5 versions: {last:.3f}  "
-        f"gain {last - first:+.3f} (target >= {TARGET_GAIN}: {'met' if ok else 'NOT met'})",
-        file=out,
-    )
-    return ok
+    if figures is not None:
+        print(f"first 3 versions: {figures[0]:.3f}  last 3 versions: {figures[1]:.3f}", file=out)
+    print(f"wall time {wall_s / 60:.1f} min", file=out)
+
+
+def eval_figures(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy of version 0 and of the last evaluated version, and the gain."""
+    done = [v for v in evals if v.get("state") == "done" and v.get("accuracy") is not None]
+    base = next((v for v in done if v["version"] == 0), None)
+    last = max(done, key=lambda v: v["version"]) if done else None
+    gain = None
+    if base is not None and last is not None and last["version"] > 0:
+        gain = last["accuracy"] - base["accuracy"]
+    return {
+        "eval_accuracy_v0": base["accuracy"] if base else None,
+        "eval_last_version": last["version"] if last else None,
+        "eval_accuracy_last": last["accuracy"] if last else None,
+        "eval_gain": gain,
+    }
+
+
+def print_evals(evals: list[dict[str, Any]], figures: dict[str, Any], task: str, out: Any) -> None:
+    print("\nversion  eval accuracy  pass@n  mean reward  prompts  state", file=out)
+    for v in evals:
+        acc, pas, mean = (v.get(k) for k in ("accuracy", "pass_at_n", "mean_reward"))
+        print(
+            f"{v['version']:7d}  {_f(acc):>13}  {_f(pas):>6}  {_f(mean):>11}  "
+            f"{v.get('n_prompts', 0):7d}  {v.get('state')}",
+            file=out,
+        )
+    gain = figures["eval_gain"]
+    if gain is None:
+        print("no eval gain: version 0 or a later version was not evaluated", file=out)
+    elif task == "arithmetic":
+        met = "met" if gain >= TARGET_GAIN else "NOT met"
+        print(f"eval gain {gain:+.3f} (goal >= +{TARGET_GAIN}: {met})", file=out)
+    else:
+        print(f"eval gain {gain:+.3f} (reported; no goal)", file=out)
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:
@@ -130,18 +191,30 @@ def watch(cluster: Cluster, log: Any, timeout_s: float) -> Snapshot | None:
     return snap
 
 
+def _evals(cluster: Cluster) -> list[dict[str, Any]]:
+    assert cluster.admin is not None and cluster.run_id is not None
+    try:
+        return list(cluster.admin.run_evals(cluster.run_id)["versions"])
+    except Exception as exc:  # noqa: BLE001 - report what the run reached
+        print(f"could not read the eval results: {exc}", flush=True)
+        return []
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--versions", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=1)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="arithmetic")
+    parser.add_argument("--versions", type=int, default=None, help="Default: the task's.")
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-min", type=float, default=90.0)
     parser.add_argument("--work-dir", type=Path, default=None)
     report.add_json_flag(parser)
     args = parser.parse_args()
+    make_config, default_versions = TASKS[args.task]
+    versions = args.versions or default_versions
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-learning-"))
     work.mkdir(parents=True, exist_ok=True)
-    config = learning_config(args.versions, args.seed)
+    config = make_config(versions, args.seed)
     (work / "run.json").write_text(json.dumps(config, indent=2))
     signal.signal(signal.SIGTERM, _interrupt)
     cluster = Cluster(
@@ -155,6 +228,7 @@ def main() -> int:
     )
     started = time.monotonic()
     snap: Snapshot | None = None
+    evals: list[dict[str, Any]] = []
     with (work / "progress.log").open("a") as log:
         print(f"work dir {work}", flush=True)
         try:
@@ -173,27 +247,38 @@ def main() -> int:
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if snap is not None:
+                evals = _evals(cluster)
             cluster.stop()
         if snap is None:
             print("no snapshot of the run was taken", file=log, flush=True)
             return 1
         rewards = snap.reward_by_version()
         wall = time.monotonic() - started
-        ok = print_rewards(rewards, wall, sys.stdout)
-        print_rewards(rewards, wall, log)
-        first_last_5 = first_last(rewards)
+        figures = eval_figures(evals)
+        for out in (sys.stdout, log):
+            print_rewards(rewards, wall, out)
+            print_evals(evals, figures, args.task, out)
+        edges = first_last(rewards)
         report.emit(
             args,
             {
+                "task": args.task,
+                "versions": versions,
+                "status": snap.status,
                 "reward_by_version": {str(v): r for v, r in sorted(rewards.items())},
-                "first_5": first_last_5[0] if first_last_5 else None,
-                "last_5": first_last_5[1] if first_last_5 else None,
-                "target_gain": TARGET_GAIN,
-                "gain_met": ok,
+                "reward_first_3": edges[0] if edges else None,
+                "reward_last_3": edges[1] if edges else None,
+                "evals": evals,
+                **figures,
+                "eval_goal_gain": TARGET_GAIN if args.task == "arithmetic" else None,
                 "wall_s": wall,
             },  # fmt: skip
         )
-    return 0 if ok and len(rewards) >= 30 else 1
+    gain = figures["eval_gain"]
+    if args.task == "arithmetic":
+        return 0 if gain is not None and gain >= TARGET_GAIN else 1
+    return 0 if gain is not None else 1
 
 
 if __name__ == "__main__":

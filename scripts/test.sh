@@ -7,6 +7,7 @@ bash scripts/install.sh
 bash scripts/check.sh || { echo "scripts/test.sh: static checks failed; pytest not run" >&2; exit 1; }
 bash scripts/install_system.sh
 [ -f scripts/install_vllm.sh ] && bash scripts/install_vllm.sh
+bash scripts/install_skypilot.sh
 bash scripts/services.sh
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 set +e

@@ -8,7 +8,9 @@ parameter). MB = 10^6 bytes, GB = 10^9 bytes; a link of L Gb/s moves L × 10^9 /
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 BYTES_BF16 = 2
 BYTES_ADAM_STATE = 8  # m and v, fp32
@@ -51,11 +53,16 @@ class ModelShape:
             "down_proj": (i, h),
         }
 
-    def parameters(self) -> int:
-        """All parameters: embeddings (and an untied head), layers, norms."""
+    def layer_parameters(self) -> int:
+        """One decoder layer: its linear modules, two norms, and the q/k/v biases if any."""
         per_layer = sum(a * b for a, b in self.module_dims().values()) + 2 * self.hidden
         if self.attention_bias:
             per_layer += self.hidden + 2 * self.kv_dim
+        return per_layer
+
+    def parameters(self) -> int:
+        """All parameters: embeddings (and an untied head), layers, norms."""
+        per_layer = self.layer_parameters()
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return self.layers * per_layer + embeddings + self.hidden
 
@@ -106,16 +113,21 @@ def transfer_seconds(n_bytes: float, link_gbps: float) -> float:
 
 
 def plan(preset: str, rank: int, targets: str, link_gbps: float) -> Plan:
-    """Adapter size and sync time against the full fine-tune; ValueError on a bad input."""
+    """Adapter size and sync time of a preset against the full fine-tune; ValueError on a bad
+    input (the dashboard: presets only, never a path on the server)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}")
+    return plan_shape(PRESETS[preset], rank, targets, link_gbps)
+
+
+def plan_shape(shape: ModelShape, rank: int, targets: str, link_gbps: float) -> Plan:
+    """Adapter size and sync time against the full fine-tune; ValueError on a bad input."""
     if targets not in TARGETS:
         raise ValueError(f"unknown target set {targets!r}")
     if not 1 <= rank <= 4096:
         raise ValueError(f"rank must be between 1 and 4096 (got {rank})")
     if not link_gbps > 0:
         raise ValueError(f"link speed must be greater than 0 Gb/s (got {link_gbps})")
-    shape = PRESETS[preset]
     lora = lora_parameters(shape, rank, TARGETS[targets])
     adapter_bytes = lora * BYTES_BF16
     full = shape.parameters()
@@ -134,3 +146,49 @@ def plan(preset: str, rank: int, targets: str, link_gbps: float) -> Plan:
         full_sync_seconds=transfer_seconds(full_bytes, link_gbps),
         ratio=full_bytes / adapter_bytes,
     )
+
+
+def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
+    """A decoder-only model's shape from its Hugging Face config.json (Llama, Qwen2, Mistral
+    and alike); ValueError naming the first missing or bad key."""
+
+    def number(key: str, default: int | None = None) -> int:
+        value = config.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json: {key} must be a positive integer (got {value!r})")
+        return value
+
+    heads = number("num_attention_heads")
+    return ModelShape(
+        name=name,
+        layers=number("num_hidden_layers"),
+        hidden=number("hidden_size"),
+        intermediate=number("intermediate_size"),
+        heads=heads,
+        kv_heads=number("num_key_value_heads", heads),
+        vocab=number("vocab_size"),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        # Qwen2 puts a bias on q, k and v without saying so in its config.
+        attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+    )
+
+
+def load_shape(model: str) -> ModelShape:
+    """A preset name, or a local config.json (or a folder holding one); ValueError otherwise."""
+    if model in PRESETS:
+        return PRESETS[model]
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(
+            f"unknown model {model!r}: name a preset ({', '.join(PRESETS)}) or a local "
+            "config.json (or its folder)"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return shape_from_hf_config(config, path.parent.name or str(path))

@@ -15,7 +15,7 @@ from starlette.datastructures import UploadFile
 from protocol.run_config import RunConfig
 from server.adapters import service as adapters
 from server.config import Settings
-from server.dashboard import costs, forms, planner
+from server.dashboard import costs, forms, planner, planner_form
 from server.dashboard import service as dash
 from server.dashboard.auth import (
     LOGIN_CSRF_COOKIE,
@@ -413,16 +413,32 @@ def cost_page(
 @router.get("/planner", response_class=HTMLResponse)
 def planner_page(
     request: Request,
+    session: SessionDep,
     _user: LoginDep,
     model: str = "qwen2.5-7b",
     rank: str = "16",
     targets: str = "all-linear",
     link_gbps: str = "1",
+    learner_gpus: str = "1",
+    micro_batch_tokens: str = "8192",
+    learner_gpu: str = "H100:2.5:6000",
+    worker_gpus: str = "L4:0.35:1500, A10G:0.45:1300",
+    completion_tokens: str = "512",
+    group_size: str = "8",
+    bound_groups: str = "16",
+    worker_sequences: str = "256",
+    accept_fraction: str = "1",
+    from_run: str = "",
+    fill: str = "",
 ) -> HTMLResponse:
+    skip = ("request", "session", "_user", "fill")
+    values = {k: v for k, v in locals().items() if k not in skip}
     error = None
-    result = None
+    result = fleet = measured = None
     try:
+        measured = planner_form.measured_for_form(session, from_run, values, fill=bool(fill))
         result = planner.plan(model, int(rank), targets, float(link_gbps))
+        fleet = planner_form.plan_from_form(planner.PRESETS[model], values, measured)
     except ValueError as exc:
         error = str(exc) if "invalid literal" not in str(exc) else "enter numbers"
     template = (
@@ -433,8 +449,11 @@ def planner_page(
         template,
         page="planner",
         plan=result,
+        fleet=fleet,
+        measured=measured,
         error=error,
-        values={"model": model, "rank": rank, "targets": targets, "link_gbps": link_gbps},
+        values=values,
         presets=planner.PRESETS,
         targets=planner.TARGET_LABELS,
+        runs=planner_form.runs_to_measure(session),
     )

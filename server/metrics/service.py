@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -202,6 +203,71 @@ def _run_breakdowns(session: Session) -> Iterator[Metric]:
     yield from (rejected, rejected_samples, mean, peak, rows)
 
 
+def model_label(model: str) -> str:
+    """`model` as a Kubernetes label value (an HPA's metric selector cannot name
+    `Qwen/Qwen2.5-7B`): characters outside [A-Za-z0-9_.-] become `_`, at most 63, alphanumeric
+    at both ends."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", "_", model)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def admissible_metrics(session: Session) -> Iterator[Metric]:
+    """Per served model, over its running runs: the groups they would still admit now,
+    Σ min(admission bound − groups in flight, queued prompt rows), and their groups in flight.
+    The sum of the two is the work a fleet of that model's workers could hold at once: what an
+    autoscaler scales workers on (README, "Run a fleet of spot workers")."""
+    labels = ["model", "model_label"]
+    admissible = GaugeMetricFamily(
+        P + "admissible_groups",
+        "Groups the running runs of a model would admit now: sum over runs of min(admission "
+        "bound - groups in flight, queued prompt rows); 0 for a model with no running run.",
+        labels=labels,
+    )
+    in_flight = GaugeMetricFamily(
+        P + "model_groups_in_flight",
+        "Groups leased, accepted or claimed in the running runs of a model.",
+        labels=labels,
+    )
+    bound = (
+        (config_number("max_staleness") + 1)
+        * config_number("weight_sync_steps")
+        * config_number("prompts_per_step")
+    )
+    runs = session.execute(
+        select(
+            Run.id,
+            Run.base_model,
+            Run.status,
+            Run.groups_in_flight,
+            bound.label("bound"),
+            Run.config["admission_control"].as_boolean().label("admission"),
+        )
+    ).all()
+    queued: dict[uuid.UUID, int] = {
+        r[0]: int(r[1])
+        for r in session.execute(
+            select(PromptRow.run_id, func.count())
+            .where(PromptRow.state == "queued")
+            .group_by(PromptRow.run_id)
+        ).all()
+    }
+    room: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for run in runs:
+        room.setdefault(run.base_model, 0)
+        held.setdefault(run.base_model, 0)
+        if run.status != "running":
+            continue
+        rows = queued.get(run.id, 0)
+        free = int(run.bound) - run.groups_in_flight if run.admission else rows
+        room[run.base_model] += max(0, min(free, rows))
+        held[run.base_model] += run.groups_in_flight
+    for model in sorted(room):
+        admissible.add_metric([model, model_label(model)], room[model])
+        in_flight.add_metric([model, model_label(model)], held[model])
+    yield from (admissible, in_flight)
+
+
 def worker_metrics(session: Session, silent_s: float) -> Iterator[Metric]:
     now = db_time(session)
     table = price_table(session)
@@ -255,7 +321,11 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         with transaction(self._factory) as session:
-            families = [*run_metrics(session), *worker_metrics(session, self._worker_silent_s)]
+            families = [
+                *run_metrics(session),
+                *admissible_metrics(session),
+                *worker_metrics(session, self._worker_silent_s),
+            ]
         return families
 
 

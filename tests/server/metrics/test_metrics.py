@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from server.db import transaction
 from server.models import MetricPoint, Run
+from tests.conftest import make_settings
 from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
 from tests.server.learner.support import attach, make_run
 
@@ -129,3 +133,68 @@ def test_two_processes_counts_are_two_series() -> None:
         samples = _samples(generate_latest(registry).decode())
         keys |= {k for k in samples if k[0] == "asyncgrpo_worker_calls_total"}
     assert len(keys) == 2  # a series each, never one series alternating between 5 and 2
+
+
+@pytest.fixture
+def any_app(db_url: str, tmp_path: Path) -> Iterator[Any]:
+    """The app on Postgres and on SQLite (the JSON config paths differ between the two)."""
+    from server.app import create_app
+
+    application = create_app(make_settings(db_url, tmp_path / "bucket"), migrate=True)
+    yield application
+    application.state.engine.dispose()
+
+
+def test_admissible_groups_per_model(any_app: Any) -> None:
+    """Σ over running runs of min(bound − groups in flight, queued rows), per model. The
+    factory's runs have bound (max_staleness 4 + 1) × weight_sync_steps 1 × prompts_per_step 2
+    = 10 groups and 2 prompts per lease."""
+    app = any_app
+    with transaction(app.state.sessionmaker) as session:
+        busy = new_run(session, n_rows=20)  # 20 queued rows, the bound (10) limits
+        short = new_run(session, n_rows=3)  # 3 queued rows limit
+        paused = new_run(session, n_rows=8, status="paused")
+        free = new_run(session, n_rows=6)  # admission control off: every queued row
+        for run, model in ((short, "model-b"), (paused, "model-c"), (free, "model-d")):
+            session.execute(update(Run).where(Run.id == run.id).values(base_model=model))
+        config = dict(session.get(Run, free.id).config)  # type: ignore[union-attr]
+        session.execute(
+            update(Run)
+            .where(Run.id == free.id)
+            .values(config={**config, "admission_control": False})
+        )
+        model_a = busy.base_model
+        worker = new_worker(session)
+        for _ in range(2):  # two leases of 2 prompts: 4 groups in flight, 16 rows queued
+            assert acquire(session, app.state.store, app.state.settings, worker) is not None
+
+    def gauge(name: str) -> dict[str, float]:
+        with TestClient(app) as client:
+            samples = _samples(client.get("/metrics").text)
+        return {dict(k[1])["model"]: v for k, v in samples.items() if k[0] == name}
+
+    admissible = gauge("asyncgrpo_admissible_groups")
+    assert admissible == {model_a: 10 - 4, "model-b": 3, "model-c": 0, "model-d": 6}
+    assert gauge("asyncgrpo_model_groups_in_flight") == {
+        model_a: 4,
+        "model-b": 0,
+        "model-c": 0,
+        "model-d": 0,
+    }
+    with transaction(app.state.sessionmaker) as session:
+        session.execute(update(Run).where(Run.id == short.id).values(base_model="org/Model 7B"))
+    with TestClient(app) as client:
+        samples = _samples(client.get("/metrics").text)
+    key = (
+        "asyncgrpo_admissible_groups",
+        (("model", "org/Model 7B"), ("model_label", "org_Model_7B")),
+    )
+    assert samples[key] == 3
+
+
+def test_model_label_is_a_kubernetes_label_value() -> None:
+    from server.metrics.service import model_label
+
+    assert model_label("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen_Qwen2.5-1.5B-Instruct"
+    assert model_label("/models/llama/") == "models_llama"
+    assert len(model_label("m" * 100)) == 63

@@ -1,0 +1,184 @@
+"""`asyncgrpo plan`: adapter payload, sync time, learner memory per GPU, and the workers that keep
+one learner busy with their cost per 1,000 accepted samples (server/dashboard/fleet_plan.py
+states every formula). Pure arithmetic: reads at most a local config.json."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+import typer
+
+HELP_GPU = "NAME:USD_PER_HOUR:TOKENS_PER_S, e.g. L4:0.35:1500 (measured or entered)."
+
+
+def plan(
+    model: str = typer.Option(
+        "qwen2.5-7b", help="A preset (qwen2.5-7b, qwen2.5-1.5b, llama-2-7b) or a local config.json."
+    ),
+    rank: int = typer.Option(16, help="LoRA rank."),
+    targets: str = typer.Option("all-linear", help="qv, attention or all-linear."),
+    link_gbps: float = typer.Option(1.0, help="Link to the workers in Gb/s (sync time)."),
+    learner_gpus: int = typer.Option(1, help="GPUs of the (data-parallel) learner."),
+    micro_batch_tokens: int = typer.Option(8192, help="Tokens in one micro-batch per GPU."),
+    learner_gpu: str = typer.Option(
+        None,
+        help="The learner's GPU: NAME:USD_PER_HOUR_PER_GPU:TOKENS_PER_S (completion tokens "
+        "trained per second by the whole learner), e.g. H100:2.5:6000; NAME:PRICE takes the "
+        "tokens/s measured by --from-run.",
+    ),
+    worker_gpu: list[str] = typer.Option(  # noqa: B008 - typer reads it, never mutates it
+        [],
+        help=f"A worker GPU offer (repeat to compare): {HELP_GPU} Tokens/s: generated; "
+        "NAME:PRICE takes the tokens/s measured for that GPU type by --from-run.",
+    ),
+    completion_tokens: float = typer.Option(
+        None, help="Mean completion tokens per sample (default 512, or measured)."
+    ),
+    group_size: int = typer.Option(None, help="The run's group_size (default 8, or the run's)."),
+    bound_groups: int = typer.Option(
+        None,
+        help="The run's admission bound in groups: (max_staleness + 1) × weight_sync_steps × "
+        "prompts_per_step (default 16, the defaults' bound, or the run's).",
+    ),
+    worker_sequences: int = typer.Option(
+        256, help="Sequences one worker keeps in flight (its max_inflight_sequences)."
+    ),
+    accept_fraction: float = typer.Option(
+        None,
+        help="Generated samples the learner accepts (not stale or dropped), 0-1 (default 1, or "
+        "measured).",
+    ),
+    from_run: str = typer.Option(
+        None,
+        help="A run id: take tokens/s, completion length, accepted fraction, group size and "
+        "bound from what it measured (last 10 min; reads the server's database, "
+        "ASYNCGRPO_DATABASE_URL). Options given explicitly win.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Plan a run's learner and worker fleet from a model, rank, targets and GPU offers."""
+    from server.dashboard.fleet_plan import FleetInputs, Gpu, full_plan
+    from server.dashboard.planner import load_shape, plan_shape
+
+    measured = _measured(from_run) if from_run else None
+    m = measured.__dict__ if measured else {}
+
+    def pick(given: Any, key: str, default: Any) -> Any:
+        return given if given is not None else (m.get(key) or default)
+
+    try:
+        shape = load_shape(model)
+        payload = plan_shape(shape, rank, targets, link_gbps)
+        learner_rate = (
+            {learner_gpu.split(":")[0]: m["learner_tokens_per_s"]}
+            if (learner_gpu and m.get("learner_tokens_per_s"))
+            else None
+        )
+        learner = Gpu.parse(learner_gpu, learner_rate) if learner_gpu else None
+        workers = [Gpu.parse(w, m.get("worker_tokens_per_s")) for w in worker_gpu]
+        fleet = FleetInputs(
+            completion_tokens=pick(completion_tokens, "completion_tokens", 512.0),
+            group_size=pick(group_size, "group_size", 8),
+            bound_groups=pick(bound_groups, "bound_groups", 16),
+            worker_sequences=worker_sequences,
+            accept_fraction=pick(accept_fraction, "accept_fraction", 1.0),
+            learner_gpus=learner_gpus,
+        )
+        result = full_plan(
+            shape,
+            rank,
+            targets,
+            micro_batch_tokens=micro_batch_tokens,
+            learner=learner,
+            workers=workers,
+            fleet=fleet,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    out = {"payload": payload.__dict__, **result.as_dict(), "measured": m or None}
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    _print_tables(out)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _measured(run_id: str) -> Any:
+    """The run's measurements from the server's database (server/dashboard/measured.py)."""
+    import uuid
+
+    from asyncgrpo.cli import _settings
+    from server.dashboard.measured import measure
+    from server.db import make_engine, make_sessionmaker, transaction
+
+    try:
+        rid = uuid.UUID(run_id)
+    except ValueError:
+        _fail(f"--from-run: {run_id!r} is not a run id (a UUID)")
+    engine = make_engine(_settings().database_url)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            return measure(session, rid)
+    except LookupError as exc:
+        _fail(f"--from-run: {exc}")
+    finally:
+        engine.dispose()
+
+
+def _print_tables(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if out["measured"]:
+        m = out["measured"]
+        console.print(
+            f"measured by run {m['run_name']!r} (last 10 min): learner "
+            f"{m['learner_tokens_per_s'] or 0:.0f} tokens/s, workers {m['worker_tokens_per_s']} "
+            f"tokens/s, {m['completion_tokens'] or 0:.0f} completion tokens per sample, "
+            f"accepted {m['accept_fraction'] or 0:.0%}; G {m['group_size']}, "
+            f"bound {m['bound_groups']} groups"
+        )
+    p = out["payload"]
+    console.print(
+        f"[bold]{p['model']}[/], rank {p['rank']}, {p['targets']}: adapter "
+        f"{p['adapter_mb']:.1f} MB ({p['lora_params']:,} params, bf16), "
+        f"{p['sync_seconds']:.2f} s per sync at {p['link_gbps']} Gb/s "
+        f"(full weights {p['full_weights_gb']:.1f} GB, {p['full_sync_seconds']:.0f} s)"
+    )
+    gpu_gb = out["learner_gpu_memory_gb"]
+    memory = Table(
+        title=f"Learner memory per GPU, GB ({out['learner_gpus']} GPU(s), "
+        f"{out['micro_batch_tokens']:,} tokens per micro-batch)"
+    )
+    for column in ("layout", "weights", "LoRA state", "activations", "logits", "total", "fits"):
+        memory.add_column(column, justify="left" if column == "layout" else "right")
+    for layout, m in out["memory"].items():
+        fits = "" if gpu_gb is None else ("yes" if m["total"] <= gpu_gb else "no")
+        cells = [m[k] for k in ("weights", "lora_state", "activations", "logits", "total")]
+        memory.add_row(layout, *(f"{c:.2f}" for c in cells), fits)
+    console.print(memory)
+    if not out["fleet"]:
+        return
+    fleet = Table(title="Workers that keep one learner busy")
+    for column in ("GPU", "$/h", "needed", "usable", "workers", "learner busy", "accepted/h"):
+        fleet.add_column(column, justify="right")
+    fleet.add_column("$ per 1,000 accepted", justify="right")
+    for r in out["fleet"]:
+        workers = f"{r['workers']}{' (bound)' if r['bound_limited'] else ''}"
+        fleet.add_row(
+            r["gpu"],
+            f"{r['price_per_hour']:.2f}",
+            str(r["workers_needed"]),
+            str(r["workers_usable"]),
+            workers,
+            f"{r['learner_busy']:.0%}",
+            f"{r['accepted_per_hour']:,.0f}",
+            f"{r['cost_per_1000_accepted']:.3f}",
+        )
+    console.print(fleet)

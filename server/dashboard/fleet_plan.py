@@ -1,0 +1,239 @@
+"""Learner memory, fleet size and cost per accepted sample (pure arithmetic, no I/O).
+
+Memory of one learner GPU (GB = 10^9 bytes), for P base parameters, Lp LoRA parameters, a
+micro-batch of T tokens, a model of L layers, hidden h, KV width kv, MLP width i, vocabulary V:
+- base weights, bf16: 2·P bytes; with FSDP over N GPUs 2·P / N, plus two unsharded layers in
+  flight (the one computing and the one prefetched): 2 · 2 · (parameters of one layer).
+- LoRA training state, fp32: 16·Lp (weights 4, gradients 4, Adam m and v 8); with FSDP / N.
+- activations kept for the backward pass, bf16, attention without the s² term (SDPA / flash):
+  per token and layer 2 · (6h + 2kv + 4i) bytes (two norm inputs, the projections' input, q, k,
+  v, the attention output, the MLP input, gate, up, activation and product). Without gradient
+  checkpointing all L layers keep them; with it each layer keeps only its input (2h per token)
+  and one layer's set is alive again while it is recomputed: 2·L·h + 2·(6h + 2kv + 4i).
+- logits for the log-probabilities, fp32: 4·V per token.
+Activations are per GPU (each rank runs its own micro-batch), so FSDP does not divide them.
+An estimate: allocator fragmentation, CUDA context (~0.5-1 GB) and temporary buffers come on top.
+
+Fleet: a worker generates W completion tokens/s at full occupancy (S sequences in flight); the
+learner trains R completion tokens/s (the figure the learner reports as `tokens_per_s`, prompt
+tokens are in its cost but not counted). With c completion tokens per sample and a fraction a of
+generated samples accepted (not stale, not dropped):
+  learner demand  = R / c samples/s,   one worker = a · W / c accepted samples/s,
+  workers needed  = ceil(demand / one worker),
+  workers usable  = max(1, floor(B · G / S)) for an admission bound of B groups of G samples: more
+                    workers than the bound can keep full only share the same groups,
+  workers         = min(needed, usable); accepted samples/h = 3600 · min(demand, workers · one),
+  cost / 1,000 accepted = (workers · worker $/h + N · learner $/h per GPU) / accepted per h · 1000.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from server.dashboard.planner import GB, TARGETS, ModelShape, lora_parameters
+
+BYTES_LORA_STATE = 16  # fp32 weight, gradient, Adam m and v
+BYTES_LOGIT = 4
+
+# Memory of one GPU of each type, GB (vendor figures), for the "fits" column.
+GPU_MEMORY_GB: dict[str, float] = {
+    "T4": 16,
+    "L4": 24,
+    "A10G": 24,
+    "L40S": 48,
+    "A100": 40,
+    "A100-80GB": 80,
+    "H100": 80,
+    "H200": 141,
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU offer: type, USD per hour (spot or on demand) and measured or entered tokens/s."""
+
+    name: str
+    price_per_hour: float
+    tokens_per_s: float
+
+    @classmethod
+    def parse(cls, text: str, measured: dict[str, float] | None = None) -> Gpu:
+        """`NAME:PRICE:TOKENS_PER_S`, e.g. `L4:0.35:1500`, or `NAME:PRICE` to take the tokens/s
+        measured for NAME (case-insensitive) from `measured`; ValueError naming what is wrong."""
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[0]:
+            raise ValueError(f"GPU {text!r}: expected NAME:PRICE_PER_HOUR:TOKENS_PER_S")
+        if len(parts) == 2:
+            known = {k.lower(): v for k, v in (measured or {}).items()}
+            if parts[0].lower() not in known:
+                raise ValueError(
+                    f"GPU {text!r}: no tokens/s given and none measured for {parts[0]} "
+                    "(write NAME:PRICE_PER_HOUR:TOKENS_PER_S)"
+                )
+            parts.append(str(known[parts[0].lower()]))
+        try:
+            price, rate = float(parts[1]), float(parts[2])
+        except ValueError:
+            raise ValueError(f"GPU {text!r}: price and tokens/s must be numbers") from None
+        if not (math.isfinite(price) and price >= 0):
+            raise ValueError(f"GPU {text!r}: price must be 0 or more")
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"GPU {text!r}: tokens/s must be greater than 0")
+        return cls(parts[0], price, rate)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """GB per learner GPU."""
+
+    weights: float
+    lora_state: float
+    activations: float
+    logits: float
+    total: float
+
+
+def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
+    one_layer = 2 * (6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.intermediate)
+    if checkpointing:
+        return 2 * shape.layers * shape.hidden + one_layer
+    return shape.layers * one_layer
+
+
+def learner_memory(
+    shape: ModelShape,
+    lora_params: int,
+    micro_batch_tokens: int,
+    *,
+    gpus: int,
+    fsdp: bool,
+    checkpointing: bool,
+) -> Memory:
+    """GB on each of `gpus` learner GPUs (module docstring)."""
+    shards = gpus if fsdp else 1
+    weights = 2 * shape.parameters() / shards
+    if fsdp:
+        weights += 2 * 2 * shape.layer_parameters()
+    lora = BYTES_LORA_STATE * lora_params / shards
+    acts = micro_batch_tokens * activation_bytes_per_token(shape, checkpointing)
+    logits = micro_batch_tokens * BYTES_LOGIT * shape.vocab
+    return Memory(
+        weights=weights / GB,
+        lora_state=lora / GB,
+        activations=acts / GB,
+        logits=logits / GB,
+        total=(weights + lora + acts + logits) / GB,
+    )
+
+
+@dataclass(frozen=True)
+class FleetInputs:
+    completion_tokens: float
+    group_size: int
+    bound_groups: int
+    worker_sequences: int
+    accept_fraction: float
+    learner_gpus: int
+
+    def check(self) -> None:
+        if not (math.isfinite(self.completion_tokens) and self.completion_tokens >= 1):
+            raise ValueError("completion_tokens must be 1 or more")
+        for name in ("group_size", "bound_groups", "worker_sequences", "learner_gpus"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be 1 or more")
+        if not 0 < self.accept_fraction <= 1:
+            raise ValueError("accept_fraction must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    """One worker GPU offer against the learner."""
+
+    gpu: str
+    price_per_hour: float
+    workers_needed: int
+    workers_usable: int
+    workers: int
+    bound_limited: bool
+    learner_busy: float
+    accepted_per_hour: float
+    cost_per_hour: float
+    cost_per_1000_accepted: float
+
+
+def fleet_row(worker: Gpu, learner: Gpu, f: FleetInputs) -> FleetRow:
+    demand = learner.tokens_per_s / f.completion_tokens
+    one = f.accept_fraction * worker.tokens_per_s / f.completion_tokens
+    needed = max(1, math.ceil(demand / one - 1e-9))
+    usable = max(1, (f.bound_groups * f.group_size) // f.worker_sequences)
+    workers = min(needed, usable)
+    accepted_s = min(demand, workers * one)
+    cost_h = workers * worker.price_per_hour + f.learner_gpus * learner.price_per_hour
+    return FleetRow(
+        gpu=worker.name,
+        price_per_hour=worker.price_per_hour,
+        workers_needed=needed,
+        workers_usable=usable,
+        workers=workers,
+        bound_limited=needed > usable,
+        learner_busy=accepted_s / demand,
+        accepted_per_hour=accepted_s * 3600,
+        cost_per_hour=cost_h,
+        cost_per_1000_accepted=cost_h / (accepted_s * 3600) * 1000,
+    )
+
+
+@dataclass(frozen=True)
+class FullPlan:
+    model: str
+    rank: int
+    targets: str
+    learner_gpus: int
+    micro_batch_tokens: int
+    memory: dict[str, Memory]  # "single", "single+ckpt", "fsdp", "fsdp+ckpt"
+    learner_gpu_memory_gb: float | None
+    fleet: list[FleetRow]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def full_plan(
+    shape: ModelShape,
+    rank: int,
+    targets: str,
+    *,
+    micro_batch_tokens: int,
+    learner: Gpu | None,
+    workers: list[Gpu],
+    fleet: FleetInputs,
+) -> FullPlan:
+    """Memory of every layout and, given a learner and worker offers, one fleet row each."""
+    if micro_batch_tokens < 1:
+        raise ValueError("micro_batch_tokens must be 1 or more")
+    if targets not in TARGETS:
+        raise ValueError(f"unknown target set {targets!r}")
+    fleet.check()
+    lora = lora_parameters(shape, rank, TARGETS[targets])
+    memory = {
+        f"{'fsdp' if fsdp else 'single'}{'+ckpt' if ckpt else ''}": learner_memory(
+            shape, lora, micro_batch_tokens, gpus=fleet.learner_gpus, fsdp=fsdp, checkpointing=ckpt
+        )
+        for fsdp in (False, True)
+        for ckpt in (False, True)
+    }
+    if workers and learner is None:
+        raise ValueError("worker GPUs need a learner GPU (its price and tokens/s)")
+    rows = [fleet_row(w, learner, fleet) for w in workers] if learner is not None else []
+    return FullPlan(
+        model=shape.name,
+        rank=rank,
+        targets=targets,
+        learner_gpus=fleet.learner_gpus,
+        micro_batch_tokens=micro_batch_tokens,
+        memory=memory,
+        learner_gpu_memory_gb=GPU_MEMORY_GB.get(learner.name) if learner else None,
+        fleet=rows,
+    )

@@ -1,0 +1,123 @@
+"""`asyncgrpo plan`: JSON and tables from the same arithmetic as the planner page; bad input
+exits non-zero with a message naming it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from asyncgrpo.cli import app
+
+app_cli = app
+
+BASE = [
+    "plan",
+    "--model",
+    "qwen2.5-1.5b",
+    "--micro-batch-tokens",
+    "4096",
+    "--learner-gpu",
+    "H100:2.5:4800",
+    "--worker-gpu",
+    "L4:0.35:1500",
+    "--worker-gpu",
+    "A10G:0.45:1300",
+    "--worker-sequences",
+    "32",
+    "--accept-fraction",
+    "0.8",
+]
+
+
+def test_plan_json() -> None:
+    result = CliRunner().invoke(app, [*BASE, "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["payload"]["lora_params"] == 18_464_768  # test_fleet_plan.py, by hand
+    assert out["memory"]["single"]["total"] == pytest.approx(16.324389888)
+    l4 = next(r for r in out["fleet"] if r["gpu"] == "L4")
+    # test_fleet_plan.py: 4 workers, 3.9 $/h ÷ 33,750 accepted/h · 1000
+    assert l4["workers"] == 4 and l4["cost_per_1000_accepted"] == pytest.approx(3.9 / 33.75)
+    assert out["learner_gpu_memory_gb"] == 80
+
+
+def test_plan_tables() -> None:
+    result = CliRunner().invoke(app, BASE)
+    assert result.exit_code == 0, result.output
+    assert "Learner memory per GPU" in result.output and "fsdp+ckpt" in result.output
+    assert "0.116" in result.output and "A10G" in result.output
+
+
+def test_plan_from_a_config_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+            }
+        )
+    )
+    result = CliRunner().invoke(app, ["plan", "--model", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["fleet"] == []  # no GPU offers: memory and payload only
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "gpt-5"], "unknown model 'gpt-5'"),
+        (["--rank", "0"], "rank must be between 1 and 4096"),
+        (["--targets", "mlp"], "unknown target set 'mlp'"),
+        (["--worker-gpu", "L4:0.3"], "NAME:PRICE_PER_HOUR:TOKENS_PER_S"),
+        (["--learner-gpu", "H100:2:x"], "must be numbers"),
+        (["--accept-fraction", "0"], "accept_fraction must be in (0, 1]"),
+        (["--micro-batch-tokens", "0"], "micro_batch_tokens must be 1 or more"),
+        (["--worker-gpu", "L4:0.3"], "none measured for L4"),
+        (["--from-run", "nope"], "is not a run id"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_a_message(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["plan", "--learner-gpu", "H100:2:100", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_worker_gpus_without_a_learner_are_refused() -> None:
+    result = CliRunner().invoke(app, ["plan", "--worker-gpu", "L4:0.3:100"])
+    assert result.exit_code == 2 and "need a learner GPU" in result.output
+
+
+def test_plan_from_a_run(app, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """--from-run reads the server's database (ASYNCGRPO_* settings): the run's measurements
+    (tests/server/dashboard/test_measured.py) fill what the options leave open."""
+    import uuid
+
+    from tests.conftest import TEST_SECRET
+    from tests.server.dashboard.measured_run import make_measured_run
+
+    run = make_measured_run(app)
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", app.state.settings.database_url)
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", TEST_SECRET)
+    args = ["plan", "--from-run", str(run.id), "--learner-gpu", "H100:2.5"]
+    result = CliRunner().invoke(app_cli, [*args, "--worker-gpu", "L4:0.35", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["measured"]["worker_tokens_per_s"]["L4"] == pytest.approx(50.0)
+    l4 = out["fleet"][0]
+    # 150 / 383.3 samples/s ÷ ((2/3) · 50 / 383.3) = 4.5: 5 needed; bound 10 · 2 = 20
+    # sequences under 256 per worker: 1 usable
+    assert (l4["workers_needed"], l4["workers_usable"]) == (5, 1)
+    # An option given wins over the measurement: usable = bound 10 · G ÷ 4 sequences per
+    # worker, 10 · 2 // 4 = 5 with the run's G, 10 · 4 // 4 = 10 with --group-size 4.
+    more = [*args, "--worker-gpu", "L4:0.35", "--worker-sequences", "4", "--json"]
+    measured = json.loads(CliRunner().invoke(app_cli, more).output)
+    explicit = json.loads(CliRunner().invoke(app_cli, [*more, "--group-size", "4"]).output)
+    assert measured["fleet"][0]["workers_usable"] == 5
+    assert explicit["fleet"][0]["workers_usable"] == 10
+    missing = CliRunner().invoke(app_cli, ["plan", "--from-run", str(uuid.uuid4())])
+    assert missing.exit_code == 2 and "no run" in missing.output

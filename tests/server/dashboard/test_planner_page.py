@@ -1,0 +1,73 @@
+"""The planner page's fleet and memory tables, rendered by the real app (TestClient, no
+browser): full page and the HTMX fragment, and a bad field answered in the fragment."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from tests.server.dashboard.test_pages import login
+
+QUERY = (
+    "/planner?model=qwen2.5-1.5b&rank=16&targets=all-linear&link_gbps=1&learner_gpus=4"
+    "&micro_batch_tokens=4096&learner_gpu=H100:2.5:4800&worker_gpus=L4:0.35:1500,A10G:0.45:1300"
+    "&completion_tokens=512&group_size=8&bound_groups=16"
+    "&worker_sequences=32&accept_fraction=0.8"
+)
+
+
+def _cells(html: str, table_id: str) -> list[list[str]]:
+    body = html.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in body.split("<tr>")[2:]]
+
+
+def test_planner_page_shows_memory_and_fleet(client: TestClient, admin_token: str) -> None:
+    login(client, admin_token)
+    page = client.get(QUERY)
+    assert page.status_code == 200 and "<html" in page.text
+    memory = {row[0]: row for row in _cells(page.text, "plan-memory")}
+    # test_fleet_plan.py works these out by hand: 16.32 GB on one GPU without checkpointing.
+    assert memory["single"][5] == "16.32" and memory["single"][6] == "yes"
+    assert set(memory) == {"single", "single+ckpt", "fsdp", "fsdp+ckpt"}
+    fleet = {row[0]: row for row in _cells(page.text, "plan-fleet")}
+    # 4 L4 workers (test_fleet_plan.py), 4 learner GPUs: (4 · 0.35 + 4 · 2.5) $/h ÷ 33,750
+    # accepted/h · 1000 = 0.338 $.
+    assert fleet["L4"][4] == "4" and fleet["L4"][7] == "0.338"
+    assert "A10G" in fleet
+    fragment = client.get(QUERY, headers={"HX-Request": "true"})
+    assert "<html" not in fragment.text and 'id="plan-fleet"' in fragment.text
+
+
+def test_planner_page_names_a_bad_field(client: TestClient, admin_token: str) -> None:
+    login(client, admin_token)
+    for query, message in (
+        (QUERY.replace("worker_gpus=L4:0.35:1500", "worker_gpus=L4:x:1"), "must be numbers"),
+        (QUERY.replace("micro_batch_tokens=4096", "micro_batch_tokens=lots"), "micro batch tokens"),
+        (QUERY.replace("accept_fraction=0.8", "accept_fraction=2"), "accept_fraction"),
+    ):
+        r = client.get(query, headers={"HX-Request": "true"})
+        assert r.status_code == 200 and message in r.text and 'id="plan-fleet"' not in r.text
+
+
+def test_fill_from_a_run(client: TestClient, app, admin_token: str) -> None:  # type: ignore[no-untyped-def]
+    """The run's measurements (test_measured.py) fill the fields; NAME:PRICE offers use the
+    measured tokens/s: learner 150 completion tokens/s ÷ 383.3 = 0.391 samples/s; one L4
+    (2/3) · 50 / 383.3 = 0.0870: 4.5 → 5 workers (bound 10 groups · 2 = 20 sequences, 32 per
+    worker: 1 usable, so 1, bound-limited)."""
+    from tests.server.dashboard.measured_run import make_measured_run
+
+    run = make_measured_run(app)
+    login(client, admin_token)
+    page = client.get(
+        f"/planner?from_run={run.id}&fill=1&learner_gpu=H100:2.5&worker_gpus=L4:0.35"
+        "&worker_sequences=32"
+    )
+    assert page.status_code == 200
+    assert 'id="plan-measured"' in page.text and "L4 50 tokens/s" in page.text
+    assert 'name="group_size" type="number" min="1" step="1" value="2"' in page.text
+    assert 'value="0.667"' in page.text and 'value="383.3"' in page.text
+    fleet = {row[0]: row for row in _cells(page.text, "plan-fleet")}
+    assert fleet["L4"][2:5] == ["5", "1", "1 (bound)"]
+    unknown = client.get("/planner?from_run=not-a-run", headers={"HX-Request": "true"})
+    assert "from run: no run" in unknown.text
