@@ -173,6 +173,18 @@ def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
         KWARG_CHECKS[name](kwargs)
 
 
+def columns_read(name: str, kwargs: Mapping[str, Any]) -> set[str] | None:
+    """The reference columns a reward cannot work without (run creation checks the dataset has
+    them); None when not known (user rewards, the judge, whose template decides)."""
+    if name == "numeric_match":
+        return {"answer"}
+    if name == "math_verify":
+        return {str(kwargs.get("column", "answer"))}
+    if name in BUILTINS and name != "llm_judge":
+        return set()
+    return None
+
+
 def works_without_kwargs(name: str) -> bool:
     """Whether a built-in may be named with no kwargs (the dashboard's checkboxes offer only
     those; `llm_judge` needs its endpoint)."""

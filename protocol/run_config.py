@@ -128,6 +128,10 @@ class GeneratorDataset(_Strict):
     def n_rows(self) -> int | None:
         return self.size
 
+    def known_reference_columns(self) -> set[str] | None:
+        """The reference columns every row has (None: known to the server only)."""
+        return set(datasets.generate(self.generator, 1, 0)[0]) - {"prompt"}
+
 
 def _check_row(row: dict[str, Any]) -> dict[str, Any]:
     try:
@@ -175,6 +179,9 @@ class InlineDataset(_Strict):
     def n_rows(self) -> int | None:
         return len(self.rows)
 
+    def known_reference_columns(self) -> set[str] | None:
+        return set().union(*(set(row) for row in self.rows)) - {"prompt"}
+
 
 def _json_size(value: Any) -> int:
     try:
@@ -214,6 +221,9 @@ class _MappedDataset(_Strict):
 
     def n_rows(self) -> int | None:
         return None  # known to the server only, once the dataset is ready
+
+    def known_reference_columns(self) -> set[str] | None:
+        return None if self.reference_columns is None else set(self.reference_columns)
 
     def columns_needed(self) -> list[str]:
         return [self.prompt_column, *(self.reference_columns or [])]
@@ -273,6 +283,9 @@ class RowsOmitted(_Strict):
 
     def n_rows(self) -> int | None:
         return self.rows
+
+    def known_reference_columns(self) -> set[str] | None:
+        return None
 
 
 def omit_rows(dataset: Any) -> Any:
@@ -565,6 +578,25 @@ class AlarmConfig(_Strict):
     webhook_url: str | None = Field(None, description="POSTed a signed JSON event on alarms.")
 
 
+def missing_reward_column(
+    rewards_: list[RewardSpec], have: set[str] | None, where: str
+) -> str | None:
+    """Why a reward cannot work on a dataset whose reference columns are `have` (None: not
+    known here), naming the reward, the column and the columns that exist."""
+    if have is None:
+        return None
+    for i, spec in enumerate(rewards_):
+        needed = rewards.columns_read(spec.name, spec.kwargs) or set()
+        missing = sorted(needed - have)
+        if missing:
+            listed = ", ".join(sorted(have)) or "none"
+            return (
+                f"rewards.{i} ({spec.name}) reads the reference column {missing[0]!r}, which "
+                f"{where} does not have (its reference columns: {listed})"
+            )
+    return None
+
+
 class RunConfig(_Strict):
     """A complete run: model, data, rewards, LoRA, GRPO, sampling, units of work, limits."""
 
@@ -696,6 +728,18 @@ class RunConfig(_Strict):
             dumped["eval"]["dataset"] = omit_rows(self.eval.dataset).model_dump(mode="json")
         return dumped
 
+    @field_validator("rewards")
+    @classmethod
+    def _dataset_has_reward_columns(
+        cls, specs: list[RewardSpec], info: ValidationInfo
+    ) -> list[RewardSpec]:
+        dataset = info.data.get("dataset")
+        if dataset is not None:
+            why = missing_reward_column(specs, dataset.known_reference_columns(), "the dataset")
+            if why:
+                raise _fail(why)
+        return specs
+
     @field_validator("eval")
     @classmethod
     def _accuracy_reward_is_a_reward(
@@ -710,6 +754,10 @@ class RunConfig(_Strict):
                 f"eval.accuracy_reward must name one of the run's rewards ({', '.join(names)}) "
                 f"(got {ev.accuracy_reward!r})"
             )
+        have = ev.dataset.known_reference_columns()
+        why = missing_reward_column(specs, have, "the eval dataset")
+        if why:
+            raise _fail(why)
         return ev
 
     def admission_bound_groups(self) -> int:

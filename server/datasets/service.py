@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from protocol import datasets, layout
-from protocol.run_config import HfDataset, StoredDataset, check_prompt_rows
+from protocol import datasets, layout, run_config
+from protocol.run_config import HfDataset, RunConfig, StoredDataset, check_prompt_rows
 from protocol.storage import ObjectStore
 from server.datasets import files, repository
 from server.datasets.schemas import DatasetOut
@@ -120,6 +120,19 @@ def missing_column(
                 f"dataset {dataset.id} has no column {column!r}; its columns: {', '.join(have)}"
             )
     return None
+
+
+def missing_reward_column(
+    config: RunConfig, dataset: Dataset, spec: StoredDataset, where: str
+) -> str | None:
+    """Why one of the run's rewards cannot work on this stored dataset: a reference column it
+    reads that the mapping does not give (None when fine or the columns are not known yet)."""
+    if dataset.columns is None:
+        return None
+    have = spec.known_reference_columns()
+    if have is None:
+        have = set(dataset.columns) - {spec.prompt_column}
+    return run_config.missing_reward_column(config.rewards, have, where)
 
 
 def check_columns(dataset: Dataset, spec: StoredDataset, where: str = "dataset") -> None:

@@ -84,6 +84,8 @@ def prepare_one(
             return _fail(factory, run_id, f"dataset {failed.id} failed: {failed.reason}")
     try:
         n_rows = None
+        _check_reward_columns(config, train, "the dataset")
+        _check_reward_columns(config, held_out, "the eval dataset")
         if train is not None:
             assert train.dataset is not None
             _check(train.dataset, train.spec, config.epochs)
@@ -101,6 +103,13 @@ def prepare_one(
     except DatasetError as exc:
         return _fail(factory, run_id, str(exc))
     return _queue(factory, run_id, n_rows, config.epochs)
+
+
+def _check_reward_columns(config: RunConfig, part: _Part | None, where: str) -> None:
+    if part is not None and part.dataset is not None:
+        why = datasets.missing_reward_column(config, part.dataset, part.spec, where)
+        if why is not None:
+            raise DatasetError(why)
 
 
 def _insert_eval_rows(

@@ -20,11 +20,12 @@ from protocol.run_config import (
     HfDataset,
     InlineDataset,
     RunConfig,
+    StoredDataset,
     UploadedDataset,
 )
 from server.datasets import service as datasets_service
 from server.errors import NotFound, Unprocessable
-from server.models import Run
+from server.models import Dataset, Run
 from server.runs import repository
 from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
 from server.tokens import service as tokens
@@ -72,11 +73,14 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     ds = config.dataset
     dataset_id = eval_dataset_id = None
     if isinstance(ds, UploadedDataset | HfDataset):
-        dataset_id = datasets_service.dataset_for_run(session, ds, config.epochs).id
+        train = datasets_service.dataset_for_run(session, ds, config.epochs)
+        _check_reward_columns(config, train, ds, "the dataset")
+        dataset_id = train.id
     eval_ds = config.eval.dataset if config.eval is not None else None
     if isinstance(eval_ds, UploadedDataset | HfDataset):
         held_out = datasets_service.dataset_for_run(session, eval_ds, 0, "eval.dataset")
         _check_eval_rows(config, held_out.row_count)
+        _check_reward_columns(config, held_out, eval_ds, "the eval dataset")
         eval_dataset_id = held_out.id
     stored = dataset_id is not None or eval_dataset_id is not None
     run = repository.insert_run(
@@ -100,6 +104,16 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
 
         insert_eval_rows(session, run.id, dataset_rows(eval_ds))
     return run, minted.plaintext
+
+
+def _check_reward_columns(
+    config: RunConfig, dataset: Dataset, spec: StoredDataset, where: str
+) -> None:
+    """A reward reading a column the stored dataset lacks: 422 on `rewards` (when the columns
+    are known; an hf dataset still loading is checked by run_prep)."""
+    why = datasets_service.missing_reward_column(config, dataset, spec, where)
+    if why is not None:
+        raise Unprocessable(why, field="rewards")
 
 
 def _check_eval_rows(config: RunConfig, rows: int | None) -> None:

@@ -76,7 +76,7 @@ def test_a_bad_file_or_column_is_an_error_next_to_its_field(
     good = {"dataset.file": ("q.jsonl", jsonl(QUESTIONS), "application/json")}
     r = client.post(
         "/runs/new",
-        data={**FORM, "dataset.reference_columns": "solution", "csrf_token": csrf},
+        data={**FORM, "dataset.reference_columns": "answer, solution", "csrf_token": csrf},
         files=good,
     )
     assert r.status_code == 422  # an upload's columns are known at once, though it is pending

@@ -119,3 +119,32 @@ def test_learner_config_leaves_inline_eval_rows_out(ds_client, admin, kind):  # 
         assert sent == {"kind": "rows_omitted", "rows": len(rows)}
     else:
         assert sent == run["run"]["config"]["eval"]["dataset"]
+
+
+def test_a_reward_reading_a_missing_column_is_refused_or_fails_the_run(
+    ds_client, admin, run_jobs, tmp_path
+):  # type: ignore[no-untyped-def]
+    reward = [{"name": "math_verify", "kwargs": {"column": "solution"}}]
+    dataset_id = upload(ds_client, admin, jsonl(QUESTIONS), "q.jsonl").json()["id"]
+    uploaded = {"kind": "uploaded", "id": dataset_id, "prompt_column": "question"}
+    body = {**BASE, "dataset": uploaded, "rewards": reward}
+    refused = ds_client.post("/api/v1/runs", json=body, headers=admin)
+    assert refused.status_code == 422
+    error = refused.json()
+    assert error["field"] == "rewards"
+    assert "reads the reference column 'solution'" in error["detail"]
+    assert "its reference columns: answer, source" in error["detail"]
+    # an hf dataset's columns are learnt when it loads: the run fails with the same reason
+    (tmp_path / "q.jsonl").write_bytes(jsonl(QUESTIONS))
+    hf = {"kind": "hf", "path": "json", "data_files": str(tmp_path / "q.jsonl")}
+    created = ds_client.post(
+        "/api/v1/runs",
+        json={**body, "dataset": {**hf, "prompt_column": "question"}},
+        headers=admin,
+    )
+    assert created.status_code == 201, created.text
+    run_id = created.json()["run"]["id"]
+    run_jobs("datasets", "run_prep")
+    run = ds_client.get(f"/api/v1/runs/{run_id}", headers=admin).json()
+    assert run["status"] == "failed"
+    assert "reads the reference column 'solution'" in run["status_reason"]

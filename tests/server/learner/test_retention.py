@@ -22,7 +22,7 @@ def test_retention_keeps_what_work_in_flight_needs(app, client) -> None:
     run = make_run(
         app,
         max_staleness=1,
-        dataset={"kind": "jsonl", "rows": [{"prompt": f"p{i}"} for i in range(8)]},
+        dataset={"kind": "jsonl", "rows": [{"prompt": f"p{i}", "answer": "1"} for i in range(8)]},
     )
     fencing = attach(client, run)["fencing"]
     worker_id, _ = make_worker(app)
