@@ -48,7 +48,8 @@ def test_claim_hands_out_prompts_with_reference_columns(app, client) -> None:
 
 
 def test_claim_oldest_version_first_up_to_max_groups(app, client) -> None:
-    run = make_run(app, dataset={"kind": "jsonl", "rows": [{"prompt": f"p{i}", "answer": "1"} for i in range(6)]})
+    rows = [{"prompt": f"p{i}", "answer": "1"} for i in range(6)]
+    run = make_run(app, dataset={"kind": "jsonl", "rows": rows})
     fencing = attach(client, run)["fencing"]
     assert upload_and_publish(client, run, fencing, 1).status_code == 200
     worker_id, _ = make_worker(app)
