@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 from server.db import is_postgres
 from server.db_types import db_now
 from server.models import EvalItem, EvalResult, EvalRow, Lease, RolloutBatch, Run
+from server.runs.repository import insert_row_pairs
 
 _NO_SYNC = {"synchronize_session": False}
 _ROW_INSERT = insert(cast(Table, EvalRow.__table__))
-INSERT_CHUNK = 5_000
 OPEN_ITEM_STATES = ("queued", "leased", "uploaded")
 
 
@@ -24,19 +24,7 @@ def insert_rows(
     session: Session, run_id: uuid.UUID, rows: Iterable[tuple[Any, dict[str, Any]]], start: int
 ) -> int:
     """Bulk-insert (prompt, reference) pairs as row_index start, start + 1, …"""
-    count = 0
-    chunk: list[dict[str, Any]] = []
-    for prompt, reference in rows:
-        chunk.append(
-            {"run_id": run_id, "row_index": start + count, "prompt": prompt, "reference": reference}
-        )
-        count += 1
-        if len(chunk) >= INSERT_CHUNK:
-            session.execute(_ROW_INSERT, chunk)
-            chunk = []
-    if chunk:
-        session.execute(_ROW_INSERT, chunk)
-    return count
+    return insert_row_pairs(session, _ROW_INSERT, run_id, rows, start)
 
 
 def delete_rows(session: Session, run_id: uuid.UUID) -> None:

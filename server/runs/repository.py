@@ -36,6 +36,18 @@ def insert_dataset_rows(
     executemany on SQLite. Returns the number of rows."""
     if is_postgres(session):
         return _copy_dataset_rows(session, run_id, rows, start)
+    return insert_row_pairs(session, _DATASET_INSERT, run_id, rows, start)
+
+
+def insert_row_pairs(
+    session: Session,
+    statement: Any,
+    run_id: uuid.UUID,
+    rows: Iterable[tuple[Any, dict[str, Any]]],
+    start: int,
+) -> int:
+    """executemany of `statement` (an insert into a table of run_id, row_index, prompt,
+    reference: dataset rows, eval rows) over (prompt, reference) pairs in chunks."""
     count = 0
     chunk: list[dict[str, Any]] = []
     for prompt, reference in rows:
@@ -44,10 +56,10 @@ def insert_dataset_rows(
         )
         count += 1
         if len(chunk) >= INSERT_CHUNK:
-            session.execute(_DATASET_INSERT, chunk)
+            session.execute(statement, chunk)
             chunk = []
     if chunk:
-        session.execute(_DATASET_INSERT, chunk)
+        session.execute(statement, chunk)
     return count
 
 
