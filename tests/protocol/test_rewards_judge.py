@@ -47,11 +47,16 @@ def test_scores_are_parsed_and_scaled_by_max_score() -> None:
         assert got == [0.7, 1.0, 0.0, 0.25]
         assert judge(fake.url, ["I'd say 3, no: 1"], max_score=1) == [1.0]
         assert judge(fake.url, ["I'd say 3, no: 1"], max_score=10, pick="first") == [0.3]
-    body = fake.requests[0]["body"]
-    assert fake.requests[0]["path"] == "/v1/chat/completions"
-    assert body["model"] == "judge-1" and body["temperature"] == 0.0
-    assert body["messages"] == [{"role": "user", "content": "7"}]
-    assert "max_tokens" not in body
+    # the first call's four requests run concurrently: their order of arrival is not fixed
+    first_call = list(fake.requests[:4])
+    assert {r["path"] for r in first_call} == {"/v1/chat/completions"}
+    contents = sorted(r["body"]["messages"][0]["content"] for r in first_call)
+    assert contents == sorted(["7", "Score: 10", "0", "2.5 out of 10"])
+    for request in first_call:
+        body = request["body"]
+        assert body["model"] == "judge-1" and body["temperature"] == 0.0
+        assert [m["role"] for m in body["messages"]] == ["user"]
+        assert "max_tokens" not in body
 
 
 def test_the_template_gets_prompt_completion_reference_and_columns() -> None:
