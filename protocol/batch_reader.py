@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from protocol.batch_format import BATCH_SCHEMA, FINISH_REASONS, METADATA_KEY, BatchMetadata
 from protocol.batch_validate import RowError, check_rows
 
-RejectReason = Literal["invalid", "checksum", "prompt_mismatch", "reward_error"]
+RejectReason = Literal["invalid", "checksum", "prompt_mismatch", "reward_error", "env_mismatch"]
 LOGPROB_EPSILON = 1e-5
 _MAGIC = b"PAR1"
 
