@@ -25,6 +25,7 @@ import torch
 from learner.advantages import group_advantages, zero_advantage_groups
 from learner.loss import LossType
 from lm.logprobs import PackedBatch, pack
+from protocol.batch_reader import TrajectoryRecord
 from protocol.trajectories import Trajectory
 
 
@@ -49,8 +50,9 @@ class Completion:
             raise ValueError("one loss-mask entry per completion token")
 
     @classmethod
-    def from_trajectory(cls, t: Trajectory) -> Completion:
-        """The trajectory's prompt span as the prompt, the rest with its loss mask."""
+    def from_trajectory(cls, t: Trajectory | TrajectoryRecord) -> Completion:
+        """The trajectory's prompt span as the prompt, the rest with its loss mask (a batch
+        row of either format, as `read_trajectories` gives it)."""
         p = t.prompt_tokens
         return cls(
             prompt_ids=t.token_ids[:p],

@@ -17,7 +17,7 @@ from learner.evals import EvalScorer
 from learner.intake import Intake
 from protocol.batches import BatchMetadata, RolloutSample, write_batch
 from protocol.client import AsyncGrpoClient
-from protocol.run_config import RunConfig
+from protocol.run_config import LearnerRunConfig, RunConfig
 from protocol.schemas import BatchManifest, Lease
 from protocol.storage import PresignedPut
 from protocol.transfer import upload_presigned
@@ -151,7 +151,7 @@ def test_scorer_scores_rejects_and_the_version_closes(
     fingerprint = str(tokenizer_fingerprint(small_tokenizer))
     learner = AsyncGrpoClient(base, learner_token)
     attach = learner.learner_attach(run_id, fingerprint)
-    config = RunConfig.model_validate(attach.run_config)
+    config = LearnerRunConfig.model_validate(attach.run_config)
     assert config.eval is not None
 
     good, bad = _eval_leases(worker, 2)
