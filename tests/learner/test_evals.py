@@ -17,7 +17,7 @@ from learner.evals import EvalScorer
 from learner.intake import Intake
 from protocol.batches import BatchMetadata, RolloutSample, write_batch
 from protocol.client import AsyncGrpoClient
-from protocol.run_config import LearnerRunConfig, RunConfig
+from protocol.run_config import LearnerRunConfig
 from protocol.schemas import BatchManifest, Lease
 from protocol.storage import PresignedPut
 from protocol.transfer import upload_presigned
