@@ -93,7 +93,9 @@ def test_learner_logprobs_of_model_tokens_equal_the_workers(rolled_out: Any) -> 
     mb = collate([TrainSequence(Completion.from_trajectory(t), 0.0) for t in ts], pad_id=pad)
     with torch.no_grad():
         logp = packed_logprobs(model, mb.packed, T)  # (2, T): the trainer's path
-    trained = [row[mask.bool()].tolist() for row, mask in zip(logp, mb.completion_mask)]
+    trained = [
+        row[mask.bool()].tolist() for row, mask in zip(logp, mb.completion_mask, strict=True)
+    ]
     _assert_close(trained, ts)
 
     rows = [
