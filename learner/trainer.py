@@ -20,12 +20,9 @@ from protocol.run_config import RunConfig
 def model_token_bounds(config: RunConfig) -> tuple[int, int | None]:
     """The most model tokens one trajectory can hold before its prompt is counted (max_turns ×
     sampling.max_new_tokens) and the environment's max_total_tokens (None: unbounded), for
-    dr_grpo's normaliser. A run without an environment is single-turn: max_new_tokens."""
-    per_turn = config.sampling.max_new_tokens
-    environment = getattr(config, "environment", None)
-    if environment is None:
-        return per_turn, None
-    return environment.turns * per_turn, environment.max_total_tokens
+    dr_grpo's normaliser. A single-turn run without a token budget: (max_new_tokens, None)."""
+    environment = config.environment
+    return environment.turns * config.sampling.max_new_tokens, environment.max_total_tokens
 
 
 def add_lora(model: Any, config: RunConfig) -> Any:

@@ -192,11 +192,15 @@ def test_normalisers_count_model_tokens_only() -> None:
 def test_dr_grpo_bound_comes_from_the_environment() -> None:
     config = _config({"loss_type": "dr_grpo"}, max_new_tokens=4)
     assert model_token_bounds(config) == (4, None)  # single-turn: max_new_tokens
+    tools = {"name": "tool_calls", "tools": ["calculator"], "max_turns": 3, "max_total_tokens": 64}
+    config = _config({"loss_type": "dr_grpo"}, max_new_tokens=4, environment=tools)
+    assert model_token_bounds(config) == (12, 64)
 
 
-def _config(grpo: dict[str, Any], max_new_tokens: int = 6) -> RunConfig:
+def _config(grpo: dict[str, Any], max_new_tokens: int = 6, **extra: Any) -> RunConfig:
     return RunConfig.model_validate(
         {
+            **extra,
             "name": "trajectory-loss",
             "base_model": "smollm2-135m-instruct",
             "dataset": {"kind": "jsonl", "rows": [{"prompt": "p", "answer": 1}]},
