@@ -237,3 +237,19 @@ class EnvironmentAllowlist:
 
 
 BUILTINS_ONLY = EnvironmentAllowlist()
+
+
+def declared_allows(declared: Iterable[str], name: str) -> bool:
+    """Whether a worker that declared `declared` (EnvironmentAllowlist.names()) can run the
+    environment `name`: named as such, or `module:Class` of a module it declared `module:*`."""
+    names = set(declared)
+    if name in names:
+        return True
+    module = name.partition(":")[0]
+    return bool(_USER_REF.match(name)) and f"{module}:{ANY_CLASS}" in names
+
+
+def worker_can_run(env: EnvironmentConfig, declared: Iterable[str], trusted: bool) -> bool:
+    """The grant rule: the worker declared the run's environment, and is trusted when the
+    environment requires it."""
+    return declared_allows(declared, env.name) and (trusted or not env.requires_trusted_worker)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from protocol.client import AsyncGrpoClient
+from protocol.environments import EnvironmentAllowlist
 from protocol.schemas import Lease, ReleaseReason
 from worker import credentials
 from worker.adapters import AdapterCache
@@ -32,6 +33,7 @@ from worker.held import HeldLease, HeldLeases
 from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
 from worker.retry import Backoff, Stopping, retry, sleep_unless_stopped
+from worker.rollouts import EnvironmentRollouts
 from worker.versions import AdapterLoads, VersionFeed
 
 __all__ = ["EngineFailing", "LeaseRecord", "Outcome", "WorkerLoop"]
@@ -74,6 +76,12 @@ class WorkerLoop:
         self._faults = FaultWindow(settings.engine_fault_limit, settings.engine_fault_window_s)
         self.guard = EngineGuard(self._restart_engine)
         self.work: LeaseWork | None = None
+        # What this worker can run (declared at registration and with every acquire).
+        self.allowed = EnvironmentAllowlist.discover(settings.environment_modules)
+        self.environments = self.allowed.names()
+        self.rollouts = EnvironmentRollouts(
+            backend, allowed=self.allowed, tool_memory_mb=settings.tool_memory_mb
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -122,6 +130,7 @@ class WorkerLoop:
                 self.feed.stop()
                 self.feed.client.close()
             self.loads.close()
+            self.rollouts.close()
             if self.client is not None:
                 self.client.close()
         if self._fatal is not None:
@@ -163,6 +172,7 @@ class WorkerLoop:
                         gpu_count=s.gpu_count,
                         price_per_hour=s.price_per_hour,
                         models=[s.model],
+                        environments=self.environments,
                     ),
                 )
             finally:
@@ -183,6 +193,7 @@ class WorkerLoop:
             guard=self.guard,
             stop=self.stop_event,
             generated=self.held.generated,
+            rollouts=self.rollouts,
         )
 
     # -- polling --------------------------------------------------------------------------------
@@ -202,7 +213,10 @@ class WorkerLoop:
             lease, versions = self._retry(
                 "acquire",
                 lambda: client.acquire_lease_and_versions(
-                    models=[s.model], wait_s=s.acquire_wait_s, timeout_s=s.http_timeout_s
+                    models=[s.model],
+                    wait_s=s.acquire_wait_s,
+                    timeout_s=s.http_timeout_s,
+                    environments=self.environments,
                 ),
             )
             if self.feed is not None:

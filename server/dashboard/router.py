@@ -368,6 +368,20 @@ def revoke_worker(
     return render(request, "components/_workers_table.html", **_workers_context(request, session))
 
 
+@router.post("/workers/{worker_id}/{mark}", response_class=HTMLResponse)
+def trust_worker(
+    request: Request,
+    worker_id: uuid.UUID,
+    mark: Literal["trust", "untrust"],
+    session: SessionDep,
+    _user: CsrfDep,
+) -> Response:
+    workers.set_trusted(session, worker_id, mark == "trust", _silent_s(request))
+    if not request.headers.get("HX-Request"):
+        return RedirectResponse("/workers", status_code=303)
+    return render(request, "components/_workers_table.html", **_workers_context(request, session))
+
+
 @router.post("/workers/registration-tokens", response_class=HTMLResponse)
 def create_registration_token(
     request: Request,
