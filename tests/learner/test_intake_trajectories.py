@@ -6,6 +6,7 @@ model's text, the transcript and `info`; a doctored tool result is rejected `env
 from __future__ import annotations
 
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +192,61 @@ def test_a_changed_prompt_message_rejects_the_batch_env_mismatch(
         intake.load(batch)
     assert info.value.reason == "env_mismatch"
     assert "row 0 (prompt 11, sample 0): the transcript's prompt messages" in info.value.detail
+
+
+@pytest.mark.parametrize(
+    ("environment", "multi_turn"),
+    [
+        ({"name": "guess_number", "max_turns": 3, "max_total_tokens": 300}, True),
+        # random tokens never call a tool: this checks the prompt with the fallback instructions
+        (
+            {
+                "name": "tool_calls",
+                "tools": ["calculator"],
+                "max_turns": 3,
+                "max_total_tokens": 300,
+            },
+            False,
+        ),
+    ],
+)
+def test_the_workers_rollouts_pass_the_environment_check(
+    environment: dict[str, Any], multi_turn: bool, small_tokenizer: Any
+) -> None:
+    """Trajectories as worker/rollouts.py writes them for a lease (the simulated backend: real
+    tokenizer, sampled token ids) pass the learner's checks with the row's own prompt."""
+    from learner.env_check import check_trajectory
+    from learner.intake import _check_prompt_messages, as_trajectory
+    from protocol.batch_reader import TrajectoryRecord
+    from protocol.environments import BUILTINS_ONLY, EnvironmentConfig
+    from tests.worker.test_rollouts import SYSTEM, CountingBackend, lease
+    from worker.rollouts import EnvironmentRollouts
+
+    the_lease = lease(environment)
+    backend = CountingBackend()
+    rollouts = EnvironmentRollouts(backend, allowed=BUILTINS_ONLY)
+    try:
+        samples = rollouts.rollout(the_lease, None, threading.Event())
+    finally:
+        rollouts.close()
+        backend.close()
+    config = EnvironmentConfig(**environment)
+    prompts = {p.prompt_row_id: p.prompt for p in the_lease.prompts}
+    assert any(s.trajectory.model_turns > 1 for s in samples) == multi_turn
+    for s in samples:
+        t = s.trajectory
+        record = TrajectoryRecord(
+            prompt_row_id=s.prompt_row_id,
+            group_index=s.group_index,
+            token_ids=t.token_ids,
+            loss_mask=t.loss_mask,
+            logprobs=t.logprobs,
+            spans=t.spans,
+            messages=t.messages,
+            stop_reason=t.stop_reason,
+            tool_calls=t.tool_calls,
+            tool_errors=t.tool_errors,
+            info=t.info,
+        )
+        _check_prompt_messages(record, chat_messages(prompts[s.prompt_row_id], SYSTEM))
+        check_trajectory(as_trajectory(record), small_tokenizer, config)
