@@ -4,8 +4,8 @@
 trajectory per row) and returns one `TrajectoryRecord` per row; `read_batch(path, expect)` reads
 format 1 only, as columns (the single-turn learner's view). Both raise `BatchRejected(reason,
 detail, check=)`: `reason` is the wire reason the learner sends to `batches/{batch}/reject`
-(`checksum`, `invalid`, `prompt_mismatch`; the learner's intake adds `reward_error`), `check`
-names the precise failed check.
+(`checksum`, `invalid`, `prompt_mismatch`; the learner's intake adds `reward_error` and
+`env_mismatch`), `check` names the precise failed check.
 
 Memory is bounded on a hostile file before anything is decoded: the file size, the footer
 length (read from the last 8 bytes), Thrift limits on the footer, then the row count, row
@@ -40,7 +40,7 @@ from protocol.trajectories import TranscriptMessage, TurnSpan
 if TYPE_CHECKING:
     from protocol.environments import EnvironmentConfig
 
-RejectReason = Literal["invalid", "checksum", "prompt_mismatch", "reward_error"]
+RejectReason = Literal["invalid", "checksum", "prompt_mismatch", "reward_error", "env_mismatch"]
 LOGPROB_EPSILON = 1e-5
 _MAGIC = b"PAR1"
 # The column of each Parquet leaf, by format (format 2's spans struct has three leaves)
