@@ -79,7 +79,7 @@ def check_trajectory(
     for k, ((message, added), span) in enumerate(zip(turns, model_spans, strict=True)):
         ids = t.token_ids[span.start : span.end]
         follows = k < len(environment_spans) and environment_spans[k].start == span.end
-        ending = _check_model_text(tokenizer, message, ids, k, closed=follows)
+        ending = _check_model_text(tokenizer, message, ids, k)
         history = list(rendered)
         rendered.append({"role": "assistant", "content": message.content})
         if not follows:
@@ -117,16 +117,14 @@ def _check_model_text(
     message: TranscriptMessage,
     ids: list[int],
     k: int,
-    *,
-    closed: bool,
 ) -> str:
     """The model turn's ending (its EOS text) when the message is its tokens' text less a
-    final special token; "" when it is the text of every token (a turn cut by length, which
-    no environment turn may follow). EnvMismatch when it is neither."""
+    final special token (the turn stopped on it); "" when it is the text of every token (a
+    turn cut by length). EnvMismatch when it is neither."""
     decode = lambda part: str(tokenizer.decode(part, skip_special_tokens=False))  # noqa: E731
     if ids[-1] in set(tokenizer.all_special_ids) and message.content == decode(ids[:-1]):
         return decode(ids[-1:])
-    if not closed and message.content == decode(ids):
+    if message.content == decode(ids):
         return ""
     raise EnvMismatch(f"turn {k}: the model message is not the text of its tokens")
 
