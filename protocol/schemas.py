@@ -353,9 +353,14 @@ class CompleteResponse(BaseModel):
 # prompt that kills engines every time is dropped after max_attempts); the others are the
 # worker's own business (docs/architecture.md, "Units of work": the queue).
 ReleaseReason = Literal[
-    "shutdown", "unservable", "adapter_invalid", "engine_fault", "prompt_too_long"
+    "shutdown",
+    "unservable",
+    "adapter_invalid",
+    "engine_fault",
+    "prompt_too_long",
+    "environment_error",
 ]
-ATTEMPT_COUNTING_RELEASES = frozenset({"engine_fault", "prompt_too_long"})
+ATTEMPT_COUNTING_RELEASES = frozenset({"engine_fault", "prompt_too_long", "environment_error"})
 
 
 class ReleaseRequest(FencedRequest):
@@ -367,7 +372,8 @@ class ReleaseRequest(FencedRequest):
         "not served), adapter_invalid, engine_fault (the engine died generating it: counts an "
         "attempt on its prompts) or prompt_too_long (a prompt leaves no room for a model turn "
         "within environment.max_total_tokens: counts an attempt on the rows in prompt_row_ids, "
-        "or on all its prompts when none are named). Omitted: a plain release.",
+        "or on all its prompts when none are named) or environment_error (the run's environment "
+        "failed rolling it out: counts an attempt on its prompts). Omitted: a plain release.",
     )
     prompt_row_ids: list[Annotated[int, Field(ge=0, le=BIGINT_MAX)]] | None = Field(
         None,

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from lm.chat_turns import TemplateMismatch
 from protocol.adapters import AdapterMismatch
 from protocol.batches import (
     BatchFileInfo,
@@ -40,7 +39,13 @@ from worker.environments.base import EnvironmentSetupError
 from worker.held import HeldLease
 from worker.prompts import PromptEncoder
 from worker.retry import LOST, LeaseLost, retry
-from worker.rollouts import EnvironmentRollouts, PromptsTooLong, environment_of, is_multi_turn
+from worker.rollouts import (
+    EnvironmentRollouts,
+    PromptsTooLong,
+    RolloutFailed,
+    environment_of,
+    is_multi_turn,
+)
 from worker.versions import AdapterLoads
 
 log = logging.getLogger(__name__)
@@ -137,10 +142,13 @@ class LeaseWork:
             )
             record.outcome = self.give_back(held, "adapter_invalid")
             record.reason = f"adapter_invalid: {exc}"
-        except (EnvironmentSetupError, TemplateMismatch) as exc:
+        except EnvironmentSetupError as exc:
             log.error("lease %s: cannot run its environment here: %s", lease.lease_id, exc)
             record.outcome = self.give_back(held, "unservable")
             record.reason = f"unservable: {exc}"
+        except RolloutFailed as exc:
+            record.outcome = self.give_back(held, "environment_error")
+            record.reason = f"environment_error: {exc}"
         except PromptsTooLong as exc:
             log.warning("lease %s: %s", lease.lease_id, exc)
             released = self.release(held, "prompt_too_long", prompt_row_ids=exc.prompt_row_ids)

@@ -28,12 +28,13 @@ from worker.adapters import AdapterCache
 from worker.backends.base import Backend, EngineFault
 from worker.config import WorkerSettings
 from worker.engine import EngineFailing, EngineGuard, FaultWindow
+from worker.environments.base import EnvironmentSetupError
 from worker.heartbeat import HeartbeatPump
 from worker.held import HeldLease, HeldLeases
 from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
 from worker.retry import Backoff, Stopping, retry, sleep_unless_stopped
-from worker.rollouts import EnvironmentRollouts
+from worker.rollouts import EnvironmentRollouts, environment_of, is_multi_turn
 from worker.versions import AdapterLoads, VersionFeed
 
 __all__ = ["EngineFailing", "LeaseRecord", "Outcome", "WorkerLoop"]
@@ -291,6 +292,11 @@ class WorkerLoop:
             return f"base model {lease.base_model!r} is not served here"
         if lease.tokenizer_fingerprint not in (None, self.fingerprint):
             return "tokenizer fingerprint mismatch"
+        if is_multi_turn(lease):
+            try:
+                self.rollouts.environment(environment_of(lease))
+            except (EnvironmentSetupError, ValueError) as exc:
+                return f"environment: {exc}"
         return None
 
     def _restart_engine(self, why: str) -> None:

@@ -8,6 +8,11 @@ abort, a lost lease or a shutdown stops the rollout at its next turn, or in the 
 A rollout's environment randomness is seeded per prompt (the G trajectories of a prompt face the
 same task: guess_number's secret), its sampling per trajectory.
 
+An environment that fails a rollout (its code raises, a template that cannot be extended turn by
+turn, a trajectory that breaks the format) raises `RolloutFailed`: the lease is released
+`environment_error`, counting an attempt on its prompts (a failure that repeats drops them
+after max_attempts rather than cycling), and the worker goes on.
+
 A prompt that leaves no room for a model turn within `max_total_tokens` raises `PromptsTooLong`
 naming its rows: the lease is released with reason `prompt_too_long`, which counts an attempt on
 those rows only (so they are dropped after max_attempts instead of coming back forever), and
@@ -46,6 +51,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_PARALLEL_TRAJECTORIES = 64
+
+
+class RolloutFailed(Exception):
+    """The environment failed a rollout (its code raised, a template that cannot be extended
+    turn by turn, a trajectory that breaks the format): the lease is released
+    `environment_error`, which counts an attempt on its prompts."""
 
 
 class PromptsTooLong(Exception):
@@ -176,7 +187,7 @@ class EnvironmentRollouts:
 
 def _raise_failure(lease: Lease, jobs: list[tuple[int, int]], outcomes: list[Any]) -> None:
     """An engine death first (the engine restarts), then a cancel, then prompts too long, then
-    anything else (a bug or a template that cannot be extended: raised as is)."""
+    anything else as RolloutFailed."""
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     if not errors:
         return
@@ -194,4 +205,6 @@ def _raise_failure(lease: Lease, jobs: list[tuple[int, int]], outcomes: list[Any
     if too_long:
         first = next(o for o in outcomes if isinstance(o, PromptTooLong))
         raise PromptsTooLong(too_long, str(first))
-    raise errors[0]
+    first_error = errors[0]
+    log.error("lease %s: a rollout failed", lease.lease_id, exc_info=first_error)
+    raise RolloutFailed(f"{type(first_error).__name__}: {first_error}") from first_error

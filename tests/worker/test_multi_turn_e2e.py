@@ -101,3 +101,20 @@ def test_a_prompt_too_long_for_the_budget_is_released_and_dropped(
     assert record.reason is not None and record.reason.startswith("prompt_too_long")
     rows = stack.server.sql("SELECT state, drop_reason FROM prompt_rows")
     assert [(r.state, r.drop_reason) for r in rows] == [("dropped", "prompt_too_long_exhausted")]
+
+
+@pytest.mark.timeout(300)
+def test_an_environment_this_engine_cannot_hold_is_released_unservable(
+    make_stack: Callable[..., Stack], tx_backend: Any, tmp_path: Path
+) -> None:
+    too_big = tx_backend.max_model_len + 1
+    stack = make_stack(1, **_tiny(max_total_tokens=too_big))
+    settings = worker_settings(stack, tmp_path, max_leases=1)
+    worker = LoopThread(settings, tx_backend).start()
+    worker.join(200)
+    (record,) = worker.loop.history
+    assert record.outcome == Outcome.released
+    assert record.reason is not None and "max_model_len" in record.reason
+    (lease,) = stack.lease_rows()
+    assert lease.end_reason == "unservable"
+    assert stack.prompt_states() == {"queued": 1}  # no attempt counted: another worker may

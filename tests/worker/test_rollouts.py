@@ -17,13 +17,13 @@ from lm.chat import chat_messages
 from lm.chat_turns import prompt_ids
 from protocol.batch_format import BatchMetadata
 from protocol.batches import BatchExpectations, read_trajectories, write_trajectory_batch
-from protocol.environments import BUILTINS_ONLY, EnvironmentConfig
+from protocol.environments import BUILTINS_ONLY, EnvironmentAllowlist, EnvironmentConfig
 from protocol.schemas import Lease, LeasePrompt
 from worker.backends.base import Completion, GenerationCancelled, SamplingSpec
 from worker.backends.simulated import SimulatedBackend
 from worker.config import SimulatedSettings
-from worker.environments.base import EnvironmentSetupError
-from worker.rollouts import EnvironmentRollouts, PromptsTooLong, is_multi_turn
+from worker.environments.base import Environment, EnvironmentSetupError
+from worker.rollouts import EnvironmentRollouts, PromptsTooLong, RolloutFailed, is_multi_turn
 
 MODEL = "smollm2-135m-instruct"
 GAME = {"name": "guess_number", "max_turns": 3, "max_total_tokens": 300}
@@ -176,3 +176,22 @@ def test_a_budget_above_the_engine_cannot_be_set_up(backend: CountingBackend) ->
     with pytest.raises(EnvironmentSetupError, match="max_model_len"):
         rollouts.rollout(lease({**GAME, "max_total_tokens": too_big}), None, threading.Event())
     rollouts.close()
+
+
+class Broken(Environment):
+    """A user environment whose rollout raises (a bug in operator-allowed code)."""
+
+    name = "broken"
+
+    def rollout(self, engine: Any, prompt_messages: Any, *, max_new_tokens: int, seed: int = 0):  # type: ignore[no-untyped-def]
+        raise KeyError("the environment's own bug")
+
+
+def test_a_failing_environment_is_a_rollout_failure(backend: CountingBackend) -> None:
+    allowed = EnvironmentAllowlist(modules=frozenset({__name__}))
+    rollouts = EnvironmentRollouts(backend, allowed=allowed)
+    try:
+        with pytest.raises(RolloutFailed, match="KeyError"):
+            rollouts.rollout(lease({"name": f"{__name__}:Broken"}), None, threading.Event())
+    finally:
+        rollouts.close()

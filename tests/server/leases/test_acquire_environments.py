@@ -134,3 +134,21 @@ def test_prompt_too_long_counts_an_attempt_on_the_named_rows_only(
     }
     _, again = _acquire(lease_client, token)
     assert again is not None and [p["prompt_row_id"] for p in again["prompts"]] == [fine]
+
+
+def test_environment_error_counts_an_attempt(lease_client: TestClient, db: Session) -> None:
+    run = make_run(db, run_config(n_rows=2, environment=TOOLS, max_attempts=1))
+    _, token = make_worker(db)
+    db.commit()
+    _, lease = _acquire(lease_client, token, environments=ALL)
+    assert lease is not None
+    answer = lease_client.post(
+        f"/api/v1/leases/{lease['lease_id']}/release",
+        json={"fencing": lease["fencing"], "reason": "environment_error"},
+        headers=_h(token),
+    )
+    assert answer.status_code == 200 and answer.json() == {"released": 0}
+    db.expire_all()
+    reasons = db.execute(select(PromptRow.drop_reason).where(PromptRow.run_id == run.id)).scalars()
+    assert list(reasons) == ["environment_error_exhausted"] * 2
+    db.rollback()
