@@ -6,6 +6,13 @@ computed per group; when β = 0, groups whose rewards are all equal are left out
 forward/backward (their advantages are 0, so they add nothing), but the step's normaliser
 (docs/architecture.md, "Sampling, log-probs and the GRPO loss") still counts every
 completion of the step.
+
+A multi-turn trajectory is a `Completion` too: its prompt span is the prompt, every later
+token (model turns and environment turns) the "completion", with a `loss_mask` that is 1 on
+model tokens only. The whole trajectory goes through the model in one forward pass
+(environment tokens are context); the loss, its normalisers and the metrics count only the
+masked-in tokens (docs/architecture.md, "Environments and trajectories"). A single-turn
+completion has no mask (every completion token is a model token): exactly the old path.
 """
 
 from __future__ import annotations
@@ -18,20 +25,48 @@ import torch
 from learner.advantages import group_advantages, zero_advantage_groups
 from learner.loss import LossType
 from lm.logprobs import PackedBatch, pack
+from protocol.batch_reader import TrajectoryRecord
+from protocol.trajectories import Trajectory
 
 
 @dataclass(frozen=True)
 class Completion:
     """One completion: its prompt's token ids, its own token ids (up to and including the EOS)
-    and the behaviour log-prob of each completion token."""
+    and the behaviour log-prob of each completion token.
+
+    A trajectory (`from_trajectory`): everything after the prompt span, with `loss_mask` 1 on
+    model tokens and 0 on environment tokens (whose behaviour log-prob is a placeholder 0.0,
+    never read). `loss_mask` None: every completion token is trained (single-turn)."""
 
     prompt_ids: Sequence[int]
     completion_ids: Sequence[int]
     behaviour_logprobs: Sequence[float]
+    loss_mask: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.behaviour_logprobs):
             raise ValueError("one behaviour log-prob per completion token")
+        if self.loss_mask is not None and len(self.loss_mask) != len(self.completion_ids):
+            raise ValueError("one loss-mask entry per completion token")
+
+    @classmethod
+    def from_trajectory(cls, t: Trajectory | TrajectoryRecord) -> Completion:
+        """The trajectory's prompt span as the prompt, the rest with its loss mask (a batch
+        row of either format, as `read_trajectories` gives it)."""
+        p = t.prompt_tokens
+        return cls(
+            prompt_ids=t.token_ids[:p],
+            completion_ids=t.token_ids[p:],
+            behaviour_logprobs=[0.0 if lp is None else lp for lp in t.logprobs[p:]],
+            loss_mask=t.loss_mask[p:],
+        )
+
+    @property
+    def model_tokens(self) -> int:
+        """Trained tokens: what `|o_i|` and the normalisers count."""
+        if self.loss_mask is None:
+            return len(self.completion_ids)
+        return sum(self.loss_mask)
 
 
 @dataclass(frozen=True)
@@ -69,8 +104,14 @@ def plan_step(
     scale_rewards: str,
     max_completion_tokens: int,
     skip_zero_advantage: bool,
+    max_total_tokens: int | None = None,
 ) -> StepPlan:
-    """Advantages per group, the sequences to train on and the step's normaliser."""
+    """Advantages per group, the sequences to train on and the step's normaliser.
+
+    The normaliser counts model tokens only: `dapo`/`cispo` the step's model tokens, `grpo`
+    its completions, `dr_grpo` Σ over completions of the most model tokens one can hold:
+    `max_completion_tokens` (max_turns × the per-turn max_new_tokens), bounded by
+    `max_total_tokens` − its prompt when the run's environment sets a token budget."""
     if not groups:
         raise ValueError("a step needs at least one group")
     sizes = {len(g.completions) for g in groups}
@@ -86,13 +127,19 @@ def plan_step(
         for j, c in enumerate(g.completions)
     ]
     n_completions = rewards.numel()
-    n_tokens = sum(len(c.completion_ids) for g in groups for c in g.completions)
+    n_tokens = sum(c.model_tokens for g in groups for c in g.completions)
     if loss_type in ("dapo", "cispo"):
         normaliser = float(n_tokens)
     elif loss_type == "grpo":
         normaliser = float(n_completions)
     else:
-        normaliser = float(n_completions * max_completion_tokens)
+        normaliser = float(
+            sum(
+                _most_model_tokens(c, max_completion_tokens, max_total_tokens)
+                for g in groups
+                for c in g.completions
+            )
+        )
     return StepPlan(
         sequences=sequences,
         normaliser=normaliser,
@@ -103,6 +150,12 @@ def plan_step(
         reward_mean=float(rewards.mean()),
         reward_std=float(rewards.std()) if n_completions > 1 else 0.0,
     )
+
+
+def _most_model_tokens(c: Completion, per_completion: int, max_total: int | None) -> int:
+    if max_total is None:
+        return per_completion
+    return max(min(per_completion, max_total - len(c.prompt_ids)), 1)
 
 
 MAX_PADDING_FRACTION = 0.10  # of a step's computed positions, when grouping by length
@@ -208,13 +261,15 @@ class MicroBatch:
     right-padded), with the completion-aligned behaviour log-probs and advantages."""
 
     packed: PackedBatch
-    behaviour_logprobs: torch.Tensor  # (B, T) float32, 0 on padding
+    behaviour_logprobs: torch.Tensor  # (B, T) float32, 0 on padding and environment tokens
     advantages: torch.Tensor  # (B,) float32
+    loss_mask: torch.Tensor  # (B, T) float32, 1 on model tokens, 0 on environment and padding
 
     @property
     def completion_mask(self) -> torch.Tensor:
-        """(B, T) float: 1 on every completion token (the EOS included), 0 on padding."""
-        return self.packed.completion_mask.float()
+        """(B, T) float: 1 on every trained token (model tokens, the EOS included), 0 on
+        environment tokens and padding."""
+        return self.packed.completion_mask.float() * self.loss_mask
 
     def to(self, device: str | torch.device) -> MicroBatch:
         p = self.packed
@@ -226,7 +281,12 @@ class MicroBatch:
             completion_mask=p.completion_mask.to(device),
             prompt_width=p.prompt_width,
         )
-        return MicroBatch(packed, self.behaviour_logprobs.to(device), self.advantages.to(device))
+        return MicroBatch(
+            packed,
+            self.behaviour_logprobs.to(device),
+            self.advantages.to(device),
+            self.loss_mask.to(device),
+        )
 
 
 def collate(items: Sequence[TrainSequence], pad_id: int) -> MicroBatch:
@@ -237,11 +297,17 @@ def collate(items: Sequence[TrainSequence], pad_id: int) -> MicroBatch:
         pad_id,
     )
     behaviour = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)  # (B, T)
+    loss_mask = torch.zeros(packed.completion_ids.shape, dtype=torch.float32)  # (B, T)
     for row, item in enumerate(items):
         values = list(item.completion.behaviour_logprobs)
         behaviour[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        mask = item.completion.loss_mask
+        if mask is None:
+            loss_mask[row, : len(values)] = 1.0
+        else:
+            loss_mask[row, : len(values)] = torch.tensor(list(mask), dtype=torch.float32)
     advantages = torch.tensor([item.advantage for item in items], dtype=torch.float32)
-    return MicroBatch(packed, behaviour, advantages)
+    return MicroBatch(packed, behaviour, advantages, loss_mask)
 
 
 def step_micro_batches(

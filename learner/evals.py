@@ -35,7 +35,7 @@ def eval_samples(ev: EvalConfig, batch: sl.ClaimedEvalBatch, intake: Intake) -> 
             reward=_finite(rewards.total[i]),
             accuracy_value=_finite(accuracy[i]),
         )
-        for i, item_id in enumerate(data.prompt_row_ids)
+        for i, item_id in enumerate(r.prompt_row_id for r in data.rows)
     ]
 
 

@@ -32,7 +32,7 @@ from learner.frozen import FrozenWeights
 from learner.intake import Intake, IntakeResult
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
-from learner.spotcheck import compare_logprobs, far_outside
+from learner.spotcheck import compare_logprobs, far_outside, reported_logprobs
 from learner.trainer import Trainer, add_lora
 from learner.transfers import BucketRefused, Retrier
 from protocol import schemas_learner as sl
@@ -333,16 +333,18 @@ class Session:
             )
             return
         model = self.trainer.model
+        rows = result.data.rows
         with self.frozen.scoring_with(model, batch.adapter_version) as use_adapter:
             recomputed = completion_logprobs(
                 model,
-                result.data.prompt_token_ids,
-                result.data.completion_token_ids,
+                [r.prompt_token_ids for r in rows],
+                [r.token_ids[r.prompt_tokens :] for r in rows],
                 self.config.sampling.temperature,
                 pad_id=self.learner.pad_id,
                 use_adapter=use_adapter,
+                masks=[r.loss_mask[r.prompt_tokens :] for r in rows],
             )
-        check = compare_logprobs(result.data.behaviour_logprobs, recomputed)
+        check = compare_logprobs(reported_logprobs(rows), recomputed)
         self.client.spot_check(
             self.run_id,
             sl.SpotCheckRequest(

@@ -1,11 +1,17 @@
 """Worker spot-checks: re-score a batch's completions with the policy it claims to have
-sampled from and compare with the behaviour log-probs the worker reported."""
+sampled from and compare with the behaviour log-probs the worker reported. A trajectory is
+re-scored in one forward pass over all its tokens, and only its model tokens are compared
+(environment tokens were never sampled: they have no behaviour log-prob)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.batches import TrajectoryRecord
 
 
 @dataclass(frozen=True)
@@ -39,3 +45,11 @@ def compare_logprobs(
 def far_outside(result: SpotCheckResult, threshold: float, factor: float) -> bool:
     """A batch this far from its claimed policy is rejected (`spot_check`)."""
     return result.n_tokens > 0 and result.mean_abs_diff > threshold * factor
+
+
+def reported_logprobs(rows: Sequence[TrajectoryRecord]) -> list[list[float]]:
+    """Each row's behaviour log-probs of its model tokens, in order."""
+    return [
+        [float(lp) for lp, m in zip(r.logprobs, r.loss_mask, strict=True) if m and lp is not None]
+        for r in rows
+    ]

@@ -17,6 +17,14 @@ from lm.logprobs import CHUNK_POSITIONS, packed_logprobs
 from protocol.run_config import RunConfig
 
 
+def model_token_bounds(config: RunConfig) -> tuple[int, int | None]:
+    """The most model tokens one trajectory can hold before its prompt is counted (max_turns ×
+    sampling.max_new_tokens) and the environment's max_total_tokens (None: unbounded), for
+    dr_grpo's normaliser. A single-turn run without a token budget: (max_new_tokens, None)."""
+    environment = config.environment
+    return environment.turns * config.sampling.max_new_tokens, environment.max_total_tokens
+
+
 def add_lora(model: Any, config: RunConfig) -> Any:
     """Wrap a base model with a fresh PEFT LoRA adapter from the run's config."""
     from peft import LoraConfig, get_peft_model
@@ -133,8 +141,8 @@ class Trainer:
             normaliser=normaliser,
         )
         loss.backward()
-        if metrics["tokens"] > 0:  # mean over this micro-batch's completion tokens (pads are 0)
-            metrics["entropy"] = float(entropy.sum()) / metrics["tokens"]
+        if metrics["tokens"] > 0:  # mean over this micro-batch's trained tokens
+            metrics["entropy"] = float((entropy * mb.completion_mask).sum()) / metrics["tokens"]
         return float(loss.detach()), metrics
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
@@ -152,12 +160,14 @@ class Trainer:
         started = time.perf_counter()
         reset_peak_memory(self.device)
         g = self.config.grpo
+        most, max_total = model_token_bounds(self.config)
         plan = plan_step(
             groups,
             loss_type=g.loss_type,
             scale_rewards=g.scale_rewards,
-            max_completion_tokens=self.config.sampling.max_new_tokens,
+            max_completion_tokens=most,
             skip_zero_advantage=g.beta == 0.0,
+            max_total_tokens=max_total,
         )
         batches = step_micro_batches(
             plan, g.micro_batch_tokens, self.pad_id, by_length=self.bucket_by_length

@@ -27,13 +27,17 @@ transcript and compares the tokens.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from protocol.trajectories import TranscriptMessage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 PLACEHOLDER = "ASYNCGRPO_MODEL_TURN_7f3a"
+TOOL_CALL_OPEN = "<tool_call>"
 Message = Mapping[str, Any]
 
 
@@ -96,3 +100,38 @@ def environment_segment(
     if model_ending and closing.startswith(model_ending):
         closing = closing[len(model_ending) :]
     return closing + r1[len(r0) :]
+
+
+def template_has_tool_format(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template takes `tools` and shows `<tool_call>` (Qwen2.5/Hermes); else
+    the fallback syntax (worker/environments/tools.py) is used."""
+    template = tokenizer.chat_template
+    return isinstance(template, str) and "tools" in template and TOOL_CALL_OPEN in template
+
+
+def function_schema(name: str, description: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI-style function schema chat templates take as `tools`."""
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": dict(parameters)},
+    }
+
+
+def tool_message(
+    name: str | None,
+    *,
+    result: str | None = None,
+    error: str | None = None,
+    template_format: bool,
+) -> TranscriptMessage:
+    """The transcript message of one tool call's outcome: a `tool` message for a template with
+    a tool format, else the fallback's `user` message with a `<tool_response>` block. Shared by
+    the worker (which writes it) and the learner (which re-derives it)."""
+    kind = "tool_error" if error is not None else "tool_result"
+    if template_format:
+        content = f"error: {error}" if error is not None else str(result)
+        return TranscriptMessage(role="tool", content=content, kind=kind, name=name)
+    body: dict[str, Any] = {"name": name}
+    body.update({"error": error} if error is not None else {"result": result})
+    content = f"<tool_response>\n{json.dumps(body)}\n</tool_response>"
+    return TranscriptMessage(role="user", content=content, kind=kind, name=name)

@@ -213,10 +213,14 @@ def completion_logprobs(
     pad_id: int,
     batch_size: int = 8,
     use_adapter: bool = True,
+    masks: Sequence[Sequence[int]] | None = None,
 ) -> list[list[float]]:
     """Log-probs of each completion token under `model` (no gradient), in micro-batches.
 
-    `model` may be a PEFT model; `use_adapter=False` scores with its adapter disabled.
+    `model` may be a PEFT model; `use_adapter=False` scores with its adapter disabled. With
+    `masks` (one per completion, aligned with its tokens), a completion is a trajectory's
+    tokens after its prompt, scored in one pass, and only the positions where its mask is 1
+    (the model's tokens) are returned.
     """
     result: list[list[float]] = []
     with torch.no_grad(), _adapter_state(model, use_adapter):
@@ -225,6 +229,12 @@ def completion_logprobs(
                 prompts[start : start + batch_size], completions[start : start + batch_size], pad_id
             )
             token = packed_logprobs(model, batch, temperature)  # (b, T)
-            for row, n in zip(token, batch.completion_mask.sum(-1).tolist(), strict=True):
-                result.append(row[: int(n)].tolist())
+            for k, (row, n) in enumerate(
+                zip(token, batch.completion_mask.sum(-1).tolist(), strict=True)
+            ):
+                values = row[: int(n)].tolist()
+                if masks is not None:
+                    mask = masks[start + k]
+                    values = [v for v, m in zip(values, mask, strict=True) if m]
+                result.append(values)
     return result

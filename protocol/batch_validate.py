@@ -94,7 +94,7 @@ def _check_finish(table: pa.Table, finish_reasons: Sequence[str]) -> None:
         raise RowError("finish_reason", f"finish reason {bad[:40]!r} not in {list(finish_reasons)}")
 
 
-def _check_groups(table: pa.Table, expect: BatchExpectations) -> np.ndarray:
+def check_groups(table: pa.Table, expect: BatchExpectations) -> np.ndarray:
     ids = _column(table, "prompt_row_id").to_numpy()
     gi = _column(table, "group_index").to_numpy()
     wanted = np.array(sorted(set(expect.prompt_row_ids)), dtype=np.int64)
@@ -144,6 +144,6 @@ def check_rows(
     _check_lengths(table, expect)
     _check_values(table, expect, eps)
     _check_finish(table, finish_reasons)
-    order = _check_groups(table, expect)
+    order = check_groups(table, expect)
     _check_prompts(table, expect, order)
     return CheckedRows(order=order)

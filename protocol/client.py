@@ -268,15 +268,19 @@ class AsyncGrpoClient:
         gpu_count: int = 1,
         price_per_hour: float = 0.0,
         models: list[str] | None = None,
+        environments: list[str] | None = None,
     ) -> dict[str, Any]:
-        """201 with the worker id and the worker token (shown once)."""
-        body = {
+        """201 with the worker id and the worker token (shown once). `environments`: what the
+        worker can run (None: single_turn only)."""
+        body: dict[str, Any] = {
             "name": name,
             "gpu_type": gpu_type,
             "gpu_count": gpu_count,
             "price_per_hour": price_per_hour,
             "models": models or [],
         }
+        if environments is not None:
+            body["environments"] = environments
         return dict(
             self._json("POST", "/api/v1/workers/register", json=body, token=registration_token)
         )
@@ -293,14 +297,22 @@ class AsyncGrpoClient:
         return lease
 
     def acquire_lease_and_versions(
-        self, *, models: list[str] | None = None, wait_s: float = 0.0, timeout_s: float = 30.0
+        self,
+        *,
+        models: list[str] | None = None,
+        wait_s: float = 0.0,
+        timeout_s: float = 30.0,
+        environments: list[str] | None = None,
     ) -> tuple[Lease | None, dict[uuid.UUID, int]]:
         """A lease (or None when nothing is admissible after the long-poll, if any), and the
         current version of every running run of the worker's base models (the answer's
         X-Asyncgrpo-Versions header, on the 200 and on the 204)."""
-        body = LeaseAcquireRequest(models=models, wait_s=wait_s)
+        body = LeaseAcquireRequest(models=models, wait_s=wait_s, environments=environments)
         response = self.request(
-            "POST", "/api/v1/leases/acquire", json=self._body(body), timeout_s=wait_s + timeout_s
+            "POST",
+            "/api/v1/leases/acquire",
+            json=_without_none(self._body(body), "environments"),  # a server before them
+            timeout_s=wait_s + timeout_s,
         )
         versions = parse_versions_header(response.headers.get(VERSIONS_HEADER))
         if response.status_code == 204:
@@ -327,7 +339,7 @@ class AsyncGrpoClient:
         model: type[T],
         lease: Lease,
         op: str,
-        body: BaseModel,
+        body: BaseModel | dict[str, Any],
         timeout_s: float | None = None,
     ) -> T:
         result = self._model(
@@ -369,11 +381,18 @@ class AsyncGrpoClient:
         return self._lease_call(CompleteResponse, lease, "complete", body)
 
     def release_lease(
-        self, lease: Lease, *, reason: ReleaseReason | None = None, timeout_s: float | None = None
+        self,
+        lease: Lease,
+        *,
+        reason: ReleaseReason | None = None,
+        timeout_s: float | None = None,
+        prompt_row_ids: list[int] | None = None,
     ) -> ReleaseResponse:
-        """Prompts back to the front of the queue now (e.g. a spot preemption notice)."""
-        body = ReleaseRequest(fencing=lease.fencing, reason=reason)
-        return self._lease_call(ReleaseResponse, lease, "release", body, timeout_s)
+        """Prompts back to the front of the queue now (e.g. a spot preemption notice);
+        `prompt_row_ids` with reason prompt_too_long: the rows that did not fit."""
+        body = ReleaseRequest(fencing=lease.fencing, reason=reason, prompt_row_ids=prompt_row_ids)
+        json = _without_none(self._body(body), "prompt_row_ids")
+        return self._lease_call(ReleaseResponse, lease, "release", json, timeout_s)
 
     # -- learner calls ---------------------------------------------------------------------------
 
@@ -477,3 +496,9 @@ class AsyncGrpoClient:
     def run_evals(self, run_id: str) -> dict[str, Any]:
         """Eval results per version (admin)."""
         return self._json("GET", f"/api/v1/runs/{run_id}/evals")  # type: ignore[no-any-return]
+
+
+def _without_none(body: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """The body without these optional fields when unset (servers from before them refuse
+    unknown fields)."""
+    return {k: v for k, v in body.items() if not (k in keys and v is None)}

@@ -13,8 +13,8 @@ listed in `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES`. Run validation checks the synt
 refuses standard-library modules; a run never makes a worker import code its operator did not
 allow.
 
-`EnvironmentConfig` is meant to become `RunConfig.environment` (default `EnvironmentConfig()`,
-i.e. `single_turn`), e.g. `{"name": "tool_calls", "tools": ["calculator"], "max_turns": 4,
+`EnvironmentConfig` is `RunConfig.environment` (default `EnvironmentConfig()`, i.e.
+`single_turn`), e.g. `{"name": "tool_calls", "tools": ["calculator"], "max_turns": 4,
 "max_total_tokens": 1024}`.
 """
 
@@ -30,8 +30,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
+from protocol.config_base import Rule, _fail, _Strict
 from protocol.rewards import MODULE_PATH
-from protocol.run_config import Rule, _fail, _Strict
 from protocol.schemas import KIB, free_json
 
 ENTRY_POINT_GROUP = "asyncgrpo.environments"
@@ -119,6 +119,11 @@ class EnvironmentConfig(_Strict):
         5.0,
         description="Wall-clock limit of one tool call, in seconds; a tool that runs longer is "
         "killed and the trajectory ends with the stop reason tool_timeout.",
+    )
+    requires_trusted_worker: bool = Field(
+        False,
+        description="Lease only to workers an admin has marked trusted: for an environment "
+        "whose rubric needs the answers on the worker.",
     )
     kwargs: Annotated[dict[str, Any], AfterValidator(free_json(16 * KIB))] = Field(
         default_factory=dict,
@@ -232,3 +237,19 @@ class EnvironmentAllowlist:
 
 
 BUILTINS_ONLY = EnvironmentAllowlist()
+
+
+def declared_allows(declared: Iterable[str], name: str) -> bool:
+    """Whether a worker that declared `declared` (EnvironmentAllowlist.names()) can run the
+    environment `name`: named as such, or `module:Class` of a module it declared `module:*`."""
+    names = set(declared)
+    if name in names:
+        return True
+    module = name.partition(":")[0]
+    return bool(_USER_REF.match(name)) and f"{module}:{ANY_CLASS}" in names
+
+
+def worker_can_run(env: EnvironmentConfig, declared: Iterable[str], trusted: bool) -> bool:
+    """The grant rule: the worker declared the run's environment, and is trusted when the
+    environment requires it."""
+    return declared_allows(declared, env.name) and (trusted or not env.requires_trusted_worker)

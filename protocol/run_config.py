@@ -12,23 +12,22 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails
 
 from protocol import datasets, rewards
+from protocol.config_base import Rule, _fail, _Strict
+from protocol.environments import SINGLE_TURN, EnvironmentConfig
 from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
 
 MAX_NEW_TOKENS = 8192
@@ -43,11 +42,6 @@ MAX_LEARNER_PRICE_PER_HOUR = 10_000.0  # USD; far above any GPU box, far below f
 _SAMPLED = "behaviour log-probs must describe the distribution actually sampled"
 
 
-def _fail(message: str) -> PydanticCustomError:
-    return PydanticCustomError("config_rule", message)
-
-
-Rule = tuple[Callable[[Any], bool], str]
 # torch.manual_seed and random.seed take it: a non-negative signed 64-bit integer.
 SEED_RULE: Rule = (lambda n: 0 <= n <= BIGINT_MAX, f"must be between 0 and {BIGINT_MAX:,}")
 
@@ -56,21 +50,6 @@ SEED_RULE: Rule = (lambda n: 0 <= n <= BIGINT_MAX, f"must be between 0 and {BIGI
 MAX_GROUP_SIZE = 1024
 # Run.groups_in_flight is an INTEGER column compared with the admission bound.
 MAX_ADMISSION_BOUND = INT_MAX
-
-
-class _Strict(BaseModel):
-    """Refuses unknown fields, NaN and infinities; applies the class's RULES to each field."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True)
-    RULES: ClassVar[dict[str, Rule]] = {}
-
-    @field_validator("*")
-    @classmethod
-    def _apply_rule(cls, value: Any, info: ValidationInfo) -> Any:
-        rule = cls.RULES.get(info.field_name or "")
-        if rule is not None and value is not None and not rule[0](value):
-            raise _fail(f"{info.field_name} {rule[1]} (got {value!r})")
-        return value
 
 
 class RewardSpec(_Strict):
@@ -610,6 +589,11 @@ class RunConfig(_Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter.")
     grpo: GrpoConfig = Field(default_factory=GrpoConfig, description="GRPO and loss options.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig,
+        description="The environment a trajectory comes from (default single_turn: one "
+        "completion per prompt); workers that cannot run it are not leased the run's prompts.",
+    )
     group_size: int = Field(8, description="G: completions per prompt (≥ 2).")
     prompts_per_lease: int = Field(2, description="Prompts in one worker lease.")
     prompts_per_step: int = Field(
@@ -680,6 +664,26 @@ class RunConfig(_Strict):
                 f"an optimizer step takes whole leases (got {n})"
             )
         return n
+
+    @field_validator("environment")
+    @classmethod
+    def _environment_fits_sampling(
+        cls, env: EnvironmentConfig, info: ValidationInfo
+    ) -> EnvironmentConfig:
+        sampling = info.data.get("sampling")
+        total = env.max_total_tokens
+        if sampling is not None and total is not None and sampling.max_new_tokens >= total:
+            raise _fail(
+                f"environment.max_total_tokens ({total}) must be above sampling.max_new_tokens "
+                f"({sampling.max_new_tokens}): a trajectory holds the prompt and at least one "
+                "model turn"
+            )
+        return env
+
+    @property
+    def multi_turn(self) -> bool:
+        """Trajectories (batch format 2) rather than single completions (format 1)."""
+        return self.environment.name != SINGLE_TURN
 
     @field_validator("epochs")
     @classmethod

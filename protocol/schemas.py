@@ -104,6 +104,21 @@ ModelName = Annotated[
 ]
 
 
+MAX_DECLARED_ENVIRONMENTS = 64
+# What a worker can run, as EnvironmentAllowlist.names() writes it: a built-in, an entry-point
+# name or `module:*` (protocol/environments.py).
+EnvironmentName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=300,
+        pattern=r"^[A-Za-z0-9_.\-]+(:[A-Za-z_*][A-Za-z0-9_]*)?$",
+        description="An environment the worker can run: a built-in, an entry-point name or "
+        "'module:*' (any class of an allowed module).",
+    ),
+]
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -125,6 +140,13 @@ class LeaseAcquireRequest(_Request):
         ge=0,
         le=600,
         description="Long-poll: wait up to this many seconds (capped by the server) for work.",
+    )
+    environments: list[EnvironmentName] | None = Field(
+        None,
+        max_length=MAX_DECLARED_ENVIRONMENTS,
+        description="The environments this worker can run now (replacing what it declared "
+        "before); None: what it declared at registration (a worker that never declared any: "
+        "single_turn).",
     )
 
 
@@ -186,6 +208,10 @@ class Lease(BaseModel):
     ttl_s: float = Field(description="The lease expires this long after the last heartbeat.")
     heartbeat_interval_s: float = Field(description="Heartbeat at least this often.")
     batch_key: str = Field(description="The one bucket key this lease's batch goes to.")
+    environment: dict[str, Any] | None = Field(
+        None,
+        description="The run's environment (RunConfig.environment as JSON); None: single_turn.",
+    )
 
 
 # Every acquire answer (200 and 204) carries the current version of each running run of the
@@ -326,8 +352,15 @@ class CompleteResponse(BaseModel):
 # Why a worker gives a lease back. Only an engine fault counts an attempt on the prompts (a
 # prompt that kills engines every time is dropped after max_attempts); the others are the
 # worker's own business (docs/architecture.md, "Units of work": the queue).
-ReleaseReason = Literal["shutdown", "unservable", "adapter_invalid", "engine_fault"]
-ATTEMPT_COUNTING_RELEASES = frozenset({"engine_fault"})
+ReleaseReason = Literal[
+    "shutdown",
+    "unservable",
+    "adapter_invalid",
+    "engine_fault",
+    "prompt_too_long",
+    "environment_error",
+]
+ATTEMPT_COUNTING_RELEASES = frozenset({"engine_fault", "prompt_too_long", "environment_error"})
 
 
 class ReleaseRequest(FencedRequest):
@@ -335,9 +368,18 @@ class ReleaseRequest(FencedRequest):
 
     reason: ReleaseReason | None = Field(
         None,
-        description="Why: shutdown (preemption), unservable (model or tokenizer not served), "
-        "adapter_invalid, or engine_fault (the engine died generating it: counts an attempt on "
-        "its prompts). Omitted: a plain release.",
+        description="Why: shutdown (preemption), unservable (model, tokenizer or environment "
+        "not served), adapter_invalid, engine_fault (the engine died generating it: counts an "
+        "attempt on its prompts) or prompt_too_long (a prompt leaves no room for a model turn "
+        "within environment.max_total_tokens: counts an attempt on the rows in prompt_row_ids, "
+        "or on all its prompts when none are named) or environment_error (the run's environment "
+        "failed rolling it out: counts an attempt on its prompts). Omitted: a plain release.",
+    )
+    prompt_row_ids: list[Annotated[int, Field(ge=0, le=BIGINT_MAX)]] | None = Field(
+        None,
+        max_length=10_000,
+        description="With prompt_too_long: the lease's prompt rows that did not fit (only they "
+        "count an attempt; the others go back unpunished).",
     )
 
 

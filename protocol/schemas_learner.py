@@ -176,7 +176,9 @@ class ClaimResponse(_Response):
     stale_rejected: int = Field(0, description="Batches rejected as stale during this claim.")
 
 
-RejectReason = Literal["checksum", "invalid", "prompt_mismatch", "spot_check", "reward_error"]
+RejectReason = Literal[
+    "checksum", "invalid", "prompt_mismatch", "spot_check", "reward_error", "env_mismatch"
+]
 
 
 class FailRequest(FencedRequest):

@@ -110,12 +110,15 @@ class TrajectoryError(ValueError):
     """A trajectory that breaks a format rule; the message says which."""
 
 
-def validate_trajectory(t: Trajectory, max_total_tokens: int | None = None) -> None:
-    """Check lengths, spans, mask, log-prob alignment and counts; TrajectoryError if broken."""
+def validate_trajectory(
+    t: Trajectory, max_total_tokens: int | None = None, *, scored_only: bool = False
+) -> None:
+    """Check lengths, spans, mask, log-prob alignment and counts; TrajectoryError if broken.
+    `scored_only` (an eval trajectory, never trained on): log-probs must be None everywhere."""
     n = len(t.token_ids)
     _check_lengths(t, n, max_total_tokens)
     _check_spans(t, n)
-    _check_mask_and_logprobs(t)
+    _check_mask_and_logprobs(t, scored_only)
     _check_transcript(t)
 
 
@@ -152,7 +155,9 @@ def _check_spans(t: Trajectory, n: int) -> None:
         raise TrajectoryError("a trajectory needs at least one model span")
 
 
-def _check_mask_and_logprobs(t: Trajectory) -> None:
+def _check_mask_and_logprobs(t: Trajectory, scored_only: bool = False) -> None:
+    if scored_only and any(lp is not None for lp in t.logprobs):
+        raise TrajectoryError("an eval trajectory carries no behaviour log-probs")
     for span in t.spans:
         want = 1 if span.kind == "model" else 0
         for i in range(span.start, span.end):
@@ -161,6 +166,8 @@ def _check_mask_and_logprobs(t: Trajectory) -> None:
                     f"loss_mask[{i}] is {t.loss_mask[i]} in a {span.kind} span (must be {want})"
                 )
             lp = t.logprobs[i]
+            if scored_only:
+                continue
             if want and (lp is None or not math.isfinite(lp) or lp > 0):
                 raise TrajectoryError(f"logprobs[{i}] must be a finite log-prob <= 0 (got {lp})")
             if not want and lp is not None:

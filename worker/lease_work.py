@@ -1,6 +1,10 @@
 """One held lease, in its own thread: adapter ready → generate (on the shared engine, beside the
 other held leases) → write the batch → upload → complete. Never raises for a lost lease: every
-way a lease can end is an `Outcome` in its `LeaseRecord`."""
+way a lease can end is an `Outcome` in its `LeaseRecord`.
+
+A single_turn run's lease is generated in one `Backend.generate` call and written as a format 1
+batch (as before environments); any other environment's lease is rolled out by
+worker/rollouts.py and written as a format 2 (trajectory) batch."""
 
 from __future__ import annotations
 
@@ -12,12 +16,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
 from protocol.adapters import AdapterMismatch
-from protocol.batches import BatchFileInfo, BatchMetadata, RolloutSample, write_batch
+from protocol.batches import (
+    BatchFileInfo,
+    BatchMetadata,
+    RolloutSample,
+    write_batch,
+    write_trajectory_batch,
+)
 from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
 from protocol.schemas import BatchManifest, Lease, ReleaseReason
 from protocol.storage import ObjectExists, PresignedPut
@@ -25,9 +35,17 @@ from protocol.transfer import ChecksumMismatch, upload_presigned
 from worker.backends.base import Backend, Completion, EngineFault, GenerationCancelled, SamplingSpec
 from worker.config import WorkerSettings
 from worker.engine import EngineGuard
+from worker.environments.base import EnvironmentSetupError
 from worker.held import HeldLease
 from worker.prompts import PromptEncoder
 from worker.retry import LOST, LeaseLost, retry
+from worker.rollouts import (
+    EnvironmentRollouts,
+    PromptsTooLong,
+    RolloutFailed,
+    environment_of,
+    is_multi_turn,
+)
 from worker.versions import AdapterLoads
 
 log = logging.getLogger(__name__)
@@ -71,6 +89,7 @@ class LeaseWork:
     guard: EngineGuard
     stop: threading.Event
     generated: Callable[[HeldLease], None]  # the lease's sequences have left the engine
+    rollouts: EnvironmentRollouts | None = None  # multi-turn leases (None: single_turn only)
 
     def _retry(self, what: str, call: Callable[[], T], held: HeldLease | None = None) -> T:
         cancel = held.cancel if held is not None else None
@@ -82,14 +101,22 @@ class LeaseWork:
         log.info("releasing lease %s: %s", held.lease_id, reason)
         return Outcome.released if self.release(held, reason) else Outcome.stopped
 
-    def release(self, held: HeldLease, reason: ReleaseReason, timeout_s: float = 3.0) -> bool:
+    def release(
+        self,
+        held: HeldLease,
+        reason: ReleaseReason,
+        timeout_s: float = 3.0,
+        prompt_row_ids: list[int] | None = None,
+    ) -> bool:
         """Release once (fenced); True when the server took the prompts back."""
         with held.release_lock:
             if held.released:
                 return True
             client = self.new_client(max_retries=1)
             try:
-                client.release_lease(held.lease, reason=reason, timeout_s=timeout_s)
+                client.release_lease(
+                    held.lease, reason=reason, timeout_s=timeout_s, prompt_row_ids=prompt_row_ids
+                )
             except LOST:
                 return False  # already ended (expired, aborted, completed)
             except (ApiError, httpx.HTTPError) as exc:
@@ -115,6 +142,18 @@ class LeaseWork:
             )
             record.outcome = self.give_back(held, "adapter_invalid")
             record.reason = f"adapter_invalid: {exc}"
+        except EnvironmentSetupError as exc:
+            log.error("lease %s: cannot run its environment here: %s", lease.lease_id, exc)
+            record.outcome = self.give_back(held, "unservable")
+            record.reason = f"unservable: {exc}"
+        except RolloutFailed as exc:
+            record.outcome = self.give_back(held, "environment_error")
+            record.reason = f"environment_error: {exc}"
+        except PromptsTooLong as exc:
+            log.warning("lease %s: %s", lease.lease_id, exc)
+            released = self.release(held, "prompt_too_long", prompt_row_ids=exc.prompt_row_ids)
+            record.outcome = Outcome.released if released else Outcome.stopped
+            record.reason = f"prompt_too_long: {exc}"
         except (GenerationCancelled, LeaseLost, ConflictError, NotFoundError) as exc:
             record.reason = held.lost_reason or type(exc).__name__
             if self.stop.is_set() and held.lost_reason is None:
@@ -147,6 +186,8 @@ class LeaseWork:
         record.adapter_wait_s = time.monotonic() - started
         if held.cancel.is_set():
             raise GenerationCancelled()
+        if is_multi_turn(lease):
+            return self._produce_trajectories(held, record, handle, started)
         prompts = self.encoder.encode(lease.prompts, lease.system_prompt)
         sampling = SamplingSpec(
             temperature=float(lease.sampling.get("temperature", 1.0)),
@@ -175,10 +216,40 @@ class LeaseWork:
             path.unlink(missing_ok=True)
         return None
 
-    def _write(
-        self, lease: Lease, prompts: list[list[int]], completions: list[Completion]
-    ) -> tuple[Path, BatchFileInfo]:
-        metadata = BatchMetadata(
+    def _produce_trajectories(
+        self, held: HeldLease, record: LeaseRecord, handle: Any, started: float
+    ) -> tuple[int, EngineFault] | None:
+        """The environment's rollouts of every prompt × G, written as a format 2 batch."""
+        lease = held.lease
+        if self.rollouts is None:
+            raise EnvironmentSetupError("this worker runs single_turn leases only")
+        log.info("lease %s rolling out %s with run=%s v%d", lease.lease_id,
+                 environment_of(lease).name, lease.run_id, lease.adapter_version)  # fmt: skip
+        try:
+            with self.guard.generating() as epoch:
+                try:
+                    samples = self.rollouts.rollout(lease, handle, held.cancel)
+                except EngineFault as exc:
+                    return epoch, exc
+        finally:
+            self.generated(held)
+        record.generation_seconds = time.monotonic() - started
+        if held.cancel.is_set():
+            raise GenerationCancelled()
+        path = self._path(lease)
+        info = write_trajectory_batch(path, self._metadata(lease, trajectories=True), samples)
+        try:
+            self._upload_and_complete(held, path, info, record)
+        finally:
+            path.unlink(missing_ok=True)
+        return None
+
+    def _path(self, lease: Lease) -> Path:
+        return self.settings.work_dir / f"{lease.lease_id}-{lease.fencing}.parquet"
+
+    def _metadata(self, lease: Lease, *, trajectories: bool = False) -> BatchMetadata:
+        return BatchMetadata(
+            format_version=2 if trajectories else 1,
             run_id=str(lease.run_id),
             lease_id=str(lease.lease_id),
             fencing=lease.fencing,
@@ -188,7 +259,13 @@ class LeaseWork:
             tokenizer_fingerprint=self.fingerprint,
             sampling=dict(lease.sampling),
             kind=lease.kind,
+            environment=environment_of(lease).model_dump(mode="json") if trajectories else None,
         )
+
+    def _write(
+        self, lease: Lease, prompts: list[list[int]], completions: list[Completion]
+    ) -> tuple[Path, BatchFileInfo]:
+        metadata = self._metadata(lease)
         # an eval batch is only scored: it carries no behaviour log-probs
         samples = [
             RolloutSample(
@@ -201,7 +278,7 @@ class LeaseWork:
             )
             for c in completions
         ]
-        path = self.settings.work_dir / f"{lease.lease_id}-{lease.fencing}.parquet"
+        path = self._path(lease)
         return path, write_batch(path, metadata, samples)
 
     def _upload_and_complete(

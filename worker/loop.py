@@ -21,17 +21,20 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from protocol.client import AsyncGrpoClient
+from protocol.environments import EnvironmentAllowlist
 from protocol.schemas import Lease, ReleaseReason
 from worker import credentials
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, EngineFault
 from worker.config import WorkerSettings
 from worker.engine import EngineFailing, EngineGuard, FaultWindow
+from worker.environments.base import EnvironmentSetupError
 from worker.heartbeat import HeartbeatPump
 from worker.held import HeldLease, HeldLeases
 from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
 from worker.retry import Backoff, Stopping, retry, sleep_unless_stopped
+from worker.rollouts import EnvironmentRollouts, environment_of, is_multi_turn
 from worker.versions import AdapterLoads, VersionFeed
 
 __all__ = ["EngineFailing", "LeaseRecord", "Outcome", "WorkerLoop"]
@@ -74,6 +77,12 @@ class WorkerLoop:
         self._faults = FaultWindow(settings.engine_fault_limit, settings.engine_fault_window_s)
         self.guard = EngineGuard(self._restart_engine)
         self.work: LeaseWork | None = None
+        # What this worker can run (declared at registration and with every acquire).
+        self.allowed = EnvironmentAllowlist.discover(settings.environment_modules)
+        self.environments = self.allowed.names()
+        self.rollouts = EnvironmentRollouts(
+            backend, allowed=self.allowed, tool_memory_mb=settings.tool_memory_mb
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -122,6 +131,7 @@ class WorkerLoop:
                 self.feed.stop()
                 self.feed.client.close()
             self.loads.close()
+            self.rollouts.close()
             if self.client is not None:
                 self.client.close()
         if self._fatal is not None:
@@ -163,6 +173,7 @@ class WorkerLoop:
                         gpu_count=s.gpu_count,
                         price_per_hour=s.price_per_hour,
                         models=[s.model],
+                        environments=self.environments,
                     ),
                 )
             finally:
@@ -183,6 +194,7 @@ class WorkerLoop:
             guard=self.guard,
             stop=self.stop_event,
             generated=self.held.generated,
+            rollouts=self.rollouts,
         )
 
     # -- polling --------------------------------------------------------------------------------
@@ -202,7 +214,10 @@ class WorkerLoop:
             lease, versions = self._retry(
                 "acquire",
                 lambda: client.acquire_lease_and_versions(
-                    models=[s.model], wait_s=s.acquire_wait_s, timeout_s=s.http_timeout_s
+                    models=[s.model],
+                    wait_s=s.acquire_wait_s,
+                    timeout_s=s.http_timeout_s,
+                    environments=self.environments,
                 ),
             )
             if self.feed is not None:
@@ -277,6 +292,11 @@ class WorkerLoop:
             return f"base model {lease.base_model!r} is not served here"
         if lease.tokenizer_fingerprint not in (None, self.fingerprint):
             return "tokenizer fingerprint mismatch"
+        if is_multi_turn(lease):
+            try:
+                self.rollouts.environment(environment_of(lease))
+            except (EnvironmentSetupError, ValueError) as exc:
+                return f"environment: {exc}"
         return None
 
     def _restart_engine(self, why: str) -> None:

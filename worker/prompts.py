@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from protocol.schemas import LeasePrompt
 
 
-def _plain(prompt: Any) -> str | list[dict[str, str]]:
+def plain_prompt(prompt: Any) -> str | list[dict[str, str]]:
+    """A lease prompt as lm.chat takes it: text, or messages as dicts."""
     if isinstance(prompt, str):
         return prompt
     return [m if isinstance(m, dict) else m.model_dump() for m in prompt]
@@ -28,7 +29,8 @@ class PromptEncoder:
         from lm.chat import encode_prompt
 
         return [
-            list(encode_prompt(self.tokenizer, _plain(p.prompt), system_prompt)) for p in prompts
+            list(encode_prompt(self.tokenizer, plain_prompt(p.prompt), system_prompt))
+            for p in prompts
         ]
 
     def fingerprint(self) -> str:

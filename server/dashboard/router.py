@@ -368,6 +368,29 @@ def revoke_worker(
     return render(request, "components/_workers_table.html", **_workers_context(request, session))
 
 
+@router.post("/workers/{worker_id}/trust", response_class=HTMLResponse)
+def trust_worker(
+    request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+) -> Response:
+    return _mark_trusted(request, worker_id, session, True)
+
+
+@router.post("/workers/{worker_id}/untrust", response_class=HTMLResponse)
+def untrust_worker(
+    request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+) -> Response:
+    return _mark_trusted(request, worker_id, session, False)
+
+
+def _mark_trusted(
+    request: Request, worker_id: uuid.UUID, session: Session, trusted: bool
+) -> Response:
+    workers.set_trusted(session, worker_id, trusted, _silent_s(request))
+    if not request.headers.get("HX-Request"):
+        return RedirectResponse("/workers", status_code=303)
+    return render(request, "components/_workers_table.html", **_workers_context(request, session))
+
+
 @router.post("/workers/registration-tokens", response_class=HTMLResponse)
 def create_registration_token(
     request: Request,

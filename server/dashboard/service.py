@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from protocol.environments import worker_can_run
 from protocol.run_config import RunConfig
 from server.adapters import service as adapters
 from server.dashboard import repository as repo
@@ -26,6 +27,7 @@ from server.models import Run
 from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.waste import stale_waste_series
+from server.workers import repository as workers_repo
 from server.workers.liveness import worker_state
 
 DRIFT_KINDS = ("stale_waste", "clip_fraction")
@@ -138,7 +140,22 @@ def run_live(session: Session, run_id: uuid.UUID, silent_s: float) -> dict[str, 
             for row in repo.live_leases(session, run_id, LIVE_LEASES_SHOWN)
         ],
         "events": repo.events(session, run_id, EVENTS_SHOWN),
+        "environment_workers": environment_workers(session, run, now, silent_s),
     }
+
+
+def environment_workers(session: Session, run: Run, now: Any, silent_s: float) -> tuple[int, int]:
+    """(online workers of the run's base model that can run its environment, online workers
+    of its base model): a run whose environment no online worker declared waits."""
+    config = runs.get_config(run)
+    serving = [
+        w
+        for w in workers_repo.list_all(session)
+        if run.base_model in (w.models or [])
+        and worker_state(w.status, w.last_seen_at, now, silent_s) == "online"
+    ]
+    able = [w for w in serving if worker_can_run(config.environment, w.environments, w.trusted)]
+    return len(able), len(serving)
 
 
 # -- chart data ------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ AFTER_ACCEPTANCE = frozenset(
         "prompt_mismatch",
         "spot_check",
         "reward_error",
+        "env_mismatch",
         "run_completed",
     }
 )

@@ -34,10 +34,11 @@ _AUTHENTICATED = """
 # try waiting_since is set exactly when it granted nothing, as on the portable path.
 _SEEN_FOR_ACQUIRE = f"""
 UPDATE workers w SET last_seen_at = clock_timestamp(),
-                     waiting_since = coalesce(w.waiting_since, clock_timestamp())
+                     waiting_since = coalesce(w.waiting_since, clock_timestamp()),
+                     environments = coalesce(%(environments)s, w.environments)
 FROM tokens t
 WHERE {_AUTHENTICATED} AND w.models @> %(asked)s
-RETURNING w.id AS worker_id,
+RETURNING w.id AS worker_id, w.environments, w.trusted,
     EXISTS (SELECT 1 FROM leases
             WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
     (SELECT coalesce(json_agg(json_build_object('id', r.id, 'base_model', r.base_model,
@@ -131,12 +132,21 @@ async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Any:
     return await cursor.fetchone()
 
 
-async def seen_for_acquire(conn: Conn, digest: str, asked: list[str] | None) -> Any:
-    """Mark the authenticated active worker seen (and waiting); its id, whether any lease has
-    expired, and the running runs of its base models, fairest first ([{id, base_model,
-    current_version, groups_in_flight}]). None: not a live token of an active worker, or one
-    that asked for a model it did not register (the portable path refuses that)."""
-    return await _one(conn, _SEEN_FOR_ACQUIRE, {"digest": digest, "asked": Jsonb(asked or [])})
+async def seen_for_acquire(
+    conn: Conn, digest: str, asked: list[str] | None, environments: list[str] | None = None
+) -> Any:
+    """Mark the authenticated active worker seen (and waiting), storing the environments it
+    declares now (None: keep them); its id, the environments it can run, whether it is
+    trusted, whether any lease has expired, and the running runs of its base models, fairest
+    first ([{id, base_model, current_version, groups_in_flight}]). None: not a live token of
+    an active worker, or one that asked for a model it did not register (the portable path
+    refuses that)."""
+    params = {
+        "digest": digest,
+        "asked": Jsonb(asked or []),
+        "environments": None if environments is None else Jsonb(environments),
+    }
+    return await _one(conn, _SEEN_FOR_ACQUIRE, params)
 
 
 async def grant(conn: Conn, params: dict[str, Any]) -> Granted | None:

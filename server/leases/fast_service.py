@@ -22,6 +22,7 @@ from anyio import to_thread
 from psycopg_pool import AsyncConnectionPool
 
 from protocol import layout
+from protocol.environments import worker_can_run
 from protocol.schemas import (
     CompleteRequest,
     CompleteResponse,
@@ -81,14 +82,14 @@ async def acquire(
     """One try: a grant from the fairest admissible run (or none), with the current versions
     of the worker's runs."""
     async with pool.connection() as conn:
-        found = await fast_repo.seen_for_acquire(conn, digest, body.models)
+        found = await fast_repo.seen_for_acquire(conn, digest, body.models, body.environments)
         if found is None or found.any_expired:
             raise Fallback
         versions = {uuid.UUID(run["id"]): int(run["current_version"]) for run in found.runs}
         for run in found.runs:
             if body.models is not None and run["base_model"] not in body.models:
                 continue
-            lease = await _grant(conn, store, settings, run, found.worker_id)
+            lease = await _grant(conn, store, settings, run, found)
             if lease is not None:
                 return service.Acquired(lease, versions)
     return service.Acquired(None, versions)
@@ -99,11 +100,16 @@ async def _grant(
     store: ObjectStore,
     settings: Settings,
     run: dict[str, Any],
-    worker_id: uuid.UUID,
+    found: Any,
 ) -> Lease | None:
     run_id = uuid.UUID(run["id"])
+    worker_id = found.worker_id
     config = runs.cached_config(run_id)
-    if config is None or config.eval is not None:
+    if config is None:
+        raise Fallback
+    if not worker_can_run(config.environment, found.environments, found.trusted):
+        return None  # the run waits for a worker that can run its environment
+    if config.eval is not None:
         raise Fallback  # eval's grant policy is on the portable path (server/evals/service.py)
     cap = await fair_share.cap_async(
         conn,

@@ -149,11 +149,19 @@ def accept_rows(session: Session, row_ids: list[int], batch_id: uuid.UUID) -> No
 
 
 def touch_worker(
-    session: Session, worker_id: uuid.UUID, *, waiting: bool | None = None, **counters: int
+    session: Session,
+    worker_id: uuid.UUID,
+    *,
+    waiting: bool | None = None,
+    environments: list[str] | None = None,
+    **counters: int,
 ) -> None:
     """Mark the worker seen, add to its counters; `waiting` (an acquire try): whether it was
-    granted nothing, which starts (or keeps) its waiting_since, or a lease, which clears it."""
+    granted nothing, which starts (or keeps) its waiting_since, or a lease, which clears it;
+    `environments`: what it declares now."""
     values: dict[str, Any] = {"last_seen_at": db_now()}
+    if environments is not None:
+        values["environments"] = environments
     if waiting is not None:
         values["waiting_since"] = func.coalesce(Worker.waiting_since, db_now()) if waiting else None
     for name, delta in counters.items():

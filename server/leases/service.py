@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from protocol import layout
+from protocol.environments import SINGLE_TURN, worker_can_run
 from protocol.run_config import RunConfig
 from protocol.schemas import (
     ATTEMPT_COUNTING_RELEASES,
@@ -90,18 +91,30 @@ def acquire(
     served = list(worker.models or [])
     _refuse_unregistered_models(served, body.models)
     models = served if body.models is None else [m for m in body.models if m in served]
+    declared = declared_environments(worker.environments, body.environments)
     candidates = repo.candidate_runs(session, served)
     lease = None
     for run in candidates:
         if run.base_model not in models:
             continue
+        config = runs.config_of(session, run.id)
+        if not worker_can_run(config.environment, declared, worker.trusted):
+            continue  # the run waits for a worker that can run its environment
         lease = _grant(session, store, settings, run, worker.id)
         if lease is not None:
             break
     # Lock order everywhere: lease -> prompt rows -> run -> worker (the worker row last), so
     # an acquire and a sweep or fenced call never wait on each other in a cycle.
-    repo.touch_worker(session, worker.id, waiting=lease is None)
+    repo.touch_worker(session, worker.id, waiting=lease is None, environments=body.environments)
     return Acquired(lease, {run.id: run.current_version for run in candidates})
+
+
+def declared_environments(stored: list[str] | None, asked: list[str] | None) -> list[str]:
+    """What the worker can run for this try: what it declares now, else what it declared
+    before (a worker that never declared any: single_turn)."""
+    if asked is not None:
+        return asked
+    return list(stored) if stored is not None else [SINGLE_TURN]
 
 
 def _refuse_unregistered_models(served: list[str], asked: list[str] | None) -> None:
@@ -208,6 +221,7 @@ def _grant_eval(
         ttl_s=config.lease_ttl_s,
         heartbeat_interval_s=config.heartbeat_interval_s,
         batch_key=layout.batch_key(run.id, lease_id, granted.fencing),
+        environment=config.environment.model_dump(mode="json"),
     )
 
 
@@ -278,6 +292,7 @@ def lease_response(
         ttl_s=config.lease_ttl_s,
         heartbeat_interval_s=config.heartbeat_interval_s,
         batch_key=layout.batch_key(run_id, lease_id, granted.fencing),
+        environment=config.environment.model_dump(mode="json"),
     )
 
 
@@ -580,6 +595,10 @@ def release(
         repo.touch_worker(session, worker.id)
         return ReleaseResponse(released=released)
     rows = repo.leased_rows(session, lease_id)
-    result = queue.requeue(session, lease.run_id, rows, reason, count_attempt=counted)
+    named = set(body.prompt_row_ids or ()) if reason == "prompt_too_long" else set()
+    guilty = [r for r in rows if r in named] if named else rows
+    innocent = [r for r in rows if r not in guilty]
+    result = queue.requeue(session, lease.run_id, guilty, reason, count_attempt=counted)
+    back = queue.requeue(session, lease.run_id, innocent, reason, count_attempt=False)
     repo.touch_worker(session, worker.id)
-    return ReleaseResponse(released=len(result.requeued))
+    return ReleaseResponse(released=len(result.requeued) + len(back.requeued))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Uuid
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Uuid, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from server.db_types import JSONType, UTCDateTime
@@ -19,6 +19,13 @@ class Worker(UUIDPk, CreatedAt, Base):
     price_per_hour: Mapped[float] = mapped_column(Float, default=0.0)
     price_override: Mapped[float | None] = mapped_column(Float)
     models: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    # What the worker declared it can run (EnvironmentAllowlist.names(): built-ins, entry-point
+    # names, `module:*`); a worker that declares nothing runs single_turn only.
+    environments: Mapped[list[str]] = mapped_column(
+        JSONType, default=lambda: ["single_turn"], server_default='["single_turn"]'
+    )
+    # An admin's mark: grants of runs whose environment requires a trusted worker go only here.
+    trusted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     status: Mapped[str] = mapped_column(String(16), default="active", index=True)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Set by an acquire try that granted nothing, cleared by a grant: the worker is waiting

@@ -36,6 +36,13 @@ def set_status(session: Session, worker_id: uuid.UUID, status: str, reason: str 
     return result.first() is not None
 
 
+def set_trusted(session: Session, worker_id: uuid.UUID, trusted: bool) -> bool:
+    result = session.execute(
+        update(Worker).where(Worker.id == worker_id).values(trusted=trusted).returning(Worker.id)
+    )
+    return result.first() is not None
+
+
 def price_table(session: Session) -> dict[str, float]:
     return {p.gpu_type: p.price_per_hour for p in session.execute(select(GpuPrice)).scalars()}
 

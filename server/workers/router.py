@@ -26,6 +26,23 @@ def list_workers(session: SessionDep, settings: SettingsDep, _admin: AdminDep) -
     return service.list_workers(session, settings.jobs.worker_silent_s)
 
 
+@router.post("/{worker_id}/trust", response_model=WorkerOut)
+def trust(
+    worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+) -> WorkerOut:
+    """Mark the worker trusted: it may get leases of runs whose environment
+    requires_trusted_worker (their rubric needs the answers on the worker)."""
+    return service.set_trusted(session, worker_id, True, settings.jobs.worker_silent_s)
+
+
+@router.post("/{worker_id}/untrust", response_model=WorkerOut)
+def untrust(
+    worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+) -> WorkerOut:
+    """Take the trusted mark away: no new leases of such runs (leases held run on)."""
+    return service.set_trusted(session, worker_id, False, settings.jobs.worker_silent_s)
+
+
 @router.post("/{worker_id}/revoke", response_model=WorkerOut)
 def revoke(
     worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep

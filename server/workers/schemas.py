@@ -5,7 +5,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.schemas import MAX_WORKER_MODELS, ModelName
+from protocol.schemas import (
+    MAX_DECLARED_ENVIRONMENTS,
+    MAX_WORKER_MODELS,
+    EnvironmentName,
+    ModelName,
+)
 from server.workers.liveness import WorkerState
 
 
@@ -20,6 +25,12 @@ class WorkerRegister(BaseModel):
         default_factory=list,
         max_length=MAX_WORKER_MODELS,
         description=f"Base models this worker serves (at most {MAX_WORKER_MODELS}).",
+    )
+    environments: list[EnvironmentName] = Field(
+        default_factory=lambda: ["single_turn"],
+        max_length=MAX_DECLARED_ENVIRONMENTS,
+        description="Environments this worker can run (EnvironmentAllowlist.names()); a worker "
+        "that sends none runs single_turn only.",
     )
 
 
@@ -38,6 +49,11 @@ class WorkerOut(BaseModel):
     price_per_hour: float
     effective_price_per_hour: float
     models: list[str]
+    environments: list[str] = Field(description="The environments the worker declared.")
+    trusted: bool = Field(
+        description="An admin's mark: only trusted workers get leases of runs whose "
+        "environment requires_trusted_worker."
+    )
     status: str = Field(
         description="Stored status: active, quarantined or revoked (an admin's or a spot check's "
         "decision; a worker that stopped calling stays active here, see `state`)."

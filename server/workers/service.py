@@ -23,6 +23,7 @@ def register(session: Session, registration: Token, body: WorkerRegister) -> tup
         gpu_count=body.gpu_count,
         price_per_hour=body.price_per_hour,
         models=body.models,
+        environments=body.environments,
         registration_token_id=registration.id,
     )
     minted = tokens.mint(session, "worker", name=body.name, scope_id=worker.id)
@@ -58,6 +59,19 @@ def revoke(session: Session, worker_id: uuid.UUID, silent_s: float) -> WorkerOut
     if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
         raise NotFound("worker not found")
     tokens.revoke_scope(session, "worker", worker_id)
+    worker = repository.get(session, worker_id)
+    assert worker is not None
+    session.refresh(worker)
+    return to_out(worker, repository.price_table(session), db_time(session), silent_s)
+
+
+def set_trusted(
+    session: Session, worker_id: uuid.UUID, trusted: bool, silent_s: float
+) -> WorkerOut:
+    """An admin marks a worker trusted (or not): leases of runs whose environment requires a
+    trusted worker go only to trusted workers."""
+    if not repository.set_trusted(session, worker_id, trusted):
+        raise NotFound("worker not found")
     worker = repository.get(session, worker_id)
     assert worker is not None
     session.refresh(worker)

@@ -64,3 +64,21 @@ def slow(
     """Takes `seconds`, then 1.0."""
     time.sleep(seconds)
     return [1.0] * len(completions)
+
+
+def transcript_score(
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    transcript: Sequence[Any] = (),
+    info: Sequence[Any] = (),
+    answer: Sequence[Any] = (),
+    **_: Any,
+) -> list[float | None]:
+    """Tool results the transcript shows, + 10 when the model's text holds the answer, + 100
+    when `info` is a dict (what a multi-turn reward reads)."""
+    return [
+        sum(m["kind"] == "tool_result" for m in t)
+        + (10.0 if str(a) in c else 0.0)
+        + (100.0 if isinstance(i, dict) else 0.0)
+        for c, t, i, a in zip(completions, transcript, info, answer, strict=True)
+    ]

@@ -85,6 +85,14 @@ class Backend(abc.ABC):
         """`group_size` completions per prompt, ordered by (prompt_index, group_index)."""
 
     @property
+    def max_model_len(self) -> int:
+        """The longest sequence (prompt + generated) the engine takes: a trajectory's whole
+        length (environment.max_total_tokens) may not exceed it. Default: the tokenizer's
+        model_max_length, capped (tokenizers without one report a huge sentinel)."""
+        length = getattr(self.tokenizer, "model_max_length", None)
+        return int(length) if isinstance(length, int) and 0 < length <= 1 << 20 else 2048
+
+    @property
     def default_inflight_sequences(self) -> int:
         """How many sequences the worker keeps in flight on this engine by default
         (`max_inflight_sequences` unset)."""

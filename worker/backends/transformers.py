@@ -359,6 +359,12 @@ class TransformersBackend(Backend):
             return_dict_in_generate=True,
         )
 
+    @property
+    def max_model_len(self) -> int:
+        """The model's position limit (max_position_embeddings), else the tokenizer's."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) and limit > 0 else super().max_model_len
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],

@@ -104,6 +104,10 @@ class VllmBackend(Backend):
     def default_inflight_sequences(self) -> int:
         return 256
 
+    @property
+    def max_model_len(self) -> int:
+        return self.settings.max_model_len
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 

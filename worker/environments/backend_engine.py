@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from worker.backends.base import SamplingSpec
+from worker.backends.base import GenerationCancelled, SamplingSpec
 from worker.environments.base import Generated
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ class BackendTurnEngine:
         self.turns = 0
 
     def generate(self, token_ids: Sequence[int], max_new_tokens: int) -> Generated:
+        if self.cancel is not None and self.cancel.is_set():
+            raise GenerationCancelled()  # an abort between turns stops the rollout here
         sampling = SamplingSpec(self.temperature, max_new_tokens, turn_seed(self.seed, self.turns))
         self.turns += 1
         [done] = self.backend.generate([list(token_ids)], 1, sampling, self.adapter, self.cancel)

@@ -12,10 +12,10 @@ no room for another model turn within `max_total_tokens` ends it (`token_budget`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from lm.chat_turns import template_has_tool_format, tool_message
 from protocol.trajectories import StopReason, ToolCall, Trajectory, TranscriptMessage
 from worker.environments.base import (
     Conversation,
@@ -31,7 +31,6 @@ from worker.environments.tools import (
     fallback_instructions,
     find_calls,
     parse_call,
-    template_has_tool_format,
     with_instructions,
 )
 
@@ -154,12 +153,4 @@ class ToolCallsEnvironment(Environment):
     def _message(
         self, name: str | None, *, result: str | None = None, error: str | None = None
     ) -> TranscriptMessage:
-        kind = "tool_error" if error is not None else "tool_result"
-        if self.template_format:
-            text = error if error is not None else str(result)
-            content = f"error: {text}" if error is not None else text
-            return TranscriptMessage(role="tool", content=content, kind=kind, name=name)
-        body: dict[str, Any] = {"name": name}
-        body.update({"error": error} if error is not None else {"result": result})
-        content = f"<tool_response>\n{json.dumps(body)}\n</tool_response>"
-        return TranscriptMessage(role="user", content=content, kind=kind, name=name)
+        return tool_message(name, result=result, error=error, template_format=self.template_format)

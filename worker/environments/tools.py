@@ -24,16 +24,14 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lm.chat_turns import TOOL_CALL_OPEN, function_schema
 from protocol.trajectories import ToolCall
 from worker.environments import calculator
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+OPEN, CLOSE = TOOL_CALL_OPEN, "</tool_call>"
 MAX_CALLS_PER_TURN = 8
 
 
@@ -49,14 +47,7 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema chat templates take as `tools`."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": dict(self.parameters),
-            },
-        }
+        return function_schema(self.name, self.description, self.parameters)
 
 
 BUILTIN_TOOLS: dict[str, Tool] = {
@@ -64,11 +55,6 @@ BUILTIN_TOOLS: dict[str, Tool] = {
         "calculator", calculator.DESCRIPTION, calculator.SCHEMA, calculator.calculator
     )
 }
-
-
-def template_has_tool_format(tokenizer: PreTrainedTokenizerBase) -> bool:
-    template = tokenizer.chat_template
-    return isinstance(template, str) and "tools" in template and OPEN in template
 
 
 def fallback_instructions(tools: Sequence[Tool]) -> str:

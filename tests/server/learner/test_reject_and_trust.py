@@ -93,6 +93,32 @@ def test_reward_error_rejections_requeue_and_count_as_accepted(app, client, admi
     assert proxy["batches_accepted"] == 2
 
 
+def test_env_mismatch_rejection_counts_against_the_worker(app, client, admin_headers) -> None:
+    """A trajectory whose environment turns or tool results the learner could not re-derive
+    (`env_mismatch`): the batch rejected, its rows re-queued, the worker's count raised."""
+    run = make_run(app)
+    fencing = attach(client, run)["fencing"]
+    worker_id, _ = make_worker(app)
+    batch = accepted_batch(app, run.id, worker_id, version=0)
+    claim(client, run, fencing)
+    detail = "row 0: calculator('2*3') gives '6', the transcript says '7'"
+    response = client.post(
+        run.url(f"batches/{batch}/reject"),
+        json={"fencing": fencing, "reason": "env_mismatch", "detail": detail},
+        headers=run.headers,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["requeued"] == 2
+    with transaction(app.state.sessionmaker) as session:
+        row = session.get(RolloutBatch, batch)
+        worker = session.get(Worker, worker_id)
+        assert row is not None and worker is not None
+        assert (row.reject_reason, row.reject_detail) == ("env_mismatch", detail)
+        assert worker.rejected_batches == 1
+    proxy = client.get(run.url("metrics"), headers=admin_headers).json()["proxy"]
+    assert proxy["rejected_by_reason"] == {"env_mismatch": 1}
+
+
 def test_spot_check_above_threshold_quarantines_the_worker(app, client) -> None:
     hook = "http://127.0.0.1:9/hook"
     run = make_run(app, alarms={"spot_check_mismatch": 0.05, "webhook_url": hook})
