@@ -122,6 +122,11 @@ def test_sample_errors(app, client, admin_headers, tmp_path) -> None:
     refused = _get(client, run.id, admin_headers, batch_id=str(v1))
     assert refused.status_code == 422 and refused.json()["field"] == "batch_id"
     assert "format 2" in refused.json()["detail"]
+    with transaction(app.state.sessionmaker) as session:
+        key = session.execute(select(RolloutBatch.bucket_key).where(RolloutBatch.id == batch_id))
+        app.state.store.delete(key.scalar_one())
+    gone = _get(client, run.id, admin_headers, batch_id=str(batch_id))
+    assert gone.status_code == 404 and "no longer in the store" in gone.json()["detail"]
 
 
 def test_trajectory_metrics_round_trip(app, client, admin_headers) -> None:
