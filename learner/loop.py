@@ -34,6 +34,7 @@ from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
 from learner.spotcheck import compare_logprobs, far_outside, reported_logprobs
 from learner.trainer import Trainer, add_lora
+from learner.trajectory_metrics import trajectory_metrics
 from learner.transfers import BucketRefused, Retrier
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
@@ -378,6 +379,8 @@ class Session:
         trained_on_version = trained_on(self.building)
         lags = [staleness(trained_on_version, r.batch.adapter_version) for r in accepted]
         metrics["staleness"] = float(sum(lags)) / len(lags)
+        if self.config.environment.name != "single_turn":
+            metrics.update(trajectory_metrics([row for r in accepted for row in r.data.rows]))
         self.steps_since_publish += 1
         self.last_train_metrics = metrics
         point = sl.MetricPointIn(

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
 
 from protocol.run_config import RunConfig
+from protocol.schemas import INT_MAX
 from server.adapters import service as adapters
 from server.config import Settings
 from server.dashboard import costs, forms, planner, planner_form
@@ -29,8 +30,16 @@ from server.dashboard.web import CsrfDep, LoginDep, render
 from server.datasets import service as datasets_service
 from server.datasets import upload as dataset_upload
 from server.deps import SessionDep, SettingsDep, StoreDep
-from server.errors import AppError, Conflict, NotFound, Unauthorized, Unprocessable
+from server.errors import (
+    AppError,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    Unprocessable,
+)
 from server.jobs.wake import wake
+from server.learner import trajectories
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -290,6 +299,34 @@ def run_live(
 @router.get("/runs/{run_id}/charts.json")
 def run_charts(run_id: uuid.UUID, session: SessionDep, _user: LoginDep) -> JSONResponse:
     return JSONResponse(dash.charts(session, run_id))
+
+
+@router.get("/runs/{run_id}/trajectory", response_class=HTMLResponse)
+def run_trajectory(
+    request: Request,
+    run_id: uuid.UUID,
+    session: SessionDep,
+    store: StoreDep,
+    _user: LoginDep,
+    batch_id: str = "",
+    row: str = "0",
+) -> HTMLResponse:
+    """The run page's trajectory view (HTMX fragment): what went wrong is shown in place."""
+    try:
+        batch = uuid.UUID(batch_id.strip()) if batch_id.strip() else None
+    except ValueError:
+        return _trajectory(request, error=f"batch id {batch_id!r} is not a UUID")
+    if not row.strip().isdigit() or int(row) > INT_MAX:
+        return _trajectory(request, error=f"row {row!r} is not a row number")
+    try:
+        sample = trajectories.sample(session, store, run_id, batch, int(row))
+    except (NotFound, Unprocessable, PayloadTooLarge) as exc:
+        return _trajectory(request, error=exc.message)
+    return _trajectory(request, sample=sample)
+
+
+def _trajectory(request: Request, sample: Any = None, error: str | None = None) -> HTMLResponse:
+    return render(request, "components/_trajectory.html", sample=sample, error=error)
 
 
 @router.post("/runs/{run_id}/{action}", response_class=HTMLResponse)

@@ -10,12 +10,13 @@ import math
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from sqlalchemy.orm import Session
 
 from protocol.environments import worker_can_run
 from protocol.run_config import RunConfig
+from protocol.trajectories import StopReason
 from server.adapters import service as adapters
 from server.dashboard import repository as repo
 from server.evals import repository as evals_repo
@@ -210,6 +211,41 @@ def learner_charts(points: list[tuple[int, int | None, Any]]) -> dict[str, Any]:
     return out
 
 
+# Multi-turn runs: the learner's per-step trajectory figures (learner/trajectory_metrics.py),
+# charted per version as means over the version's (charted) steps; stop reasons as the share of
+# a step's trajectories, so thinning the points does not skew them.
+TRAJECTORY_MEANS = ("turns_mean", "tool_calls_per_trajectory", "tool_errors_per_trajectory")
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+
+
+def trajectory_charts(points: list[tuple[int, int | None, Any]]) -> dict[str, Any]:
+    """uPlot data of the trajectory figures per version: {"trajectories": [versions, turns,
+    tool calls, tool errors (per trajectory)], "stops": [versions, one share series per stop
+    reason]}."""
+    steps: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for _step, version, values in points:
+        if version is not None and _num(values or {}, "turns_mean") is not None:
+            steps[version].append(values)
+    versions = sorted(steps)
+
+    def mean(version: int, key: str) -> float | None:
+        got = [v for v in (_num(p, key) for p in steps[version]) if v is not None]
+        return sum(got) / len(got) if got else None
+
+    def share(version: int, reason: str) -> float | None:
+        got = [
+            (_num(p, f"stop_{reason}") or 0.0) / n
+            for p in steps[version]
+            if (n := _num(p, "trajectories"))
+        ]
+        return sum(got) / len(got) if got else None
+
+    return {
+        "trajectories": [versions, *([mean(v, k) for v in versions] for k in TRAJECTORY_MEANS)],
+        "stops": [versions, *([share(v, r) for v in versions] for r in STOP_REASONS)],
+    }
+
+
 def _buckets(session: Session, run_id: uuid.UUID) -> int:
     return max(10, math.ceil(repo.run_age_seconds(session, run_id) / CHART_BUCKETS))
 
@@ -266,7 +302,9 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
     run = runs.get_run(session, run_id)
     config = runs.get_config(run)
     bucket_s = _buckets(session, run_id)
-    learner = learner_charts(repo.learner_points(session, run_id, CHART_POINTS))
+    points = repo.learner_points(session, run_id, CHART_POINTS)
+    learner = learner_charts(points)
+    trajectories = trajectory_charts(points)
     waste = waste_chart(session, run_id, bucket_s)
     spend = spend_chart(session, run_id, bucket_s)
     histogram = telemetry.proxy_stats(session, run_id).staleness_histogram
@@ -308,6 +346,18 @@ def charts(session: Session, run_id: uuid.UUID) -> dict[str, Any]:
         "memory": {
             "labels": ["step", "peak memory (GiB)"],
             "data": learner["memory"],
+            **INT_X,
+            "y": "zero",
+        },
+        "trajectories": {
+            "labels": ["version", "turns per trajectory", "tool calls", "tool errors"],
+            "data": trajectories["trajectories"],
+            **INT_X,
+            "y": "zero",
+        },
+        "stops": {
+            "labels": ["version", *(f"stopped: {r}" for r in STOP_REASONS)],
+            "data": trajectories["stops"],
             **INT_X,
             "y": "zero",
         },

@@ -42,9 +42,9 @@ from server.deps import (
     require_learner,
 )
 from server.learner import publish as publish_service
-from server.learner import service, telemetry
+from server.learner import service, telemetry, trajectories
 from server.learner.ledger import ledger_model
-from server.learner.schemas import Ledger, RunMetrics
+from server.learner.schemas import Ledger, RunMetrics, TrajectorySampleOut
 from server.routing import TransactionalRoute
 from server.versions import service as versions
 
@@ -180,6 +180,23 @@ def get_metrics(
     ),
 ) -> RunMetrics:
     return telemetry.run_metrics(session, run_id, since_step)
+
+
+@router.get("/trajectories/sample", response_model=TrajectorySampleOut)
+def get_trajectory_sample(
+    run_id: uuid.UUID,
+    session: SessionDep,
+    store: StoreDep,
+    _admin: AdminDep,
+    batch_id: uuid.UUID | None = Query(
+        None, description="A format 2 batch of the run (default: its latest consumed one)."
+    ),
+    row: int = Query(
+        0, ge=0, le=INT_MAX, description="The trajectory (rows sorted by prompt row, group)."
+    ),
+) -> TrajectorySampleOut:
+    """One trajectory of a multi-turn run: transcript, tool calls, stop reason, token spans."""
+    return trajectories.sample(session, store, run_id, batch_id, row)
 
 
 @router.get("/ledger", response_model=Ledger)

@@ -70,3 +70,47 @@ class Ledger(BaseModel):
     balanced: bool = Field(
         description="Every row consumed once or dropped with a reason, and nothing else."
     )
+
+
+class SampleSpan(BaseModel):
+    kind: str = Field(description="prompt, model (trained) or environment.")
+    start: int = Field(description="First token index.")
+    end: int = Field(description="One past the last token index.")
+    tokens: int = Field(description="end − start.")
+    trained: bool = Field(description="Whether the loss covers these tokens (model spans).")
+
+
+class SampleToolCall(BaseModel):
+    name: str = Field(description="The tool's name as the model wrote it.")
+    arguments: dict[str, Any] = Field(description="The arguments as the model wrote them.")
+
+
+class SampleMessage(BaseModel):
+    role: str = Field(description="The chat-template role.")
+    kind: str = Field(description="prompt, model, tool_result, tool_error or feedback.")
+    name: str | None = Field(description="The tool's name on tool_result/tool_error.")
+    content: str = Field(description="The text, cut at the sample's per-message bound.")
+    truncated: bool = Field(description="Whether `content` was cut.")
+    trained: bool = Field(description="Model messages: their tokens are trained.")
+    tool_calls: list[SampleToolCall] = Field(description="Tool calls parsed from a model turn.")
+
+
+class TrajectorySampleOut(BaseModel):
+    """One trajectory of a format 2 batch, read from the store (docs/architecture.md 6a)."""
+
+    run_id: uuid.UUID = Field(description="The run.")
+    batch_id: uuid.UUID = Field(description="The batch read.")
+    batch_state: str = Field(description="The batch's state (consumed, accepted, …).")
+    adapter_version: int = Field(description="The adapter version it was rolled out with.")
+    row: int = Field(description="The row shown (rows sorted by prompt row, group index).")
+    rows: int = Field(description="Trajectories in the batch.")
+    prompt_row_id: int = Field(description="The prompt row.")
+    group_index: int = Field(description="The trajectory's index in its group.")
+    stop_reason: str = Field(description="Why the rollout ended.")
+    tool_calls: int = Field(description="Tool calls the model made.")
+    tool_errors: int = Field(description="Tool calls that failed or were malformed.")
+    total_tokens: int = Field(description="Tokens of the whole trajectory.")
+    trained_tokens: int = Field(description="Tokens in model spans (the loss covers them).")
+    spans: list[SampleSpan] = Field(description="Turn boundaries in token order.")
+    messages: list[SampleMessage] = Field(description="The transcript in order.")
+    info: dict[str, Any] = Field(description="The environment's outcome (never trained).")
