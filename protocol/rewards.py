@@ -8,8 +8,8 @@ one value per completion. A function may return None for a completion it does no
 
 Built-ins: `numeric_match`, `answer_format`, `length_limit`, `hash_score` (no signal: for speed
 checks with random weights, bench/gpu_check.py), `math_verify` and `think_format`
-(protocol/rewards_math.py), `llm_judge` (protocol/rewards_judge.py), `worker_score` (a trusted worker's environment score, runs
-requiring trusted workers only); this module is the one list of
+(protocol/rewards_math.py), `llm_judge` (protocol/rewards_judge.py), `worker_score` (a trusted
+worker's environment score; runs requiring trusted workers only); this module is the one list of
 them (`BUILTINS`; `KWARG_CHECKS` for their kwargs at run creation). User code comes only from what
 the learner's operator allows where the learner runs (`RewardAllowlist`): an entry point of the
 group `asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a
@@ -121,8 +121,8 @@ def worker_score(
     scores: list[float | None] = []
     for row in rows:
         value = row.get(WORKER_SCORE) if isinstance(row, Mapping) else None
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        scores.append(float(value) if ok and math.isfinite(value) else None)
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        scores.append(float(number) if number is not None and math.isfinite(number) else None)
     return scores
 
 

@@ -71,9 +71,7 @@ ALL_FIELDS = frozenset(PLAIN_FIELDS + DATASET_FIELDS + OTHER_FIELDS)
 # worker_score needs a run requiring trusted workers: not offered as a plain checkbox
 BUILTIN_REWARDS = tuple(
     sorted(
-        n
-        for n in rewards.BUILTINS
-        if rewards.works_without_kwargs(n) and n != rewards.WORKER_SCORE
+        n for n in rewards.BUILTINS if rewards.works_without_kwargs(n) and n != rewards.WORKER_SCORE
     )
 )
 GENERATORS = tuple(sorted(datasets.GENERATORS))

@@ -1,9 +1,9 @@
 """Which environment class a run's `environment.name` means on this worker.
 
-Built-ins always; user environments (and `verifiers:<module>`) only from the worker operator's allowlist
-(protocol.environments.EnvironmentAllowlist: `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES` and entry
-points of the group `asyncgrpo.environments`). Nothing outside it is imported, whatever the
-run names.
+Built-ins always; user environments and `verifiers:<module>` only from the worker operator's
+allowlist (protocol.environments.EnvironmentAllowlist: `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES`
+and entry points of the group `asyncgrpo.environments`). Nothing outside it is imported,
+whatever the run names.
 """
 
 from __future__ import annotations
