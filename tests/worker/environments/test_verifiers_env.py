@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from learner.env_check import check_trajectory
 from protocol.environments import (
     EnvironmentAllowlist,
     EnvironmentConfig,
@@ -58,6 +59,8 @@ def test_two_turns_are_token_exact(small_tokenizer: Any) -> None:
     rendered = small_tokenizer.apply_chat_template(whole, tokenize=False)
     assert small_tokenizer.decode(t.token_ids) == rendered.rstrip("\n")
     assert t.stop_reason == "done" and WORKER_SCORE not in t.info
+    # the learner's env_mismatch check re-derives it from the transcript
+    check_trajectory(t, small_tokenizer, env.config)
 
 
 def test_worker_score_only_for_runs_requiring_trusted_workers(small_tokenizer: Any) -> None:
