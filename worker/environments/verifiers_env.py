@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -69,10 +71,22 @@ class _Session:
     chat: Conversation | None = None
     turns: int = 0
     last_cut: StopReason | None = None
-    ended: StopReason | None = None
-    extra: list[str] = field(default_factory=list)
+    failure: Exception | None = None
 
-    def create(self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> Any:
+    def create(self, messages: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        content, finish = self.turn(messages, kwargs)
+        return _completion(content, finish, self.turns)
+
+    def turn(self, messages: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        """One model turn after `messages`: (its text, finish reason). Errors are kept on the
+        session too, so that a library that catches them cannot hide them."""
+        try:
+            return self._turn(messages, kwargs)
+        except (_RolloutEnded, VerifiersProtocolError) as exc:
+            self.failure = exc
+            raise
+
+    def _turn(self, messages: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
         if kwargs.get("n", 1) != 1:
             raise VerifiersProtocolError("the in-process client samples one choice (n=1)")
         plain = [_plain(m) for m in messages]
@@ -87,7 +101,7 @@ class _Session:
         self.chat.record_model_message(turn.content)
         self.turns += 1
         self.last_cut = cut_reason(turn) if turn.finish_reason == "length" else None
-        return _completion(turn.content, turn.finish_reason, self.turns)
+        return turn.content, turn.finish_reason
 
     def _append_environment(self, messages: list[dict[str, str]]) -> None:
         assert self.chat is not None
@@ -106,14 +120,16 @@ class _Session:
             raise _RolloutEnded("token_budget")
 
 
-def _plain(message: Mapping[str, Any]) -> dict[str, str]:
-    content = message.get("content")
+def _plain(message: Any) -> dict[str, str]:
+    """Role and text of a message given as a dict or as a verifiers message object."""
+    get = message.get if isinstance(message, Mapping) else lambda k: getattr(message, k, None)
+    content = get("content")
     if not isinstance(content, str):
         raise VerifiersProtocolError(
             f"message content must be text (got {type(content).__name__}); tool calls and "
             "multimodal content are not supported by the in-process client"
         )
-    return {"role": str(message["role"]), "content": content}
+    return {"role": str(get("role")), "content": content}
 
 
 def _transcript(message: Mapping[str, str]) -> TranscriptMessage:
@@ -186,6 +202,8 @@ class VerifiersEnvironment(Environment):
         self.scores_on_worker = config.requires_trusted_worker and (
             getattr(self.vf_env, "rubric", None) is not None
         )
+        # verifiers 0.3.x: rollout(input, client, model, sampling_args) -> State
+        self.state_api = next(iter(inspect.signature(self.vf_env.rollout).parameters)) == "input"
 
     def rollout(
         self,
@@ -201,29 +219,40 @@ class VerifiersEnvironment(Environment):
     async def _rollout(
         self, session: _Session, prompt: list[dict[str, str]], seed: int
     ) -> Trajectory:
-        client = InProcessClient(session)
-        info: dict[str, Any] = {"seed": seed}
-        state: Any = None
         completion: Any = None
+        state: Any = None
+        info: dict[str, Any] = {"seed": seed}
         try:
-            completion, state = await self.vf_env.rollout(
-                client, _MODEL, prompt, answer="", info=info, sampling_args={}
-            )
-        except _RolloutEnded as ended:
-            session.ended = ended.reason
+            if self.state_api:
+                from worker.environments.verifiers_state import engine_client, rollout_state
+
+                state = await rollout_state(self.vf_env, engine_client(session.turn), prompt, seed)
+            else:
+                completion, state = await self.vf_env.rollout(
+                    InProcessClient(session), _MODEL, prompt, answer="", info=info, sampling_args={}
+                )
+        except _RolloutEnded:
+            pass
+        if isinstance(session.failure, VerifiersProtocolError):
+            raise session.failure
         if session.chat is None:
             raise VerifiersProtocolError("the verifiers environment never called the model")
+        ended = session.failure.reason if isinstance(session.failure, _RolloutEnded) else None
         out: dict[str, Any] = {}
-        if self.scores_on_worker and session.ended is None:
+        if self.scores_on_worker and ended is None:
             out[WORKER_SCORE] = await self._score(prompt, completion, state, info)
-        stop = session.ended or session.last_cut or "done"
-        return session.chat.finish(stop, info=out)
+        return session.chat.finish(ended or session.last_cut or "done", info=out)
 
     async def _score(self, prompt: Any, completion: Any, state: Any, info: Any) -> float:
-        scored = await self.vf_env.rubric.score_rollout(
-            prompt=prompt, completion=completion, answer="", state=state, info=info
-        )
-        reward = float(scored.reward)
-        if reward != reward or reward in (float("inf"), float("-inf")):
+        if self.state_api:
+            from worker.environments.verifiers_state import score_state
+
+            reward = await score_state(self.vf_env, state)
+        else:
+            scored = await self.vf_env.rubric.score_rollout(
+                prompt=prompt, completion=completion, answer="", state=state, info=info
+            )
+            reward = float(scored.reward)
+        if not math.isfinite(reward):
             raise VerifiersProtocolError(f"the rubric returned a non-finite score {reward}")
         return reward

@@ -130,13 +130,22 @@ def test_grant_rule_for_verifiers_names() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_turns_on_the_real_model(tx_backend: Any) -> None:
-    """End to end on the small model via the transformers backend: every engine input is the
-    trajectory's prefix, and the worker scores the rollout on a trusted-worker run."""
+@pytest.mark.parametrize("module", [MODULE, "tests.worker.environments.vf_package_env"])
+def test_two_turns_on_the_real_model(tx_backend: Any, module: str) -> None:
+    """End to end on the small model via the transformers backend (the stand-in, and the
+    package's MultiTurnEnv when the extra is installed): every engine input is the trajectory's
+    prefix, and the worker scores the rollout on a trusted-worker run."""
     from tests.worker.environments.test_backend_engine import Recording
     from worker.environments.backend_engine import BackendTurnEngine
 
-    env = build(tx_backend.tokenizer, requires_trusted_worker=True)
+    if module != MODULE:
+        pytest.importorskip("verifiers.legacy", reason="the verifiers extra is not installed")
+    env = make_environment(
+        EnvironmentConfig(name=f"verifiers:{module}", requires_trusted_worker=True),
+        tx_backend.tokenizer,
+        max_model_len=1024,
+        allowed=EnvironmentAllowlist(frozenset({module})),
+    )
     engine = Recording(BackendTurnEngine(tx_backend, temperature=0.7, seed=3))
     t = env.rollout(engine, PROMPT, max_new_tokens=12)
     validate_trajectory(t, 1024)
@@ -144,5 +153,29 @@ def test_two_turns_on_the_real_model(tx_backend: Any) -> None:
     assert [t.token_ids[: s.start] for s in model_spans] == engine.inputs
     if t.stop_reason == "done":
         assert len(model_spans) == 2 and t.info[WORKER_SCORE] in (0.0, 1.0)
-    else:  # the first turn hit max_new_tokens: the environment may still ask again
+    else:  # the last turn hit max_new_tokens
         assert t.stop_reason == "length"
+    check_trajectory(t, tx_backend.tokenizer, env.config)
+
+
+def test_the_verifiers_package_multiturn_env(small_tokenizer: Any) -> None:
+    """The package's own MultiTurnEnv loop (0.3.x State API) through the in-process client;
+    skipped unless the `verifiers` extra is installed."""
+    pytest.importorskip("verifiers.legacy", reason="the verifiers extra (0.3.x) is not installed")
+    module = "tests.worker.environments.vf_package_env"
+    allowed = EnvironmentAllowlist(frozenset({module}))
+    env = make_environment(
+        EnvironmentConfig(name=f"verifiers:{module}", requires_trusted_worker=True),
+        small_tokenizer,
+        max_model_len=1024,
+        allowed=allowed,
+    )
+    assert isinstance(env, VerifiersEnvironment) and env.state_api
+    for replies, score in ((["pear"], 1.0), (["pear", "plum"], 0.0)):
+        engine = ScriptedEngine(small_tokenizer, list(replies))
+        t = env.rollout(engine, PROMPT, max_new_tokens=8)
+        validate_trajectory(t, 1024)
+        assert [s.kind for s in t.spans] == ["prompt", "model", "environment", "model"]
+        assert_token_exact(t, engine)
+        check_trajectory(t, small_tokenizer, env.config)
+        assert (t.stop_reason, t.info[WORKER_SCORE]) == ("done", score)
