@@ -11,7 +11,8 @@ allows where the worker runs (`EnvironmentAllowlist`): an entry point of the gro
 `asyncgrpo.environments` named in the run by its entry-point name, or `module:Class` of a module
 listed in `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES`. Run validation checks the syntax only and
 refuses standard-library modules; a run never makes a worker import code its operator did not
-allow.
+allow. `verifiers:<module>` names a `verifiers` environment module (the `verifiers` extra,
+worker/environments/verifiers_env.py), allowed like the module `<module>`.
 
 `EnvironmentConfig` is `RunConfig.environment` (default `EnvironmentConfig()`, i.e.
 `single_turn`), e.g. `{"name": "tool_calls", "tools": ["calculator"], "max_turns": 4,

@@ -1,10 +1,12 @@
 """`verifiers:<module>`: a `verifiers` environment (the library prime-rl uses) run on the worker.
 
 The module (allowed by the worker's operator, see protocol.environments) is imported and its
-`load_environment(**kwargs)` builds the environment, as `verifiers.load_environment` does. Its
-`rollout(client, model, prompt, answer=…, info=…, sampling_args=…)` (async, returning
-`(completion, state)`) is given `InProcessClient`: an OpenAI-compatible client whose
-`chat.completions.create` runs on the worker's own `TurnEngine` in process (no network port).
+`load_environment(**kwargs)` builds the environment, as `verifiers.load_environment` does.
+verifiers 0.3.x's `MultiTurnEnv.rollout(input, client, model, sampling_args) -> State` gets a
+verifiers `Client` (worker/environments/verifiers_state.py); the classic
+`rollout(client, model, prompt, answer=…, info=…, sampling_args=…) -> (completion, state)` gets
+`InProcessClient`, an OpenAI-compatible client whose `chat.completions.create` is a model turn.
+Both run on the worker's own `TurnEngine` in process (no network port).
 
 Tokens stay exact: the first call's messages are the prompt, rendered once by the chat
 template; every later call must repeat the conversation so far unchanged (the assistant
