@@ -11,7 +11,8 @@ allows where the worker runs (`EnvironmentAllowlist`): an entry point of the gro
 `asyncgrpo.environments` named in the run by its entry-point name, or `module:Class` of a module
 listed in `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES`. Run validation checks the syntax only and
 refuses standard-library modules; a run never makes a worker import code its operator did not
-allow.
+allow. `verifiers:<module>` names a `verifiers` environment module (the `verifiers` extra,
+worker/environments/verifiers_env.py), allowed like the module `<module>`.
 
 `EnvironmentConfig` is `RunConfig.environment` (default `EnvironmentConfig()`, i.e.
 `single_turn`), e.g. `{"name": "tool_calls", "tools": ["calculator"], "max_turns": 4,
@@ -53,6 +54,15 @@ _USER_REF = re.compile(rf"^{MODULE_PATH.pattern[1:-1]}:{_IDENT}$")
 _ENTRY_POINT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,199}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ANY_CLASS = "*"
+# `verifiers:<module>`: a `verifiers` environment module (its `load_environment(**kwargs)`),
+# run by worker/environments/verifiers_env.py; allowed when the operator allows <module>.
+VERIFIERS_PREFIX = "verifiers:"
+_VERIFIERS_REF = re.compile(rf"^{VERIFIERS_PREFIX}{MODULE_PATH.pattern[1:-1]}$")
+
+
+def verifiers_module(name: str) -> str | None:
+    """The module of a `verifiers:<module>` name, None for any other name."""
+    return name[len(VERIFIERS_PREFIX) :] if _VERIFIERS_REF.match(name) else None
 
 
 class EnvironmentNameError(ValueError):
@@ -63,8 +73,9 @@ def check_name(name: str) -> None:
     """Raise EnvironmentNameError unless `name` could name an environment (nothing imported)."""
     if name in BUILTIN_ENVIRONMENTS:
         return
-    if _USER_REF.match(name):
-        module = name.partition(":")[0]
+    vf_module = verifiers_module(name)
+    if vf_module is not None or _USER_REF.match(name):
+        module = vf_module or name.partition(":")[0]
         if module.split(".")[0] in sys.stdlib_module_names:
             raise EnvironmentNameError(
                 f"environment {name!r}: module {module!r} is part of Python's standard library; "
@@ -78,7 +89,8 @@ def check_name(name: str) -> None:
     hint = f" (did you mean {near[0]!r}?)" if near else ""
     raise EnvironmentNameError(
         f"unknown environment {name!r}{hint}: use a built-in ({', '.join(BUILTIN_ENVIRONMENTS)}), "
-        f"the name of an entry point in the group {ENTRY_POINT_GROUP!r} or 'module:Class'"
+        f"the name of an entry point in the group {ENTRY_POINT_GROUP!r}, 'module:Class' or "
+        f"'{VERIFIERS_PREFIX}module'"
     )
 
 
@@ -97,7 +109,8 @@ class EnvironmentConfig(_Strict):
         SINGLE_TURN,
         description="single_turn (default: one completion per prompt), tool_calls, guess_number "
         "(a multi-turn test game), an entry-point name of the group asyncgrpo.environments or "
-        "'module:Class' of a module the worker's operator allows.",
+        "'module:Class' of a module the worker's operator allows, or 'verifiers:module' (a "
+        "verifiers environment module the worker's operator allows; needs the verifiers extra).",
     )
     tools: list[str] = Field(
         default_factory=list,
@@ -228,6 +241,9 @@ class EnvironmentAllowlist:
         return list(BUILTIN_ENVIRONMENTS) + sorted(self.entry_points) + modules
 
     def allows(self, name: str) -> bool:
+        vf_module = verifiers_module(name)
+        if vf_module is not None:
+            return vf_module in self.modules
         module = name.partition(":")[0]
         return (
             name in BUILTIN_ENVIRONMENTS
@@ -245,6 +261,9 @@ def declared_allows(declared: Iterable[str], name: str) -> bool:
     names = set(declared)
     if name in names:
         return True
+    vf_module = verifiers_module(name)
+    if vf_module is not None:
+        return f"{vf_module}:{ANY_CLASS}" in names
     module = name.partition(":")[0]
     return bool(_USER_REF.match(name)) and f"{module}:{ANY_CLASS}" in names
 

@@ -8,7 +8,8 @@ one value per completion. A function may return None for a completion it does no
 
 Built-ins: `numeric_match`, `answer_format`, `length_limit`, `hash_score` (no signal: for speed
 checks with random weights, bench/gpu_check.py), `math_verify` and `think_format`
-(protocol/rewards_math.py), `llm_judge` (protocol/rewards_judge.py); this module is the one list of
+(protocol/rewards_math.py), `llm_judge` (protocol/rewards_judge.py), `worker_score` (a trusted
+worker's environment score; runs requiring trusted workers only); this module is the one list of
 them (`BUILTINS`; `KWARG_CHECKS` for their kwargs at run creation). User code comes only from what
 the learner's operator allows where the learner runs (`RewardAllowlist`): an entry point of the
 group `asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a
@@ -103,6 +104,28 @@ def hash_score(
     return scores
 
 
+WORKER_SCORE = "worker_score"  # the `info` key a trusted worker's environment scores into
+
+
+def worker_score(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    info: Sequence[Any] | None = None,
+    **_: Any,
+) -> list[float | None]:
+    """The score the worker's environment recorded in the trajectory's `info["worker_score"]`
+    (a `verifiers` rubric run on the worker); None where there is none. Only runs whose
+    environment requires trusted workers may use it (protocol/run_config.py): on any other run
+    the worker, who wrote `info`, would choose its own reward."""
+    rows = list(info) if info is not None else [None] * len(completions)
+    scores: list[float | None] = []
+    for row in rows:
+        value = row.get(WORKER_SCORE) if isinstance(row, Mapping) else None
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        scores.append(float(number) if number is not None and math.isfinite(number) else None)
+    return scores
+
+
 BUILTINS: dict[str, RewardFn] = {
     "numeric_match": numeric_match,
     "answer_format": answer_format,
@@ -111,6 +134,7 @@ BUILTINS: dict[str, RewardFn] = {
     "math_verify": math_verify,
     "think_format": think_format,
     "llm_judge": llm_judge,
+    WORKER_SCORE: worker_score,
 }
 # Built-ins whose kwargs need more than known names (types, ranges, no secrets): checked at
 # run creation, so that a run never starts with a reward that cannot work.

@@ -678,6 +678,14 @@ class RunConfig(_Strict):
                 f"({sampling.max_new_tokens}): a trajectory holds the prompt and at least one "
                 "model turn"
             )
+        specs = info.data.get("rewards") or []
+        scored = [i for i, r in enumerate(specs) if r.name == rewards.WORKER_SCORE]
+        if scored and not env.requires_trusted_worker:
+            raise _fail(
+                f"rewards.{scored[0]} is worker_score, a score written by the worker: the run "
+                "must set environment.requires_trusted_worker, so that only workers an admin "
+                "trusts roll it out"
+            )
         return env
 
     @property

@@ -68,7 +68,12 @@ UPLOAD_PENDING = "00000000-0000-0000-0000-000000000000"
 OTHER_FIELDS = ("dataset.file", "rewards", "reward.custom", "lora.target_modules")
 ALL_FIELDS = frozenset(PLAIN_FIELDS + DATASET_FIELDS + OTHER_FIELDS)
 # the built-ins that work with no kwargs (the form has no kwargs field; llm_judge needs them)
-BUILTIN_REWARDS = tuple(sorted(n for n in rewards.BUILTINS if rewards.works_without_kwargs(n)))
+# worker_score needs a run requiring trusted workers: not offered as a plain checkbox
+BUILTIN_REWARDS = tuple(
+    sorted(
+        n for n in rewards.BUILTINS if rewards.works_without_kwargs(n) and n != rewards.WORKER_SCORE
+    )
+)
 GENERATORS = tuple(sorted(datasets.GENERATORS))
 
 

@@ -1,9 +1,9 @@
 """Which environment class a run's `environment.name` means on this worker.
 
-Built-ins always; user environments only from the worker operator's allowlist
-(protocol.environments.EnvironmentAllowlist: `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES` and entry
-points of the group `asyncgrpo.environments`). Nothing outside it is imported, whatever the
-run names.
+Built-ins always; user environments and `verifiers:<module>` only from the worker operator's
+allowlist (protocol.environments.EnvironmentAllowlist: `ASYNCGRPO_WORKER_ENVIRONMENT_MODULES`
+and entry points of the group `asyncgrpo.environments`). Nothing outside it is imported,
+whatever the run names.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from protocol.environments import (
     ENTRY_POINT_GROUP,
     EnvironmentAllowlist,
     check_name,
+    verifiers_module,
 )
 from worker.environments.base import Environment, EnvironmentSetupError
 from worker.environments.guess_number import GuessNumberEnvironment
@@ -49,6 +50,10 @@ def resolve(name: str, allowed: EnvironmentAllowlist = BUILTINS_ONLY) -> type[En
             "in ASYNCGRPO_WORKER_ENVIRONMENT_MODULES and entry points "
             f"of the group {ENTRY_POINT_GROUP!r}"
         )
+    if verifiers_module(name) is not None:
+        from worker.environments.verifiers_env import VerifiersEnvironment
+
+        return VerifiersEnvironment  # imports the module when built (make_environment)
     if name in allowed.entry_points:
         value = allowed.entry_points[name]
         try:
