@@ -162,3 +162,39 @@ def test_temperature_zero_is_greedy_whatever_the_seed(vllm_result: Any, small_mo
     assert vllm_result["greedy_same_for_any_seed"]
     gaps = greedy_gaps(small_model, vllm_result["prompt_ids"], vllm_result["greedy"])
     assert gaps and max(gaps) < 1e-3, max(gaps)
+
+
+@pytest.mark.timeout(1200)
+def test_multi_turn_trajectories_on_vllm_are_token_exact(
+    vllm_result: Any, small_model: Any, small_tokenizer: Any
+) -> None:
+    """guess_number and tool_calls rolled out on vLLM (BackendTurnEngine): valid trajectories,
+    environment turns masked out, and the log-probs of the model tokens equal a forward pass
+    over the whole trajectory in transformers (environment tokens as context)."""
+    from protocol.trajectories import Trajectory, validate_trajectory
+
+    found = vllm_result["trajectories"]
+    games = [Trajectory.model_validate(t) for t in found["games"]]
+    tool_run = Trajectory.model_validate(found["tool_calls"])
+    assert len(games) == 2
+    for t in [*games, tool_run]:
+        validate_trajectory(t, 512)
+    for t in games:
+        kinds = [s.kind for s in t.spans]
+        assert kinds[0] == "prompt" and "environment" in kinds and kinds.count("model") >= 2
+        for span in t.spans:
+            assert set(t.loss_mask[span.start : span.end]) == {int(span.kind == "model")}
+    for t in [*games, tool_run]:
+        start = t.prompt_tokens
+        expected = completion_logprobs(
+            small_model,
+            [t.token_ids[:start]],
+            [t.token_ids[start:]],
+            0.7,
+            pad_id=int(small_tokenizer.eos_token_id),
+            masks=[t.loss_mask[start:]],
+        )[0]
+        got = [lp for lp in t.logprobs if lp is not None]
+        assert len(expected) == len(got) == t.trained_tokens
+        deltas = [abs(a - b) for a, b in zip(expected, got, strict=True)]
+        assert sum(deltas) / len(deltas) < MEAN_TOL and max(deltas) < MAX_TOL, max(deltas)

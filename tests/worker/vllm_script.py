@@ -66,6 +66,7 @@ def main(inp: dict[str, Any]) -> dict[str, Any]:
     out["after_abort_ok"] = len(gen(0)) == len(prompts) * g
     out["preload"] = preload(backend, run, Path(inp["adapters"]["2"]), out["runs"][2], gen)
     out["many"] = many_sequences(backend, prompts, sampling)
+    out["trajectories"] = trajectories(backend)
     out["death"] = engine_death(backend, prompts)
     backend.close()
     return out
@@ -103,6 +104,49 @@ def many_sequences(backend: Any, prompts: list[list[int]], sampling: Any) -> dic
         "sequences": len(first),
         "same_tokens": [c.token_ids for c in first] == [c.token_ids for c in second],
     }
+
+
+def trajectories(backend: Any) -> dict[str, Any]:
+    """Multi-turn rollouts on vLLM, token-in, token-out through BackendTurnEngine: two
+    guess_number trajectories with an environment turn, and one tool_calls rollout (calculator
+    in the tool sandbox), as the worker's rollouts make them."""
+    from protocol.environments import EnvironmentConfig
+    from worker.environments.backend_engine import BackendTurnEngine
+    from worker.environments.guess_number import GuessNumberEnvironment
+    from worker.environments.sandbox import ToolSandbox
+    from worker.environments.tool_calls import ToolCallsEnvironment
+
+    tok = backend.tokenizer
+    game = GuessNumberEnvironment(
+        EnvironmentConfig(name="guess_number", kwargs={"low": 1, "high": 10**6}, max_turns=3),
+        tok,
+        max_model_len=512,
+    )
+    prompt = [{"role": "user", "content": "Let's play. Your first guess?"}]
+    games = []
+    for seed in range(11, 31):
+        t = game.rollout(BackendTurnEngine(backend, temperature=0.7, seed=seed), prompt,
+                         max_new_tokens=12, seed=5)  # fmt: skip
+        if t.model_turns >= 2:
+            games.append(t.model_dump(mode="json"))
+        if len(games) == 2:
+            break
+    sandbox = ToolSandbox()
+    try:
+        tools = ToolCallsEnvironment(
+            EnvironmentConfig(
+                name="tool_calls", tools=["calculator"], max_turns=2, max_total_tokens=480
+            ),  # fmt: skip
+            tok,
+            max_model_len=512,
+            sandbox=sandbox,
+        )
+        question = [{"role": "user", "content": "What is 4821 * 917? Use the calculator."}]
+        engine = BackendTurnEngine(backend, temperature=0.7, seed=3)
+        tool_run = tools.rollout(engine, question, max_new_tokens=48, seed=1)
+    finally:
+        sandbox.close()
+    return {"games": games, "tool_calls": tool_run.model_dump(mode="json")}
 
 
 def engine_death(backend: Any, prompts: list[list[int]]) -> dict[str, Any]:
