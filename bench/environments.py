@@ -199,9 +199,14 @@ def read_batch_file(path: Path, environment: EnvironmentConfig, tokenizer: Any) 
     return read_trajectories(path, expect)
 
 
-def tool_use_by_version(
-    files: list[Path], config: dict[str, Any], rows: list[dict[str, Any]]
-) -> dict[int, dict[str, float]]:
+def product_asked(messages: list[Any]) -> int | None:
+    """The product the prompt (the transcript's last prompt message) asks for."""
+    prompts = [m for m in messages if m.kind == "prompt"]
+    match = PRODUCT.search(prompts[-1].content) if prompts else None
+    return int(match.group(1)) * int(match.group(2)) if match else None
+
+
+def tool_use_by_version(files: list[Path], config: dict[str, Any]) -> dict[int, dict[str, float]]:
     """Per adapter version sampled with: trajectories, share calling the calculator correctly,
     tool calls and tool errors per trajectory (train batches only)."""
     from lm.models import load_tokenizer
@@ -218,9 +223,10 @@ def tool_use_by_version(
         if batch.metadata.kind != "train":
             continue
         for row in batch.rows:
-            # prompt_row_id n is dataset row n in the run's one epoch
-            product = int(rows[row.prompt_row_id % len(rows)]["answer"])
-            ok = correct_call(row.messages or [], product)
+            messages = row.messages or []
+            ok = (product := product_asked(messages)) is not None and correct_call(
+                messages, product
+            )
             entry = (ok, row.tool_calls, row.tool_errors)
             per.setdefault(batch.metadata.adapter_version, []).append(entry)
     return {
@@ -307,8 +313,7 @@ def learning(args: argparse.Namespace) -> dict[str, Any]:
             except Exception:  # noqa: BLE001
                 pass
         cluster.stop()
-    rows = datasets.generate("products", config["dataset"]["size"], args.seed)
-    tools = tool_use_by_version(sorted(seen.glob("*.parquet")), config, rows)
+    tools = tool_use_by_version(sorted(seen.glob("*.parquet")), config)
     rewards = snap.reward_by_version() if snap is not None else {}
     return {
         "versions": args.versions,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.environments import correct_call, main, parse_args, products_config
+from bench.environments import correct_call, main, parse_args, product_asked, products_config
 from protocol.run_config import GeneratorDataset, RunConfig
 from protocol.trajectories import ToolCall
 
@@ -45,6 +45,17 @@ def test_a_correct_call_is_one_whose_expression_is_worth_the_product() -> None:
     assert not correct_call([_message(("other", {"expression": "48213 * 9177"}))], product)
     assert not correct_call([_message(("calculator", {"expression": 3}))], product)
     assert not correct_call([SimpleNamespace(tool_calls=[])], product)
+
+
+def test_the_product_comes_from_the_prompt_message() -> None:
+    def msg(kind: str, content: str) -> SimpleNamespace:
+        return SimpleNamespace(kind=kind, content=content)
+
+    system = msg("prompt", "You are a helpful assistant. What is 2 * 3? (an example)")
+    asked = msg("prompt", "What is 48213 * 9177? Answer with just the number.")
+    assert product_asked([system, asked, msg("model", "What is 1 * 1?")]) == 48213 * 9177
+    assert product_asked([msg("prompt", "What is 2 + 3?")]) is None
+    assert product_asked([]) is None
 
 
 @pytest.mark.timeout(120)
