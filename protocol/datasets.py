@@ -79,6 +79,24 @@ def arithmetic_easy(size: int, seed: int) -> list[dict[str, Any]]:
     return _additions(size, seed, 1, 9)
 
 
+@register_generator("products")
+def products(size: int, seed: int) -> list[dict[str, Any]]:
+    """Products of a 5-digit and a 4-digit number, e.g. "What is 48213 * 9177? …" with
+    `answer` "442450701": beyond mental arithmetic for a small model, a task for the
+    `calculator` tool of the `tool_calls` environment. The same seed gives the same rows."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(size):
+        a, b = rng.randint(10_000, 99_999), rng.randint(1_000, 9_999)
+        rows.append(
+            {
+                "prompt": f"What is {a} * {b}? Answer with just the number.",
+                "answer": str(a * b),
+            }
+        )
+    return rows
+
+
 def check_generator(name: str, size: int) -> None:
     """Raise DatasetError when the generator is unknown or the size is out of range."""
     if name not in GENERATORS:

@@ -40,6 +40,21 @@ def test_arithmetic_is_seeded() -> None:
     assert generate("arithmetic", 50, seed=1) != generate("arithmetic", 50, seed=2)
 
 
+PRODUCT = re.compile(r"^What is (\d{5}) \* (\d{4})\? Answer with just the number\.$")
+
+
+def test_products_rows_are_large_products_with_string_answers_and_seeded() -> None:
+    rows = generate("products", 100, seed=3)
+    for row in rows:
+        match = PRODUCT.match(row["prompt"])
+        assert match, row["prompt"]
+        assert row["answer"] == str(int(match.group(1)) * int(match.group(2)))
+    assert numeric_match([r["prompt"] for r in rows], [r["answer"] for r in rows],
+                         answer=[r["answer"] for r in rows]) == [1.0] * 100  # fmt: skip
+    assert generate("products", 20, seed=3) == rows[:20]
+    assert generate("products", 20, seed=4) != rows[:20]
+
+
 def test_generator_checks() -> None:
     with pytest.raises(DatasetError, match="unknown generator 'nope'; built-in generators: "):
         generate("nope", 10, 0)
