@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import signal
 import time
+import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -37,9 +39,36 @@ def finish(e2e: E2E) -> None:
     e2e.assert_balanced()
 
 
+def ended_state(e2e: E2E, lease: uuid.UUID) -> Callable[[], str | None]:
+    """A predicate for wait_for: the lease's state once it is no longer active."""
+
+    def state() -> str | None:
+        now = e2e.lease_state(lease)
+        return None if now == "active" else now
+
+    return state
+
+
+def pause_worker_past_a_lease(e2e: E2E, worker: str, tries: int = 4) -> uuid.UUID:
+    """SIGSTOPs `worker` while it holds a lease and waits until that lease expired; returns
+    the lease, the worker still stopped. A lease the worker completed or released between the
+    poll and the signal cannot expire: the worker is resumed and the next lease tried."""
+    proc = e2e.cluster.workers[worker]
+    ended: list[str] = []
+    for _ in range(tries):
+        lease = e2e.wait_for(f"{worker} to hold a lease", lambda: e2e.active_lease(worker), 120)
+        proc.signal_group(signal.SIGSTOP)
+        state = e2e.wait_for("the paused lease to end", ended_state(e2e, lease), 30)
+        if state == "expired":
+            return lease
+        ended.append(state)
+        proc.signal_group(signal.SIGCONT)
+    raise AssertionError(f"no lease of {worker} expired while it was stopped: {ended}")
+
+
 @pytest.mark.timeout(600)
 def test_worker_killed_and_worker_paused(e2e: E2E) -> None:
-    start(e2e, epochs=1)
+    start(e2e, epochs=2)  # leases enough for pause_worker_past_a_lease to retry
     c = e2e.cluster
 
     # kill -9 a worker mid-lease: the lease expires and its prompts are re-issued
@@ -55,9 +84,7 @@ def test_worker_killed_and_worker_paused(e2e: E2E) -> None:
     c.start_worker("w1")  # restarts with its token file, no new registration
 
     # SIGSTOP a worker past its lease, then SIGCONT: its late calls get 409
-    paused = e2e.wait_for("w2 to hold a lease", lambda: e2e.active_lease("w2"), 120)
-    c.workers["w2"].signal_group(signal.SIGSTOP)
-    e2e.wait_for("the paused lease to expire", lambda: e2e.lease_state(paused) != "active", 30)
+    paused = pause_worker_past_a_lease(e2e, "w2")
     c.workers["w2"].signal_group(signal.SIGCONT)
     # Its late heartbeat (one entry of its batched heartbeat call) or upload/complete is 409.
     late = re.compile(
