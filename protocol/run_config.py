@@ -29,6 +29,7 @@ from protocol import datasets, rewards
 from protocol.config_base import Rule, _fail, _Strict
 from protocol.environments import SINGLE_TURN, EnvironmentConfig
 from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
+from protocol.tracking import TrackingConfig
 
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
@@ -620,6 +621,12 @@ class RunConfig(_Strict):
     alarms: AlarmConfig = Field(default_factory=AlarmConfig, description="Alarm thresholds.")
     eval: EvalConfig | None = Field(
         None, description="Held-out evaluation during training (None: no evaluation)."
+    )
+    tracking: TrackingConfig | None = Field(
+        None,
+        description="Mirror the learner's per-step metrics, eval results and run config to "
+        "W&B, trackio or MLflow (None: none, unless the learner's --tracking-backend names "
+        "one; its --tracking-* flags override these fields).",
     )
 
     RULES: ClassVar[dict[str, Rule]] = {

@@ -105,6 +105,12 @@ def test_get_config_parses_the_stored_config(runs_client, admin, db: Session) ->
         ({"sampling": {"top_p": 0.9}}, "sampling.top_p", "top_p must be 1.0"),
         ({"lora": {"rank": 16, "extra": 1}}, "lora.extra", "Extra inputs are not permitted"),
         ({"surprise": True}, "surprise", "Extra inputs are not permitted"),
+        (
+            {"tracking": {"backend": "neptune"}},
+            "tracking.backend",
+            "tracking.backend must be one of wandb, trackio, mlflow (got 'neptune')",
+        ),
+        ({"tracking": {"backend": "mlflow", "uri": "file:///"}}, "tracking.uri", "Extra inputs"),
         ({"rewards": [{"name": "os:system"}]}, "rewards.0.name", "Python's standard library"),
         ({"rewards": [{"name": "answer_fromat"}]}, "rewards.0.name", "did you mean"),
         (
