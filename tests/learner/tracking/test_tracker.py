@@ -225,3 +225,17 @@ def test_without_a_tracker_every_call_is_a_no_op() -> None:
     tracker.log_eval(1, {"accuracy": 1.0})
     tracker.close()
     assert tracker.spec is None and not tracker.active and tracker.failed is None
+
+
+def test_no_tracker_package_is_imported_until_a_tracker_starts() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, learner.tracking, learner.tracking.tracker; "
+        "print([m for m in ('wandb', 'trackio', 'mlflow') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
