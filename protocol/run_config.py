@@ -739,12 +739,14 @@ class RunConfig(_Strict):
         return x
 
     def for_learner(self) -> dict[str, Any]:
-        """The config as a learner receives it at attach: no inline rows (LearnerRunConfig
-        parses it)."""
+        """The config as a learner receives it at attach: no inline rows, no `tracking` when
+        unset (LearnerRunConfig parses it)."""
         dumped = self.model_dump(mode="json")
         dumped["dataset"] = omit_rows(self.dataset).model_dump(mode="json")
         if self.eval is not None:
             dumped["eval"]["dataset"] = omit_rows(self.eval.dataset).model_dump(mode="json")
+        if self.tracking is None:  # learners from before the field refuse it (extra="forbid")
+            del dumped["tracking"]
         return dumped
 
     @field_validator("rewards")

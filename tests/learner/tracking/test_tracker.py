@@ -239,3 +239,16 @@ def test_no_tracker_package_is_imported_until_a_tracker_starts() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_attach_sends_tracking_only_when_set() -> None:
+    """Learners from before the field refuse unknown fields: a run without a tracker hands them
+    a config without it; one with a tracker hands the block over."""
+    from protocol.run_config import LearnerRunConfig
+
+    plain = _config().for_learner()
+    assert "tracking" not in plain and LearnerRunConfig.model_validate(plain).tracking is None
+    tracked = _config(backend="trackio", project="p").for_learner()
+    assert tracked["tracking"]["backend"] == "trackio"
+    block = LearnerRunConfig.model_validate(tracked).tracking
+    assert block is not None and block.project == "p"
