@@ -142,6 +142,13 @@ def test_invalid_config_is_422_with_field_and_reason(  # type: ignore[no-untyped
     assert db.execute(select(Run)).first() is None
 
 
+def test_a_tracking_block_is_stored_and_returned(runs_client, admin) -> None:  # type: ignore[no-untyped-def]
+    block = {"backend": "mlflow", "project": "arith", "run_name": "r1", "entity": None, "tags": []}
+    resp = runs_client.post("/api/v1/runs", json=example_config(tracking=block), headers=admin)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["run"]["config"]["tracking"] == block
+
+
 def test_create_needs_an_admin_token(runs_app, runs_client) -> None:  # type: ignore[no-untyped-def]
     assert runs_client.post("/api/v1/runs", json=example_config()).status_code == 401
     worker = mint_token(runs_app, "worker", scope_id=uuid.uuid4())
