@@ -296,6 +296,13 @@ def learner(
         help="Allow the run's `module:function` rewards from this module (repeatable); with "
         "the entry points of the group asyncgrpo.rewards, the only user code loaded.",
     ),
+    tracking_backend: str = typer.Option(
+        None, help="Mirror metrics to wandb, trackio or mlflow (none: off); wins over the run's."
+    ),
+    tracking_project: str = typer.Option(None, help="Tracker project / MLflow experiment."),
+    tracking_run_name: str = typer.Option(None, help="Name of the tracker's run."),
+    tracking_entity: str = typer.Option(None, help="W&B entity."),
+    tracking_uri: str = typer.Option(None, help="MLflow tracking URI."),
 ) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
     Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
@@ -314,6 +321,11 @@ def learner(
         "overlap": overlap,
         "checkpoint_every_versions": checkpoint_every_versions,
         "reward_modules": reward_module or None,
+        "tracking_backend": tracking_backend,
+        "tracking_project": tracking_project,
+        "tracking_run_name": tracking_run_name,
+        "tracking_entity": tracking_entity,
+        "tracking_uri": tracking_uri,
     }
     settings = _parse(LearnerSettings, given)
     from learner.main import main as learner_main

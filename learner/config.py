@@ -126,6 +126,32 @@ class LearnerSettings(BaseSettings):
         "JSON list in ASYNCGRPO_LEARNER_REWARD_MODULES or ASYNCGRPO_LEARNER_REWARD_MODULE).",
     )
 
+    # Experiment tracker (learner/tracking/; README, "Metrics in W&B, trackio or MLflow"): each
+    # field set here wins over the same field of the run config's `tracking` block.
+    tracking_backend: Literal["wandb", "trackio", "mlflow", "none"] | None = Field(
+        None,
+        description="Mirror metrics to wandb, trackio or mlflow; none: no tracker whatever the "
+        "run config says (None: the run config's tracking.backend, if any).",
+    )
+    tracking_project: str | None = Field(
+        None, description="W&B project, trackio project or MLflow experiment (None: the run's)."
+    )
+    tracking_run_name: str | None = Field(
+        None, description="Name of the tracker's run (None: the run config's, else derived)."
+    )
+    tracking_entity: str | None = Field(None, description="W&B entity (None: the run's).")
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI, e.g. http://mlflow:5000 or sqlite:///mlflow.db "
+        "(None: MLFLOW_TRACKING_URI or MLflow's default). Learner-only: never in the run config.",
+    )
+    tracking_close_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long the learner, when it stops, waits for the tracker to send what "
+        "it holds (the rest is dropped).",
+    )
+
     # The same variables as the server's (ASYNCGRPO_OUTBOUND_*), so that one deployment sets
     # the policy once; ASYNCGRPO_LEARNER_OUTBOUND_* is the learner-only spelling.
     outbound_allow_private: bool = Field(

@@ -14,6 +14,7 @@ import threading
 
 from learner.intake import Intake
 from learner.reward_pool import RewardPoolClosed
+from learner.tracking import Tracker
 from protocol import schemas_learner as sl
 from protocol.batches import BatchRejected
 from protocol.client import AsyncGrpoClient, ConflictError
@@ -58,6 +59,7 @@ class EvalScorer(threading.Thread):
         intake: Intake,
         config: EvalConfig,
         claim_wait_s: float = 2.0,
+        tracker: Tracker | None = None,
     ) -> None:
         super().__init__(daemon=True, name="learner-evals")
         self.client, self.run_id, self.fencing = client, run_id, fencing
@@ -66,6 +68,7 @@ class EvalScorer(threading.Thread):
         self.lost = threading.Event()
         self.finished = threading.Event()
         self.scored = 0  # batches posted
+        self.tracker = tracker  # gets each version's aggregates once the server has them
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -105,6 +108,8 @@ class EvalScorer(threading.Thread):
         body = sl.EvalResultsRequest(fencing=self.fencing, batch_id=batch.batch_id, samples=samples)
         answer = self.client.post_eval_results(self.run_id, body)
         self.scored += 1
+        if self.tracker is not None and answer.result is not None:
+            self.tracker.log_eval(answer.version, answer.result.model_dump())
         log.info(
             "eval batch %s of version %d scored%s",
             batch.batch_id,

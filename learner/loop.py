@@ -33,6 +33,7 @@ from learner.intake import Intake, IntakeResult
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
 from learner.spotcheck import compare_logprobs, far_outside, reported_logprobs
+from learner.tracking import Tracker
 from learner.trainer import Trainer, add_lora
 from learner.trajectory_metrics import trajectory_metrics
 from learner.transfers import BucketRefused, Retrier
@@ -114,6 +115,7 @@ class Session:
         self.run_id = settings.run_id
         self.fencing = attach.fencing
         self.config: RunConfig = LearnerRunConfig.model_validate(attach.run_config)
+        learner.tracker.start(self.run_id, self.config)  # once per process, redacted
         self.dir = settings.work_dir / self.run_id / f"f{self.fencing}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
@@ -170,6 +172,7 @@ class Session:
                 fencing=self.fencing,
                 intake=self.intake,
                 config=self.config.eval,
+                tracker=learner.tracker,
             )
         self.training_over = attach.run_status == "evaluating"
         self.next_step: Pending[PreparedStep] | None = None
@@ -387,6 +390,7 @@ class Session:
             step=self.trainer.step, version=self.building, values=_finite(metrics)
         )
         self.client.post_learner_metrics(self.run_id, self.fencing, [point])
+        self.learner.tracker.log_step(self.trainer.step, self.building, point.values)
 
     def _carries_checkpoint(self, version: int, final: bool) -> bool:
         """The resume checkpoint travels with every checkpoint_every_versions-th version, the
@@ -494,6 +498,7 @@ class Learner:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self.rewards_allowed = RewardAllowlist.discover(settings.reward_modules)
+        self.tracker = Tracker(settings)  # W&B / trackio / MLflow mirror; close() it at exit
 
     def attach(self) -> sl.AttachResponse:
         """Attach, waiting as a standby while another learner holds the run."""

@@ -15,9 +15,12 @@ def main(settings: LearnerSettings) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from learner.loop import Learner, RunFinished
 
+    learner = Learner(settings)
     try:
-        Learner(settings).run()
+        learner.run()
     except RunFinished as exc:
         logging.getLogger("learner").warning("stopping: %s", exc)
         return 1
+    finally:
+        learner.tracker.close()  # what the tracker still holds, within --tracking-close-s
     return 0

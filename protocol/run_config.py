@@ -29,6 +29,7 @@ from protocol import datasets, rewards
 from protocol.config_base import Rule, _fail, _Strict
 from protocol.environments import SINGLE_TURN, EnvironmentConfig
 from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
+from protocol.tracking import TrackingConfig
 
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_ROWS = 5_000_000  # epochs × dataset rows, all created up front
@@ -621,6 +622,12 @@ class RunConfig(_Strict):
     eval: EvalConfig | None = Field(
         None, description="Held-out evaluation during training (None: no evaluation)."
     )
+    tracking: TrackingConfig | None = Field(
+        None,
+        description="Mirror the learner's per-step metrics, eval results and run config to "
+        "W&B, trackio or MLflow (None: none, unless the learner's --tracking-backend names "
+        "one; its --tracking-* flags override these fields).",
+    )
 
     RULES: ClassVar[dict[str, Rule]] = {
         "name": (lambda s: 1 <= len(s.strip()) and len(s) <= 200, "must be 1 to 200 characters"),
@@ -732,12 +739,14 @@ class RunConfig(_Strict):
         return x
 
     def for_learner(self) -> dict[str, Any]:
-        """The config as a learner receives it at attach: no inline rows (LearnerRunConfig
-        parses it)."""
+        """The config as a learner receives it at attach: no inline rows, no `tracking` when
+        unset (LearnerRunConfig parses it)."""
         dumped = self.model_dump(mode="json")
         dumped["dataset"] = omit_rows(self.dataset).model_dump(mode="json")
         if self.eval is not None:
             dumped["eval"]["dataset"] = omit_rows(self.eval.dataset).model_dump(mode="json")
+        if self.tracking is None:  # learners from before the field refuse it (extra="forbid")
+            del dumped["tracking"]
         return dumped
 
     @field_validator("rewards")

@@ -362,7 +362,22 @@ class EvalResultsRequest(FencedRequest):
     )
 
 
+class EvalVersionResult(_Response):
+    n_prompts: int = Field(description="Eval prompts scored.")
+    n_samples: int = Field(description="Samples scored (prompts × n).")
+    mean_reward: float | None = Field(description="Mean total reward over the samples.")
+    accuracy: float | None = Field(
+        description="Share of samples whose accuracy_reward is at least the threshold."
+    )
+    pass_at_n: float | None = Field(description="Share of prompts with an accurate sample.")
+
+
 class EvalResultsResponse(_Response):
     version: int = Field(description="The version the batch evaluated.")
     version_done: bool = Field(description="Every item of that version is now scored.")
     run_status: str = Field(description="The run's status (completed once the last is done).")
+    result: EvalVersionResult | None = Field(
+        None,
+        description="The version's aggregates when this post finished it (version_done); "
+        "the learner mirrors them to its tracker. None otherwise, and from older servers.",
+    )

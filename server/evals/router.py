@@ -18,6 +18,7 @@ from protocol.schemas_learner import (
     EvalPromptOut,
     EvalResultsRequest,
     EvalResultsResponse,
+    EvalVersionResult,
 )
 from protocol.storage import ObjectStore
 from server.config import Settings
@@ -122,8 +123,10 @@ def post_results(
     done = service.score(session, run_id, batch, samples)
     run = learner_repo.get_run(session, run_id)
     assert run is not None
+    row = service.finished_result(session, run_id, batch.adapter_version) if done else None
+    result = None if row is None else EvalVersionResult.model_validate(row, from_attributes=True)
     return EvalResultsResponse(
-        version=batch.adapter_version, version_done=done, run_status=run.status
+        version=batch.adapter_version, version_done=done, run_status=run.status, result=result
     )
 
 

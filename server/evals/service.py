@@ -314,6 +314,12 @@ def pending_count(session: Session, run_id: uuid.UUID) -> int:
     return len(repo.pending_versions(session, run_id))
 
 
+def finished_result(session: Session, run_id: uuid.UUID, version: int) -> EvalResult | None:
+    """The version's aggregates once every item is scored (the learner mirrors them)."""
+    result = repo.result_of(session, run_id, version)
+    return result if result is not None and result.state == "done" else None
+
+
 def results(session: Session, run_id: uuid.UUID) -> tuple[RunConfig, list[EvalResult]]:
     run = runs.get_run(session, run_id)
     if run is None:

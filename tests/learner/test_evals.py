@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from learner.config import LearnerSettings
 from learner.evals import EvalScorer
 from learner.intake import Intake
+from learner.tracking import Tracker
 from protocol.batches import BatchMetadata, RolloutSample, write_batch
 from protocol.client import AsyncGrpoClient
 from protocol.run_config import LearnerRunConfig
@@ -138,8 +140,12 @@ def _wait(predicate: Any, what: str, timeout_s: float = 60.0) -> Any:
 
 
 def test_scorer_scores_rejects_and_the_version_closes(
-    live: tuple[str, Any], small_tokenizer: Any, tmp_path: Path
+    live: tuple[str, Any], small_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """…and the version's aggregates, in the answer that closed it, reach the learner's
+    tracker (an MLflow file store here)."""
+    from mlflow.tracking import MlflowClient
+
     from lm.chat import tokenizer_fingerprint
 
     base, app = live
@@ -153,6 +159,18 @@ def test_scorer_scores_rejects_and_the_version_closes(
     attach = learner.learner_attach(run_id, fingerprint)
     config = LearnerRunConfig.model_validate(attach.run_config)
     assert config.eval is not None
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = f"file://{tmp_path / 'mlruns'}"
+    tracker = Tracker(
+        LearnerSettings(
+            server_url=base,
+            run_id=run_id,
+            token=learner_token,
+            tracking_backend="mlflow",
+            tracking_uri=store,
+        )
+    )
+    tracker.start(run_id, config)
 
     good, bad = _eval_leases(worker, 2)
     _eval_batch(worker, worker_id, good, small_tokenizer, fingerprint, tmp_path, bad=False)
@@ -165,7 +183,12 @@ def test_scorer_scores_rejects_and_the_version_closes(
         work_dir=tmp_path / "learner",
     ) as intake:
         scorer = EvalScorer(
-            client=learner, run_id=run_id, fencing=attach.fencing, intake=intake, config=config.eval
+            client=learner,
+            run_id=run_id,
+            fencing=attach.fencing,
+            intake=intake,
+            config=config.eval,
+            tracker=tracker,
         )
         scorer.start()
         try:
@@ -186,3 +209,17 @@ def test_scorer_scores_rejects_and_the_version_closes(
     assert version["pass_at_n"] == pytest.approx(1.0)
     assert version["mean_reward"] == pytest.approx(3 / 4)
     assert not scorer.lost.is_set() and not scorer.finished.is_set()  # the run still trains
+    tracker.close(30)
+    assert tracker.failed is None
+    client = MlflowClient(tracking_uri=store)
+    (mirrored,) = client.search_runs([client.get_experiment_by_name("asyncgrpo").experiment_id])
+    metrics = {
+        key: [(m.step, m.value) for m in client.get_metric_history(mirrored.info.run_id, key)]
+        for key in ("eval/accuracy", "eval/pass_at_n", "eval/mean_reward", "eval/n_samples")
+    }
+    assert metrics == {  # the first post left the version open: one point, at version 0
+        "eval/accuracy": [(0, pytest.approx(3 / 4))],
+        "eval/pass_at_n": [(0, 1.0)],
+        "eval/mean_reward": [(0, pytest.approx(3 / 4))],
+        "eval/n_samples": [(0, 4.0)],
+    }

@@ -105,6 +105,12 @@ def test_get_config_parses_the_stored_config(runs_client, admin, db: Session) ->
         ({"sampling": {"top_p": 0.9}}, "sampling.top_p", "top_p must be 1.0"),
         ({"lora": {"rank": 16, "extra": 1}}, "lora.extra", "Extra inputs are not permitted"),
         ({"surprise": True}, "surprise", "Extra inputs are not permitted"),
+        (
+            {"tracking": {"backend": "neptune"}},
+            "tracking.backend",
+            "tracking.backend must be one of wandb, trackio, mlflow (got 'neptune')",
+        ),
+        ({"tracking": {"backend": "mlflow", "uri": "file:///"}}, "tracking.uri", "Extra inputs"),
         ({"rewards": [{"name": "os:system"}]}, "rewards.0.name", "Python's standard library"),
         ({"rewards": [{"name": "answer_fromat"}]}, "rewards.0.name", "did you mean"),
         (
@@ -134,6 +140,13 @@ def test_invalid_config_is_422_with_field_and_reason(  # type: ignore[no-untyped
     assert errors[0]["field"] == field
     assert message in errors[0]["message"]
     assert db.execute(select(Run)).first() is None
+
+
+def test_a_tracking_block_is_stored_and_returned(runs_client, admin) -> None:  # type: ignore[no-untyped-def]
+    block = {"backend": "mlflow", "project": "arith", "run_name": "r1", "entity": None, "tags": []}
+    resp = runs_client.post("/api/v1/runs", json=example_config(tracking=block), headers=admin)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["run"]["config"]["tracking"] == block
 
 
 def test_create_needs_an_admin_token(runs_app, runs_client) -> None:  # type: ignore[no-untyped-def]
