@@ -296,8 +296,20 @@ def learner(
         help="Allow the run's `module:function` rewards from this module (repeatable); with "
         "the entry points of the group asyncgrpo.rewards, the only user code loaded.",
     ),
+    collective_timeout_s: float = typer.Option(
+        None,
+        help="Data-parallel (torchrun): the gradient all-reduce's timeout and the step "
+        "watchdog's bound; shorter than the learner lease TTL (default 20).",
+    ),
+    fsdp: bool = typer.Option(
+        None,
+        "--fsdp/--no-fsdp",
+        help="Data-parallel (torchrun), experimental: shard the base weights with FSDP2.",
+    ),
 ) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
+    Under `torchrun --nproc-per-node N` (or accelerate launch) rank 0 is the learner and the
+    other ranks train their share of each step (README, "Data-parallel learner").
     Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
     from learner.config import LearnerSettings
 
@@ -314,6 +326,8 @@ def learner(
         "overlap": overlap,
         "checkpoint_every_versions": checkpoint_every_versions,
         "reward_modules": reward_module or None,
+        "collective_timeout_s": collective_timeout_s,
+        "fsdp": fsdp,
     }
     settings = _parse(LearnerSettings, given)
     from learner.main import main as learner_main
