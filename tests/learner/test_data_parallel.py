@@ -118,3 +118,14 @@ def test_split_shares_balances_and_keeps_every_sequence() -> None:
     ]
     assert max(loads) - min(loads) <= 10  # longest first to the least loaded: 66 positions
     assert split_shares(plan, 3, 24) == shares  # deterministic
+
+
+def test_rank_variables_and_devices() -> None:
+    from learner.distributed import RankEnv, rank_device, rank_env
+
+    assert rank_env({}) is None and rank_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
+    env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
+    assert rank_env(env) == RankEnv(rank=3, world_size=4, local_rank=1)
+    assert rank_env({"WORLD_SIZE": "2", "RANK": "1"}) == RankEnv(1, 2, 1)
+    assert rank_device("cuda", 3) == "cuda:3" and rank_device("cuda:0", 2) == "cuda:2"
+    assert rank_device("cpu", 1) == "cpu"
