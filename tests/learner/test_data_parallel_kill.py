@@ -222,3 +222,60 @@ def test_a_collective_timeout_not_below_the_lease_ttl_is_refused(
     assert code.returncode == 1, text[-3000:]
     assert "collective_timeout_s 10 must be shorter than the run's learner lease TTL" in text
     assert "rank 0 stopped (exit code 1)" in text  # rank 1 was told, not left waiting
+
+
+def test_a_one_rank_run_resumes_on_two_fsdp2_ranks_and_completes(
+    live10: tuple[str, Any], tmp_path: Path
+) -> None:
+    """Checkpoints are unsharded: version 1 from one process, the rest from two ranks with
+    FSDP2-sharded base weights (the resumed adapter loaded, then sharded)."""
+    from lm.models import load_tokenizer
+
+    base, app = live10
+    run = _run(app)
+    worker_id, _ = make_worker(app)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    log = tmp_path / "learner.log"
+    work = tmp_path / "work"
+    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path) for _ in range(3)]
+    single = _learner(base, run, work, log, {"MAX_VERSIONS": "1"})
+    assert single.wait(300) == 0, log.read_text()[-3000:]
+    _wait_lapsed(app, run.id, TTL_S + 5)
+    env = {
+        **os.environ,
+        "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
+        "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
+        "ASYNCGRPO_LEARNER_COLLECTIVE_TIMEOUT_S": "5",
+    }
+    cmd = [
+        str(Path(sys.executable).parent / "torchrun"),
+        *["--standalone", "--nproc-per-node", "2", "--no-python", "--"],
+        str(Path(sys.executable).parent / "asyncgrpo"),
+        "learner",
+        *["--server", base, "--run", str(run.id), "--token", run.token, "--fsdp"],
+        *["--threads", "1", "--work-dir", str(work)],
+    ]
+    with log.open("ab") as out:
+        done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    text = log.read_text()
+    assert done.returncode == 0, text[-3000:]
+    assert "rank 1 of 2 on cpu (FSDP2)" in text
+    assert "resuming version 1 (step 1) with the optimizer state of version 1" in text
+    assert "rank 1 joined the session at step 1" in text  # rank 0's state reached rank 1
+    with transaction(app.state.sessionmaker) as session:
+        versions = session.execute(
+            select(AdapterVersion.version, AdapterVersion.final)
+            .where(AdapterVersion.run_id == run.id)
+            .order_by(AdapterVersion.version)
+        ).all()
+        consumed = dict(
+            session.execute(
+                select(RolloutBatch.id, RolloutBatch.consumed_version).where(
+                    RolloutBatch.run_id == run.id
+                )
+            ).all()
+        )
+        ledger = ledger_model(session, run.id)
+    assert [v.version for v in versions] == [1, 2, 3, 4] and versions[-1].final
+    assert sorted(consumed[b] for b in batches) == [1, 2, 3]
+    assert ledger.balanced and ledger.by_state == {"consumed": len(ROWS)}, ledger
