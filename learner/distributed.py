@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -225,8 +224,3 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, list):
         return [_to_cpu(v) for v in value]
     return value
-
-
-def payload_bytes(value: Any) -> int:
-    """Pickled size of a message (the benchmark reports it)."""
-    return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))

@@ -19,7 +19,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -30,6 +29,7 @@ from learner.checkpoint import capture_state, load_state
 from learner.config import LearnerSettings
 from learner.evals import EvalScorer
 from learner.frozen import FrozenWeights
+from learner.heartbeat import Heartbeat
 from learner.intake import Intake, IntakeResult
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
@@ -63,40 +63,6 @@ class SpotCheckFailed(Exception):
 
 class RunFinished(Exception):
     """This learner stops: the run has ended (attach refused), or it failed."""
-
-
-class Heartbeat(threading.Thread):
-    """Keeps the learner lease; sets `lost` on a 409. `gate()` (data-parallel: the step
-    watchdog) returns why not to beat, or None: while it answers, no beat is sent, so a
-    step stuck in a collective lets the lease lapse."""
-
-    def __init__(
-        self,
-        client: AsyncGrpoClient,
-        run_id: str,
-        fencing: int,
-        interval: float,
-        gate: Callable[[], str | None] | None = None,
-    ):
-        super().__init__(daemon=True, name="learner-heartbeat")
-        self.client, self.run_id, self.fencing, self.interval = client, run_id, fencing, interval
-        self.gate = gate
-        self.lost = threading.Event()
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            withheld = self.gate() if self.gate is not None else None
-            if withheld is not None:
-                log.error("withholding the learner heartbeat: %s", withheld)
-                continue
-            try:
-                self.client.learner_heartbeat(self.run_id, self.fencing)
-            except ConflictError:
-                self.lost.set()
-                return
-            except Exception:  # transient: the next beat retries; the lease TTL decides
-                log.warning("learner heartbeat failed", exc_info=True)
 
 
 def _download_files(retrier: Retrier, files: list[sl.StoredFile], folder: Path) -> Path:

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from learner.distributed import Watchdog
-from learner.loop import Heartbeat
+from learner.heartbeat import Heartbeat
 from protocol.client import AsyncGrpoClient
 from server.db import transaction
 from server.learner.ledger import ledger_model
