@@ -303,8 +303,20 @@ def learner(
     tracking_run_name: str = typer.Option(None, help="Name of the tracker's run."),
     tracking_entity: str = typer.Option(None, help="W&B entity."),
     tracking_uri: str = typer.Option(None, help="MLflow tracking URI."),
+    collective_timeout_s: float = typer.Option(
+        None,
+        help="Data-parallel (torchrun): the gradient all-reduce's timeout and the step "
+        "watchdog's bound; shorter than the learner lease TTL (default 20).",
+    ),
+    fsdp: bool = typer.Option(
+        None,
+        "--fsdp/--no-fsdp",
+        help="Data-parallel (torchrun), experimental: shard the base weights with FSDP2.",
+    ),
 ) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
+    Under `torchrun --nproc-per-node N` (or accelerate launch) rank 0 is the learner and the
+    other ranks train their share of each step (README, "Data-parallel learner").
     Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
     from learner.config import LearnerSettings
 
@@ -326,6 +338,8 @@ def learner(
         "tracking_run_name": tracking_run_name,
         "tracking_entity": tracking_entity,
         "tracking_uri": tracking_uri,
+        "collective_timeout_s": collective_timeout_s,
+        "fsdp": fsdp,
     }
     settings = _parse(LearnerSettings, given)
     from learner.main import main as learner_main

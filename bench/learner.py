@@ -4,7 +4,10 @@ learner efficiency, today's path against the old one, each in its own process.
     .venv/bin/python bench/learner.py [--prompts 8] [--group 8] [--tokens 512] [--median 128]
         [--sigma 0.75] [--prompt-tokens 48] [--micro-batch-tokens 4096] [--repeats 3]
         [--warmup 1] [--no-plain] [--threads 2] [--variants baseline,ours,checkpointed] [--json]
+    .venv/bin/python bench/learner.py --ranks 1 2 [--threads 1] [the length-mix options] [--json]
     (or .venv/bin/python -m bench.learner ...)
+
+`--ranks`: the data-parallel learner step instead (bench/learner_ranks.py).
 
 Length mix (seeded, `--seed`): `--prompts` prompts, each of a length drawn uniformly from
 [prompt_tokens / 2, 2 × prompt_tokens], each with `--group` completions whose lengths are
@@ -76,18 +79,11 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    from learner.data import Completion, Group
-    from learner.trainer import Trainer, add_lora
-    from lm.models import load_model
+def bench_config(args: argparse.Namespace, variant: Variant) -> Any:
+    """The run config of the benchmark's steps."""
     from protocol.run_config import RunConfig
 
-    variant = VARIANTS[args.variant]
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    config = RunConfig.model_validate(
+    return RunConfig.model_validate(
         {
             "name": "bench",
             "base_model": args.model,
@@ -103,8 +99,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             },
         }
     )
-    model = add_lora(load_model(args.model), config)
-    vocab = model.config.vocab_size
+
+
+def bench_groups(args: argparse.Namespace, vocab: int) -> list[Any]:
+    """The step's groups: random token ids of the length mix (torch's seeded generator)."""
+    import torch
+
+    from learner.data import Completion, Group
+
     groups = []
     for prompt_len, lengths in length_mix(args):
         prompt = torch.randint(10, vocab, (prompt_len,)).tolist()
@@ -113,6 +115,21 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             ids = torch.randint(10, vocab, (n,)).tolist()
             completions.append(Completion(prompt, ids, (-torch.rand(n) * 3 - 8).tolist()))
         groups.append(Group(completions, [float(j % 2) for j in range(args.group)]))
+    return groups
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from learner.trainer import Trainer, add_lora
+    from lm.models import load_model
+
+    variant = VARIANTS[args.variant]
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config = bench_config(args, variant)
+    model = add_lora(load_model(args.model), config)
+    groups = bench_groups(args, model.config.vocab_size)
     trainer = Trainer(
         model,
         config,
@@ -249,13 +266,46 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", default="baseline,ours,checkpointed")
     parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        help="Data-parallel instead: the `ours` step over each of these numbers of ranks "
+        "(gloo on CPU; bench/learner_ranks.py); --threads is then per rank.",
+    )
+    parser.add_argument("--rank-child", action="store_true", help=argparse.SUPPRESS)
     report.add_json_flag(parser)
     args = parser.parse_args()
+    if args.rank_child or args.ranks:
+        from bench import learner_ranks
+
+        if args.rank_child:
+            figures = learner_ranks.rank_child(args)
+            if figures is not None:  # rank 0 (or a single process)
+                report.emit(args, figures)
+            return
+        learner_ranks.parent(args, _without_ranks(sys.argv[1:]))
+        return
     if args.variant:
         report.emit(args, child(args))
         return
     argv = [a for a in sys.argv[1:] if a != "--json"]
     parent(args, argv)
+
+
+def _without_ranks(argv: list[str]) -> list[str]:
+    """The command line for the rank children: no --ranks N…, no --json."""
+    out, skipping = [], False
+    for a in argv:
+        if a == "--ranks":
+            skipping = True
+            continue
+        if skipping and a.isdigit():
+            continue
+        skipping = False
+        if a != "--json":
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

@@ -102,6 +102,20 @@ class LearnerSettings(BaseSettings):
         "restart resumes the current version's weights with the latest checkpoint's optimizer "
         'state (docs/architecture.md, "The learner").',
     )
+    collective_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="Data-parallel learner only (torchrun --nproc-per-node N): how long a rank "
+        "waits in the step's gradient all-reduce before it fails (the process group's "
+        "timeout), and the bound of the step watchdog that withholds rank 0's heartbeat. "
+        "Must be shorter than the run's learner lease TTL (rank 0 stops otherwise).",
+    )
+    fsdp: bool = Field(
+        False,
+        description="Data-parallel learner only, experimental: shard the frozen base weights "
+        "over the ranks with FSDP2 (the LoRA weights stay whole on every rank); spot checks "
+        "are skipped while sharded.",
+    )
     reward_timeout_s: float = Field(
         60.0,
         gt=0,

@@ -321,6 +321,53 @@ def step_micro_batches(
     return [collate([seqs[i] for i in idx], pad_id) for idx in parts]
 
 
+@dataclass(frozen=True)
+class Share:
+    """One rank's part of a data-parallel step (learner/distributed.py): its sequences, the
+    step's normaliser (over every completion of the step, on every rank) and how many
+    micro-steps every rank runs — its own micro-batches, then empty ones that add nothing, so
+    that all ranks run the same count."""
+
+    sequences: list[TrainSequence]
+    normaliser: float
+    micro_steps: int
+
+
+def split_shares(
+    plan: StepPlan, ranks: int, token_budget: int, *, by_length: bool = True
+) -> list[Share]:
+    """Split the step's trained sequences (all-equal groups already left out) over `ranks`:
+    longest first (prompt + completion tokens; ties: index), each to the rank with the fewest
+    positions so far (ties: the lowest rank). Sequences are independent once their group's
+    advantages are known, so a group may span ranks. Deterministic."""
+    seqs = plan.sequences
+
+    def size(s: TrainSequence) -> int:
+        return len(s.completion.prompt_ids) + len(s.completion.completion_ids)
+
+    order = sorted(range(len(seqs)), key=lambda i: (-size(seqs[i]), i))
+    loads: list[int] = [0] * ranks
+    parts: list[list[int]] = [[] for _ in range(ranks)]
+    for i in order:
+        rank = min(range(ranks), key=lambda r: (loads[r], r))
+        parts[rank].append(i)
+        loads[rank] += size(seqs[i])
+    shares = [[seqs[i] for i in sorted(part)] for part in parts]
+    counts = []
+    for share in shares:
+        sizes = [(len(s.completion.prompt_ids), len(s.completion.completion_ids)) for s in share]
+        counts.append(len(micro_batches(sizes, token_budget, by_length=by_length)))
+    steps = max(counts)
+    return [Share(share, plan.normaliser, steps) for share in shares]
+
+
+def empty_micro_batch(pad_id: int) -> MicroBatch:
+    """A micro-batch of one pad token after a one-token prompt, masked out: its loss and
+    gradient are 0, but its forward and backward run (a rank with fewer sequences than the
+    others pads with these, so every rank runs the same collectives)."""
+    return collate([TrainSequence(Completion([pad_id], [pad_id], [0.0], [0]), 0.0)], pad_id)
+
+
 def padding_fraction(batches: Sequence[MicroBatch]) -> float:
     """Padded positions ÷ computed positions (rows × (prompt width + completion width), summed
     over `batches`): the share of the decoder's work spent on padding. 0 for no batches."""

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -29,6 +29,7 @@ from learner.checkpoint import capture_state, load_state
 from learner.config import LearnerSettings
 from learner.evals import EvalScorer
 from learner.frozen import FrozenWeights
+from learner.heartbeat import Heartbeat
 from learner.intake import Intake, IntakeResult
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
@@ -46,6 +47,9 @@ from protocol.schemas import TERMINAL_RUN_STATUSES
 from protocol.schemas_learner import MISSING_REWARDS, PREPARING
 from protocol.staleness import staleness, trained_on
 
+if TYPE_CHECKING:
+    from learner.distributed import DataParallel
+
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30.0  # how long close() waits for a background call to notice the stop
 
@@ -60,26 +64,6 @@ class SpotCheckFailed(Exception):
 
 class RunFinished(Exception):
     """This learner stops: the run has ended (attach refused), or it failed."""
-
-
-class Heartbeat(threading.Thread):
-    """Keeps the learner lease; sets `lost` on a 409."""
-
-    def __init__(self, client: AsyncGrpoClient, run_id: str, fencing: int, interval: float):
-        super().__init__(daemon=True, name="learner-heartbeat")
-        self.client, self.run_id, self.fencing, self.interval = client, run_id, fencing, interval
-        self.lost = threading.Event()
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            try:
-                self.client.learner_heartbeat(self.run_id, self.fencing)
-            except ConflictError:
-                self.lost.set()
-                return
-            except Exception:  # transient: the next beat retries; the lease TTL decides
-                log.warning("learner heartbeat failed", exc_info=True)
 
 
 def _download_files(retrier: Retrier, files: list[sl.StoredFile], folder: Path) -> Path:
@@ -188,10 +172,10 @@ class Session:
         from lm.adapter_io import load_adapter_version, snapshot_adapter
         from lm.models import load_model
 
-        settings = self.learner.settings
+        settings, dp, device = self.learner.settings, self.learner.dp, self.learner.device
         torch.manual_seed(self.config.seed)
         dtype = getattr(torch, settings.dtype)
-        base = load_model(self.config.base_model, dtype=dtype, device=settings.device)
+        base = load_model(self.config.base_model, dtype=dtype, device=device)
         if attach.resume_adapter:
             folder = _download_files(
                 self.retrier, attach.resume_adapter, self.dir / "resume" / "adapter"
@@ -199,7 +183,9 @@ class Session:
             model = load_adapter_version(base, folder, is_trainable=True)
         else:
             model = add_lora(base, self.config)
-        trainer = Trainer(model, self.config, pad_id=self.learner.pad_id, device=settings.device)
+        if dp is not None and dp.fsdp:
+            dp.shard(model)
+        trainer = Trainer(model, self.config, pad_id=self.learner.pad_id, device=device, dp=dp)
         if attach.current_version > 0:
             self.frozen.keep(attach.current_version, snapshot_adapter(model))
         if attach.resume_checkpoint:
@@ -209,6 +195,9 @@ class Session:
                 "version %d has no checkpoint at or below it: the optimizer starts fresh",
                 attach.current_version,
             )
+        if dp is not None:  # the other ranks build the same model and take this state
+            dp.scatter("session", [attach.run_config] * dp.world_size)
+            dp.share_trainer_state(trainer)
         return trainer
 
     def _restore(self, trainer: Trainer, attach: sl.AttachResponse) -> None:
@@ -328,6 +317,10 @@ class Session:
             fraction = self.config.grpo.spot_check_fraction
         batch = result.batch
         if self.rng.random() >= fraction:
+            return
+        dp = self.learner.dp
+        if dp is not None and dp.fsdp:  # a forward on rank 0 alone would wait for the others
+            log.info("no spot check for batch %s: the base weights are sharded", batch.batch_id)
             return
         if not self.frozen.has(batch.adapter_version):
             log.info(
@@ -479,11 +472,18 @@ def _last_version(run_limit: int | None, process_limit: int | None) -> int | Non
 class Learner:
     """Attach (standby on 409), run a session, re-attach on a lost lease."""
 
-    def __init__(self, settings: LearnerSettings, client: AsyncGrpoClient | None = None):
+    def __init__(
+        self,
+        settings: LearnerSettings,
+        client: AsyncGrpoClient | None = None,
+        dp: DataParallel | None = None,
+    ):
         from lm.chat import tokenizer_fingerprint
         from lm.models import load_tokenizer, set_threads
 
         self.settings = settings
+        self.dp = dp  # rank 0 of a data-parallel learner (learner/distributed.py), or None
+        self.device = dp.device if dp is not None else settings.device
         set_threads(settings.threads)
         self.client = client or AsyncGrpoClient(settings.server_url, settings.token, max_retries=30)
         self.heartbeat_client = AsyncGrpoClient(settings.server_url, settings.token)
@@ -522,6 +522,17 @@ class Learner:
                 log.info("another learner holds the run; standing by")
                 time.sleep(self.settings.standby_retry_s)
 
+    def _check_collective_timeout(self, attach: sl.AttachResponse) -> None:
+        """A data-parallel learner's collectives must time out before its lease would lapse
+        (a hung group would otherwise hold the run)."""
+        timeout = self.settings.collective_timeout_s
+        if self.dp is not None and timeout >= attach.lease_ttl_s:
+            raise RunFinished(
+                f"collective_timeout_s {timeout:g} must be shorter than the run's learner lease "
+                f"TTL ({attach.lease_ttl_s:g} s): set --collective-timeout-s or "
+                "ASYNCGRPO_LEARNER_COLLECTIVE_TIMEOUT_S lower"
+            )
+
     def _fail(self, fencing: int, reason: str) -> NoReturn:
         """An error in the run's own configuration, which a restart would meet again: the run
         becomes `failed` with the reason, and this learner stops."""
@@ -544,12 +555,14 @@ class Learner:
                 attach.current_version,
                 attach.resume_checkpoint_version,
             )
+            self._check_collective_timeout(attach)
             # the heartbeat runs from the attach on: loading the model may outlast the TTL
             heartbeat = Heartbeat(
                 self.heartbeat_client,
                 self.settings.run_id,
                 attach.fencing,
                 attach.heartbeat_interval_s,
+                gate=self.dp.watchdog.overdue if self.dp is not None else None,
             )
             heartbeat.start()
             session: Session | None = None

@@ -1,21 +1,57 @@
-"""Entry point of `asyncgrpo learner`: settings are parsed by the caller before torch loads."""
+"""Entry point of `asyncgrpo learner`: settings are parsed by the caller before torch loads.
+
+Under torchrun (or accelerate launch) every rank runs this: rank 0 is the learner, the others
+follow it (learner/distributed.py)."""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from learner.config import LearnerSettings
+
+if TYPE_CHECKING:
+    from learner.distributed import DataParallel
 
 
 def main(settings: LearnerSettings) -> int:
     """Run the learner until its run completes; returns the process exit code."""
+    from learner.distributed import rank_env
+
+    env = rank_env()
+    who = "learner" if env is None else f"learner[rank {env.rank}]"
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s learner %(name)s: %(message)s"
+        level=logging.INFO, format=f"%(asctime)s %(levelname)s {who} %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if env is None:
+        return _lead(settings, None)
+    from learner.distributed import DataParallel
+
+    dp = DataParallel(
+        env,
+        device=settings.device,
+        collective_timeout_s=settings.collective_timeout_s,
+        fsdp=settings.fsdp,
+    )
+    logging.getLogger("learner").info(
+        "rank %d of %d on %s%s", dp.rank, dp.world_size, dp.device, " (FSDP2)" if dp.fsdp else ""
+    )
+    if not dp.is_leader:
+        from learner.follower import follow
+
+        code = follow(settings, dp)
+    else:
+        code = _lead(settings, dp)
+        dp.stop(code)
+    dp.close()
+    return code
+
+
+def _lead(settings: LearnerSettings, dp: DataParallel | None) -> int:
     from learner.loop import Learner, RunFinished
 
-    learner = Learner(settings)
+    learner = Learner(settings, dp=dp)
     try:
         learner.run()
     except RunFinished as exc:

@@ -7,14 +7,29 @@ import resource
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from learner.data import Group, MicroBatch, padding_fraction, plan_step, step_micro_batches
+from learner.data import (
+    Group,
+    MicroBatch,
+    Share,
+    StepPlan,
+    collate,
+    empty_micro_batch,
+    micro_batches,
+    plan_step,
+    split_shares,
+    step_micro_batches,
+)
 from learner.loss import grpo_loss, merge_metrics
 from lm.logprobs import CHUNK_POSITIONS, packed_logprobs
 from protocol.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from learner.distributed import DataParallel
 
 
 def model_token_bounds(config: RunConfig) -> tuple[int, int | None]:
@@ -77,6 +92,21 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class StepRun:
+    """What one rank's part of an optimizer step did (gathered on rank 0 when data-parallel)."""
+
+    loss: float  # the step's loss (summed over the ranks when data-parallel)
+    parts: list[dict[str, float]]  # per micro-batch metrics (learner.loss.grpo_loss)
+    grad_norm: float  # before the clip, over the summed gradient
+    compute_s: float
+    allreduce_s: float  # 0 in one process
+    micro_batches: int  # this rank's own
+    empty_micro_steps: int  # run after them so every rank runs the same count
+    computed_positions: int
+    real_positions: int
+
+
 class Trainer:
     """A LoRA model and its optimizer; `train_step(groups)` takes one GRPO optimizer step.
 
@@ -93,6 +123,7 @@ class Trainer:
         device: str = "cpu",
         bucket_by_length: bool = True,
         chunk_positions: int | None = CHUNK_POSITIONS,
+        dp: DataParallel | None = None,
     ):
         self.model = model
         self.config = config
@@ -100,6 +131,8 @@ class Trainer:
         self.device = device
         self.bucket_by_length = bucket_by_length
         self.chunk_positions = chunk_positions
+        self.dp = dp
+        self.last_runs: list[StepRun] = []  # rank 0, data-parallel: every rank's last step
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
@@ -156,7 +189,14 @@ class Trainer:
         (a figure from a step that ran no sequence would measure only the planning).
         `padding_fraction`: padded ÷
         computed positions of the step's micro-batches. `peak_memory_bytes`: see
-        `peak_memory_bytes` (CUDA: this step's allocator peak; CPU: the process's peak RSS)."""
+        `peak_memory_bytes` (CUDA: this step's allocator peak; CPU: the process's peak RSS).
+
+        Data-parallel (rank 0; the others call `train_share`): the trained sequences are split
+        over the ranks (`split_shares`), each rank runs its share, the gradients are summed
+        over the ranks before the clip, so the step equals one process's on the same groups.
+        Extra metrics: `ranks`, `allreduce_s` (rank 0's time in the gradient all-reduce,
+        waiting for slower ranks included), `comm_fraction` (allreduce_s ÷ compute_s),
+        `empty_micro_steps` (over all ranks); `micro_batches` is per rank."""
         started = time.perf_counter()
         reset_peak_memory(self.device)
         g = self.config.grpo
@@ -169,41 +209,116 @@ class Trainer:
             skip_zero_advantage=g.beta == 0.0,
             max_total_tokens=max_total,
         )
-        batches = step_micro_batches(
-            plan, g.micro_batch_tokens, self.pad_id, by_length=self.bucket_by_length
-        )
+        if self.dp is None:
+            batches = step_micro_batches(
+                plan, g.micro_batch_tokens, self.pad_id, by_length=self.bucket_by_length
+            )
+            run = self._compute(batches, plan.normaliser, len(batches))
+            runs = [run]
+        else:
+            shares = split_shares(
+                plan, self.dp.world_size, g.micro_batch_tokens, by_length=self.bucket_by_length
+            )
+            run = self._run_share(self.dp.scatter("step", shares))
+            runs = self.dp.gather(run) or [run]
+            self.last_runs = runs
+        return self._step_metrics(plan, run, runs, started)
+
+    def train_share(self, share: Share) -> StepRun:
+        """A follower rank's part of a data-parallel step (rank 0 called `train_step`)."""
+        reset_peak_memory(self.device)
+        run = self._run_share(share)
+        assert self.dp is not None
+        self.dp.gather(run)
+        return run
+
+    def _run_share(self, share: Share) -> StepRun:
+        budget = self.config.grpo.micro_batch_tokens
+        sizes = [
+            (len(s.completion.prompt_ids), len(s.completion.completion_ids))
+            for s in share.sequences
+        ]
+        parts = micro_batches(sizes, budget, by_length=self.bucket_by_length)
+        batches = [collate([share.sequences[i] for i in idx], self.pad_id) for idx in parts]
+        return self._compute(batches, share.normaliser, share.micro_steps)
+
+    def _compute(self, batches: list[MicroBatch], normaliser: float, micro_steps: int) -> StepRun:
+        """Forward + backward over `batches` (then empty micro-batches up to `micro_steps`),
+        the gradient all-reduce when data-parallel, the clip and the optimizer step."""
+        g = self.config.grpo
         compute_started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss, parts = 0.0, []
         for mb in batches:
-            part_loss, metrics = self._micro_step(mb, plan.normaliser)
+            part_loss, metrics = self._micro_step(mb, normaliser)
             loss += part_loss
             parts.append(metrics)
+        for _ in range(micro_steps - len(batches)):
+            self._micro_step(empty_micro_batch(self.pad_id), normaliser)
+        allreduce_s = 0.0
+        if self.dp is not None and micro_steps > 0:
+            loss, allreduce_s = self._reduce_gradients(loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         _synchronize(self.device)
-        finished = time.perf_counter()
         self.step += 1
-        merged = merge_metrics(parts)
+        return StepRun(
+            loss=loss,
+            parts=parts,
+            grad_norm=float(grad_norm),
+            compute_s=time.perf_counter() - compute_started,
+            allreduce_s=allreduce_s,
+            micro_batches=len(batches),
+            empty_micro_steps=micro_steps - len(batches),
+            computed_positions=sum(mb.packed.input_ids.numel() for mb in batches),
+            real_positions=sum(int(mb.packed.attention_mask.sum()) for mb in batches),
+        )
+
+    def _reduce_gradients(self, loss: float) -> tuple[float, float]:
+        """Sum every trainable gradient, and the loss, over the ranks (one flat all-reduce);
+        returns the summed loss and the seconds the all-reduce took."""
+        assert self.dp is not None
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([gr.reshape(-1) for gr in grads] + [grads[0].new_tensor([loss])])
+        seconds = self.dp.all_reduce_sum(flat)
+        offset = 0
+        for p, gr in zip(self.params, grads, strict=True):
+            n = gr.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+        return float(flat[-1]), seconds
+
+    def _step_metrics(
+        self, plan: StepPlan, run: StepRun, runs: list[StepRun], started: float
+    ) -> dict[str, float]:
+        finished = time.perf_counter()
+        merged = merge_metrics([p for r in runs for p in r.parts])
         elapsed = finished - started
         trained_tokens = merged.get("tokens", 0.0)
+        computed = sum(r.computed_positions for r in runs)
+        real = sum(r.real_positions for r in runs)
         out = {
-            "loss": loss,
+            "loss": run.loss,
             "reward_mean": plan.reward_mean,
             "reward_std": plan.reward_std,
             "zero_advantage_fraction": plan.zero_advantage_groups / plan.n_groups,
-            "grad_norm": float(grad_norm),
+            "grad_norm": run.grad_norm,
             "groups": float(plan.n_groups),
             "completion_tokens": float(plan.n_completion_tokens),
             "trained_tokens": trained_tokens,
             "step_seconds": elapsed,
-            "compute_s": finished - compute_started,
-            "micro_batches": float(len(batches)),
-            "padding_fraction": padding_fraction(batches),
+            "compute_s": run.compute_s,
+            "micro_batches": float(run.micro_batches + run.empty_micro_steps),
+            "padding_fraction": (computed - real) / computed if computed else 0.0,
             "peak_memory_bytes": float(peak_memory_bytes(self.device)),
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
+        if self.dp is not None:
+            out["ranks"] = float(self.dp.world_size)
+            out["allreduce_s"] = run.allreduce_s
+            out["comm_fraction"] = run.allreduce_s / run.compute_s if run.compute_s > 0 else 0.0
+            out["empty_micro_steps"] = float(sum(r.empty_micro_steps for r in runs))
         if trained_tokens > 0 and elapsed > 0:
             out["tokens_per_s"] = trained_tokens / elapsed
         out.update({k: v for k, v in merged.items() if k != "tokens"})
