@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.datasets import DatasetError
-from protocol.schemas import check_free_json
+from protocol.schemas import MAX_JSON_DEPTH, check_free_json
 
 MAX_COLUMNS = 1_000
 BATCH_ROWS = 10_000
@@ -83,12 +83,25 @@ class JsonlCheck:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
+        row = _loads(text, where)
         self.columns.add(check_row(row, where, self.max_row_bytes), where)
         self.rows += 1
+
+
+def _loads(text: str | bytes, where: str) -> Any:
+    """json.loads with every refusal a DatasetError: besides syntax, an integer of more digits
+    than Python converts (ValueError) and nesting deeper than the parser's stack (RecursionError)
+    would otherwise escape as a 500."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+    except ValueError:
+        raise DatasetError(f"{where}: invalid JSON (a number with too many digits)") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
 
 
 def parquet_shape(path: Path) -> tuple[int, list[str]]:
@@ -122,11 +135,7 @@ def iter_rows(
             if not raw.strip():
                 continue
             where = f"line {number}"
-            try:
-                row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise DatasetError(f"{where}: not a UTF-8 JSON object ({exc})") from None
-            yield check_row(row, where, max_row_bytes)
+            yield check_row(_loads(raw, where), where, max_row_bytes)
 
 
 def _parquet_rows(

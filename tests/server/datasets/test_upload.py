@@ -62,6 +62,12 @@ HOSTILE = [
     (b'{"prompt": "ok"}\n[1, 2]\n', "line 2: a row must be a non-empty JSON object"),
     (b'{"prompt": "ok"}\n{"prompt": NaN}\n', "line 2: numbers must be finite"),
     (b'{"prompt": "ok"\n', "line 1: invalid JSON"),
+    # json.loads raises ValueError / RecursionError for these, not JSONDecodeError (were 500s)
+    (b'{"prompt": "ok", "n": ' + b"9" * 5000 + b"}\n", "line 1: invalid JSON (a number with too"),
+    (b'{"prompt": "ok", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested deeper"),
+    (b'{"prompt": "ok", "n": ' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}\n", "line 1: nested deep"),
+    # an unpaired surrogate cannot be encoded as UTF-8 (a lease carrying it could not be sent)
+    (b'{"prompt": "ok"}\n{"prompt": "\\ud800"}\n', "line 2: text may not contain an unpaired"),
 ]  # fmt: skip
 
 
