@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from protocol import datasets, layout, run_config
@@ -56,12 +57,24 @@ def spec_key(spec: HfDataset) -> str:
 
 def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
     """The one row of this hf spec: created pending (the `datasets` job loads it), or put
-    back to pending when it failed before (the Hub may be reachable now)."""
+    back to pending when it failed before (the Hub may be reachable now). Two run creations
+    naming a new spec at once both try the insert: the loser's savepoint is rolled back and it
+    takes the winner's row (the unique spec_key), not a 500."""
     key = spec_key(spec)
     found = repository.by_spec_key(session, key)
-    if found is not None:
-        repository.retry(session, found.id)
-        return repository.get(session, found.id) or found
+    if found is None:
+        try:
+            with session.begin_nested():
+                return _insert_hf(session, spec, key)
+        except IntegrityError:
+            found = repository.by_spec_key(session, key)
+            if found is None:
+                raise
+    repository.retry(session, found.id)
+    return repository.get(session, found.id) or found
+
+
+def _insert_hf(session: Session, spec: HfDataset, key: str) -> Dataset:
     dataset_id = uuid.uuid4()
     name = f"{spec.path}" + (f" ({spec.name})" if spec.name else "") + f" [{spec.split}]"
     return repository.insert(
