@@ -138,3 +138,45 @@ def test_nul_in_the_name_or_a_parquet_column_is_refused(ds_app, ds_client, admin
     resp = upload(ds_client, admin, parquet([{"pro\x00mpt": "x"}]), "nul.parquet")
     assert resp.status_code == 422 and "NUL" in resp.json()["detail"]
     _nothing_left(db, ds_app)
+
+
+class _FlakyBucket:
+    """The app's store, with reads failing as S3 does when unreachable or answering 5xx."""
+
+    def __init__(self, store, error: Exception) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.error = store, error
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name in ("head", "download_file"):
+            raise self.error
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_bucket_error_leaves_the_upload_pending_and_kept(ds_app, ds_client, admin, kind):  # type: ignore[no-untyped-def]
+    from botocore.exceptions import EndpointConnectionError
+
+    from protocol.storage import StoreError
+    from server.datasets.jobs import check_pending
+
+    data = jsonl(QUESTIONS) if kind == "jsonl" else parquet(QUESTIONS)
+    created = upload(ds_client, admin, data, f"q.{kind}").json()
+    key = f"datasets/{created['id']}/data.{kind}"
+    store, limits = ds_app.state.store, ds_app.state.settings.datasets
+    factory = ds_app.state.sessionmaker
+    for error in (EndpointConnectionError(endpoint_url="http://s3"), StoreError("503 on key")):
+        assert check_pending(factory, _FlakyBucket(store, error), limits) == 0
+        one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+        assert (one["status"], one["reason"]) == ("pending", None)
+        assert store.get_bytes(key) == data  # the upload is kept
+    assert check_pending(factory, store, limits) == 1  # the bucket is back
+    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+    assert one["status"] == "ready"
+
+
+def test_an_upload_gone_from_the_bucket_fails(ds_app, ds_client, admin, run_jobs):  # type: ignore[no-untyped-def]
+    created = upload(ds_client, admin, parquet(QUESTIONS), "q.parquet").json()
+    ds_app.state.store.delete(f"datasets/{created['id']}/data.parquet")
+    assert run_jobs("datasets") == [1]
+    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+    assert one["status"] == "failed" and "ObjectNotFound" in one["reason"]
