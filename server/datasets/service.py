@@ -43,7 +43,11 @@ def delete(session: Session, store: ObjectStore, dataset_id: uuid.UUID) -> None:
     if runs:
         names = ", ".join(str(r) for r in runs[:5])
         raise Conflict(f"dataset {dataset_id} is used by {len(runs)} run(s): {names}")
-    repository.remove(session, dataset_id)
+    try:
+        with session.begin_nested():
+            repository.remove(session, dataset_id)
+    except IntegrityError:  # a run created on it committed after the check above
+        raise Conflict(f"dataset {dataset_id} is used by a run created just now") from None
     session.commit()
     store.delete(dataset.bucket_key)
 
@@ -98,13 +102,13 @@ def dataset_for_run(
     prompt rows. A pending one is accepted (its columns checked when known, as for an upload):
     the run waits for it (status `preparing`). `where` is the config path of the spec (e.g.
     `eval.dataset`), named in the errors."""
-    if isinstance(spec, HfDataset):
-        dataset = find_or_create_hf(session, spec)
-    else:
-        found = repository.get(session, spec.id)
-        if found is None:
-            raise Unprocessable(f"dataset {spec.id} not found", field=f"{where}.id")
-        dataset = found
+    dataset_id = find_or_create_hf(session, spec).id if isinstance(spec, HfDataset) else spec.id
+    # Locked until the run is committed: a concurrent delete waits (then sees the run), or is
+    # waited for (then the dataset is not found), instead of a foreign-key error.
+    found = repository.get_for_share(session, dataset_id)
+    if found is None:
+        raise Unprocessable(f"dataset {dataset_id} not found", field=f"{where}.id")
+    dataset = found
     if dataset.status == "failed":
         raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field=f"{where}.id")
     # An upload's columns and rows are known from the moment it is stored (the request read
