@@ -142,9 +142,12 @@ def _load_hf(
     import datasets as hf  # the `datasets` library, not this package: slow to import
 
     kwargs = {k: spec[k] for k in ("name", "revision", "data_files") if spec.get(k) is not None}
-    loaded = hf.load_dataset(
-        spec["path"], split=spec.get("split", "train"), cache_dir=limits.hf_cache_dir, **kwargs
-    )
+    try:
+        loaded = hf.load_dataset(
+            spec["path"], split=spec.get("split", "train"), cache_dir=limits.hf_cache_dir, **kwargs
+        )
+    except StopIteration:  # the json loader on empty data files says only this
+        raise DatasetError("the dataset holds no rows (a dataset needs at least one)") from None
     if not isinstance(loaded, hf.Dataset):
         raise DatasetError(f"split {spec.get('split')!r} did not give one dataset")
     if loaded.num_rows == 0:
