@@ -66,6 +66,7 @@ HOSTILE = [
     (b'{"prompt": "ok", "n": ' + b"9" * 5000 + b"}\n", "line 1: invalid JSON (a number with too"),
     (b'{"prompt": "ok", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested deeper"),
     (b'{"prompt": "ok", "n": ' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}\n", "line 1: nested deep"),
+    (b'{"prompt": "a\\u0000b"}\n', "line 1: text may not contain NUL"),  # Postgres cannot store
     # an unpaired surrogate cannot be encoded as UTF-8 (a lease carrying it could not be sent)
     (b'{"prompt": "ok"}\n{"prompt": "\\ud800"}\n', "line 2: text may not contain an unpaired"),
 ]  # fmt: skip
