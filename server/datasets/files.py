@@ -120,7 +120,43 @@ def parquet_shape(path: Path) -> tuple[int, list[str]]:
         raise DatasetError(f"a Parquet dataset needs 1 to {MAX_COLUMNS:,} columns")
     if any("\x00" in c for c in columns):
         raise DatasetError("a column name may not contain NUL (\\u0000)")
+    for column in meta.schema_arrow:
+        if not _json_type(column.type):
+            raise DatasetError(
+                f"column {column.name!r} is {column.type}, not a JSON type: a dataset's columns "
+                "hold strings, numbers, booleans, lists and structs of these (no bytes, "
+                "timestamps, dates or decimals)"
+            )
     return rows, columns
+
+
+def _json_type(t: Any) -> bool:
+    """Whether every value of Arrow type `t` reads as a JSON value (the footer's schema: a bytes
+    column, e.g. text that is not UTF-8, is refused at upload, before any row is read)."""
+    import pyarrow as pa
+
+    types = pa.types
+    if types.is_null(t) or types.is_boolean(t) or types.is_integer(t):
+        return True
+    if types.is_floating(t):
+        return not types.is_float16(t)
+    if types.is_string(t) or types.is_large_string(t) or types.is_string_view(t):
+        return True
+    if types.is_dictionary(t):
+        return _json_type(t.value_type)
+    if (
+        types.is_list(t)
+        or types.is_large_list(t)
+        or types.is_fixed_size_list(t)
+        or types.is_list_view(t)
+        or types.is_large_list_view(t)
+    ):
+        return _json_type(t.value_type)
+    if types.is_struct(t):
+        return all(_json_type(t.field(i).type) for i in range(t.num_fields))
+    if types.is_map(t):
+        return _json_type(t.key_type) and _json_type(t.item_type)
+    return False
 
 
 def iter_rows(

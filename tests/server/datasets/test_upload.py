@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from sqlalchemy import func, select
 
 from server.models import Dataset
-from tests.server.datasets.files import QUESTIONS, empty_parquet, jsonl, parquet, upload
+from tests.server.datasets.files import (
+    QUESTIONS,
+    empty_parquet,
+    jsonl,
+    parquet,
+    typed_parquet,
+    upload,
+)
 
 
 def _nothing_left(db, app) -> None:  # type: ignore[no-untyped-def]
@@ -81,10 +91,18 @@ def test_hostile_jsonl_is_refused_and_nothing_is_kept(ds_app, ds_client, admin, 
     _nothing_left(db, ds_app)
 
 
-@pytest.mark.parametrize(
-    ("data", "reason"),
-    [(b"PAR1 not really parquet", "not a readable Parquet file"), (empty_parquet(), "no rows")],
-)
+HOSTILE_PARQUET = [
+    (b"PAR1 not really parquet", "not a readable Parquet file"),
+    (empty_parquet(), "no rows"),
+    # text that is not UTF-8 can only be a bytes column: refused from the footer's schema
+    (typed_parquet(prompt=pa.array([b"caf\xe9"], pa.binary())), "column 'prompt' is binary"),
+    (typed_parquet(prompt=["a"], t=pa.array([datetime(2020, 1, 1)])), "column 't' is timestamp"),
+    (typed_parquet(prompt=["a"], d=pa.array([Decimal("1.5")])), "column 'd' is decimal128"),
+    (typed_parquet(m=pa.array([[{"role": "user", "content": b"x"}]])), "column 'm' is list<"),
+]
+
+
+@pytest.mark.parametrize(("data", "reason"), HOSTILE_PARQUET)
 def test_hostile_parquet_is_refused(ds_app, ds_client, admin, db, data, reason):  # type: ignore[no-untyped-def]
     resp = upload(ds_client, admin, data, "bad.parquet")
     assert resp.status_code == 422, resp.text
