@@ -224,9 +224,10 @@ def _local(value: str) -> bool:
     return "://" not in value and "::" not in value
 
 
+_WHAT = {"path": "a Hub id, a loader name or a path on the server", "data_files": "server paths"}
 _NO_URL = (
-    "must be a Hub id, a loader name or a path on the server, not a URL: the server would fetch "
-    "it past the outbound policy (upload the file with POST /api/v1/datasets instead)"
+    "not a URL: the server would fetch it past the outbound policy (upload the file with "
+    "POST /api/v1/datasets instead)"
 )
 
 
@@ -256,7 +257,8 @@ class HfDataset(_MappedDataset):
     def _no_urls(cls, value: str | list[str] | None, info: ValidationInfo) -> Any:
         for item in [value] if isinstance(value, str) else value or []:
             if not _local(item):
-                raise _fail(f"{info.field_name} {_NO_URL} (got {item!r})")
+                field = info.field_name or "path"
+                raise _fail(f"{field} must be {_WHAT[field]}, {_NO_URL} (got {item!r})")
         return value
 
     def spec(self) -> dict[str, Any]:
