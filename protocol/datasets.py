@@ -168,6 +168,12 @@ def parse_jsonl(lines: Iterable[str] | str) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DatasetError(f"line {number}: invalid JSON ({exc.msg})") from exc
+        except ValueError:  # an integer of more digits than Python converts
+            raise DatasetError(
+                f"line {number}: invalid JSON (a number with too many digits)"
+            ) from None
+        except RecursionError:
+            raise DatasetError(f"line {number}: invalid JSON (nested too deeply)") from None
         try:
             rows.append(check_row(row))
         except DatasetError as exc:

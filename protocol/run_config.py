@@ -219,6 +219,19 @@ class UploadedDataset(_MappedDataset):
 _HF_TEXT = (lambda s: 1 <= len(s) <= 500, "must be 1 to 500 characters")
 
 
+def _local(value: str) -> bool:
+    """Not a URL nor an fsspec chain: the `datasets` library would fetch those itself, past the
+    outbound policy every address a run names goes through."""
+    return "://" not in value and "::" not in value
+
+
+_WHAT = {"path": "a Hub id, a loader name or a path on the server", "data_files": "server paths"}
+_NO_URL = (
+    "not a URL: the server would fetch it past the outbound policy (upload the file with "
+    "POST /api/v1/datasets instead)"
+)
+
+
 class HfDataset(_MappedDataset):
     """A Hugging Face dataset the server loads once with the `datasets` library into the
     bucket (as Parquet, with the library's fingerprint). Offline, `path` may be a local folder,
@@ -239,6 +252,15 @@ class HfDataset(_MappedDataset):
         "split": _HF_TEXT,
         "revision": _HF_TEXT,
     }
+
+    @field_validator("path", "data_files")
+    @classmethod
+    def _no_urls(cls, value: str | list[str] | None, info: ValidationInfo) -> Any:
+        for item in [value] if isinstance(value, str) else value or []:
+            if not _local(item):
+                field = info.field_name or "path"
+                raise _fail(f"{field} must be {_WHAT[field]}, {_NO_URL} (got {item!r})")
+        return value
 
     def spec(self) -> dict[str, Any]:
         """What identifies the loaded data (the column mapping does not)."""

@@ -44,8 +44,9 @@ KIB = 1024
 
 def check_free_json(value: Any, max_bytes: int) -> Any:
     """Raise ValueError (the path and the reason) unless `value` nests at most MAX_JSON_DEPTH
-    levels, holds only finite numbers and NUL-free strings, and is about max_bytes or less as
-    JSON. Walks iteratively: a hostile depth cannot exhaust the stack here."""
+    levels, holds only finite numbers and strings without NUL or unpaired surrogates (neither
+    can be stored or encoded as UTF-8), and is about max_bytes or less as JSON. Walks
+    iteratively: a hostile depth cannot exhaust the stack here."""
     size = 0
     stack: list[tuple[Any, int, str]] = [(value, 0, "")]
     while stack:
@@ -61,8 +62,7 @@ def check_free_json(value: Any, max_bytes: int) -> Any:
             stack.extend((c, depth + 1, f"{path}[{i}]") for i, c in enumerate(item))
             size += len(item) + 2
         elif isinstance(item, str):
-            _check_text(item, path)
-            size += len(item.encode("utf-8", "surrogatepass")) + 2
+            size += _check_text(item, path) + 2
         elif isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"numbers must be finite, not {item!r}{_at(path)}")
         else:
@@ -78,9 +78,16 @@ def _at(path: str) -> str:
     return f" (at {path})" if path else ""
 
 
-def _check_text(text: str, path: str) -> None:
+def _check_text(text: str, path: str) -> int:
+    """The text's size in UTF-8 bytes; ValueError for a NUL or an unpaired surrogate."""
     if "\x00" in text:
         raise ValueError(f"text may not contain NUL (\\u0000){_at(path)}")
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"text may not contain an unpaired surrogate (\\ud800-\\udfff){_at(path)}"
+        ) from None
 
 
 def free_json(max_bytes: int) -> Callable[[Any], Any]:

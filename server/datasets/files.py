@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.datasets import DatasetError
-from protocol.schemas import check_free_json
+from protocol.schemas import MAX_JSON_DEPTH, check_free_json
 
 MAX_COLUMNS = 1_000
 BATCH_ROWS = 10_000
@@ -83,12 +83,25 @@ class JsonlCheck:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
+        row = _loads(text, where)
         self.columns.add(check_row(row, where, self.max_row_bytes), where)
         self.rows += 1
+
+
+def _loads(text: str | bytes, where: str) -> Any:
+    """json.loads with every refusal a DatasetError: besides syntax, an integer of more digits
+    than Python converts (ValueError) and nesting deeper than the parser's stack (RecursionError)
+    would otherwise escape as a 500."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+    except ValueError:
+        raise DatasetError(f"{where}: invalid JSON (a number with too many digits)") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
 
 
 def parquet_shape(path: Path) -> tuple[int, list[str]]:
@@ -107,7 +120,43 @@ def parquet_shape(path: Path) -> tuple[int, list[str]]:
         raise DatasetError(f"a Parquet dataset needs 1 to {MAX_COLUMNS:,} columns")
     if any("\x00" in c for c in columns):
         raise DatasetError("a column name may not contain NUL (\\u0000)")
+    for column in meta.schema_arrow:
+        if not _json_type(column.type):
+            raise DatasetError(
+                f"column {column.name!r} is {column.type}, not a JSON type: a dataset's columns "
+                "hold strings, numbers, booleans, lists and structs of these (no bytes, "
+                "timestamps, dates or decimals)"
+            )
     return rows, columns
+
+
+def _json_type(t: Any) -> bool:
+    """Whether every value of Arrow type `t` reads as a JSON value (the footer's schema: a bytes
+    column, e.g. text that is not UTF-8, is refused at upload, before any row is read)."""
+    import pyarrow as pa
+
+    types = pa.types
+    if types.is_null(t) or types.is_boolean(t) or types.is_integer(t):
+        return True
+    if types.is_floating(t):
+        return not types.is_float16(t)
+    if types.is_string(t) or types.is_large_string(t) or types.is_string_view(t):
+        return True
+    if types.is_dictionary(t):
+        return _json_type(t.value_type)
+    if (
+        types.is_list(t)
+        or types.is_large_list(t)
+        or types.is_fixed_size_list(t)
+        or types.is_list_view(t)
+        or types.is_large_list_view(t)
+    ):
+        return _json_type(t.value_type)
+    if types.is_struct(t):
+        return all(_json_type(t.field(i).type) for i in range(t.num_fields))
+    if types.is_map(t):
+        return _json_type(t.key_type) and _json_type(t.item_type)
+    return False
 
 
 def iter_rows(
@@ -122,11 +171,7 @@ def iter_rows(
             if not raw.strip():
                 continue
             where = f"line {number}"
-            try:
-                row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise DatasetError(f"{where}: not a UTF-8 JSON object ({exc})") from None
-            yield check_row(row, where, max_row_bytes)
+            yield check_row(_loads(raw, where), where, max_row_bytes)
 
 
 def _parquet_rows(

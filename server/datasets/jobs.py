@@ -2,7 +2,8 @@
 were checked while it streamed, so it is only confirmed in the bucket; an uploaded Parquet file
 has every row read (JSON values, row size); an hf dataset is loaded with the `datasets` library
 (imported here only: it is slow to import), written to the bucket as Parquet and read the same
-way. One dataset at a time, each finished by a compare-and-set on `pending`."""
+way. One dataset at a time, each finished by a compare-and-set on `pending`; a bucket error
+(S3 unreachable, 5xx) leaves it pending for the next pass."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError
 from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.datasets import DatasetError
-from protocol.storage import ObjectStore, sha256_file
+from protocol.storage import (
+    InvalidKey,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    sha256_file,
+)
 from server.config import DatasetSettings
 from server.datasets import files, repository
 from server.db import transaction
@@ -56,6 +64,9 @@ def _finish_one(
             values = _confirm(store, key, expected)
         values["status"] = "ready"
     except Exception as exc:  # any failure is the dataset's reason, never the job's crash
+        if _bucket_trouble(exc):  # not the data's fault: keep it (and its file), retry later
+            log.warning("dataset %s: bucket error, tried again next pass: %s", dataset_id, exc)
+            return False
         log.info("dataset %s failed: %s", dataset_id, exc)
         values = {"status": "failed", "reason": _reason(exc)}
         if kind == "uploaded":
@@ -65,6 +76,15 @@ def _finish_one(
         if moved:
             _event(session, dataset_id, values)
     return moved
+
+
+def _bucket_trouble(exc: BaseException) -> bool:
+    """An object-store failure that says nothing about the file (S3 unreachable, a 5xx, a
+    timeout): failing the dataset for it would delete an upload that is fine. A missing object
+    is the dataset's failure."""
+    if isinstance(exc, ObjectNotFound | InvalidKey):
+        return False
+    return isinstance(exc, StoreError | BotoCoreError)
 
 
 def _reason(exc: BaseException) -> str:
@@ -122,9 +142,12 @@ def _load_hf(
     import datasets as hf  # the `datasets` library, not this package: slow to import
 
     kwargs = {k: spec[k] for k in ("name", "revision", "data_files") if spec.get(k) is not None}
-    loaded = hf.load_dataset(
-        spec["path"], split=spec.get("split", "train"), cache_dir=limits.hf_cache_dir, **kwargs
-    )
+    try:
+        loaded = hf.load_dataset(
+            spec["path"], split=spec.get("split", "train"), cache_dir=limits.hf_cache_dir, **kwargs
+        )
+    except StopIteration:  # the json loader on empty data files says only this
+        raise DatasetError("the dataset holds no rows (a dataset needs at least one)") from None
     if not isinstance(loaded, hf.Dataset):
         raise DatasetError(f"split {spec.get('split')!r} did not give one dataset")
     if loaded.num_rows == 0:

@@ -23,6 +23,13 @@ def get(session: Session, dataset_id: uuid.UUID) -> Dataset | None:
     return session.get(Dataset, dataset_id, populate_existing=True)
 
 
+def get_for_share(session: Session, dataset_id: uuid.UUID) -> Dataset | None:
+    """The dataset, its row locked FOR SHARE until the transaction ends (a run being created on
+    it): a concurrent delete waits, and a delete in progress is waited for (then None)."""
+    query = select(Dataset).where(Dataset.id == dataset_id).with_for_update(read=True)
+    return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
+
+
 def by_spec_key(session: Session, spec_key: str) -> Dataset | None:
     return session.execute(select(Dataset).where(Dataset.spec_key == spec_key)).scalar_one_or_none()
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from protocol import datasets, layout, run_config
@@ -42,7 +43,11 @@ def delete(session: Session, store: ObjectStore, dataset_id: uuid.UUID) -> None:
     if runs:
         names = ", ".join(str(r) for r in runs[:5])
         raise Conflict(f"dataset {dataset_id} is used by {len(runs)} run(s): {names}")
-    repository.remove(session, dataset_id)
+    try:
+        with session.begin_nested():
+            repository.remove(session, dataset_id)
+    except IntegrityError:  # a run created on it committed after the check above
+        raise Conflict(f"dataset {dataset_id} is used by a run created just now") from None
     session.commit()
     store.delete(dataset.bucket_key)
 
@@ -56,12 +61,24 @@ def spec_key(spec: HfDataset) -> str:
 
 def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
     """The one row of this hf spec: created pending (the `datasets` job loads it), or put
-    back to pending when it failed before (the Hub may be reachable now)."""
+    back to pending when it failed before (the Hub may be reachable now). Two run creations
+    naming a new spec at once both try the insert: the loser's savepoint is rolled back and it
+    takes the winner's row (the unique spec_key), not a 500."""
     key = spec_key(spec)
     found = repository.by_spec_key(session, key)
-    if found is not None:
-        repository.retry(session, found.id)
-        return repository.get(session, found.id) or found
+    if found is None:
+        try:
+            with session.begin_nested():
+                return _insert_hf(session, spec, key)
+        except IntegrityError:
+            found = repository.by_spec_key(session, key)
+            if found is None:
+                raise
+    repository.retry(session, found.id)
+    return repository.get(session, found.id) or found
+
+
+def _insert_hf(session: Session, spec: HfDataset, key: str) -> Dataset:
     dataset_id = uuid.uuid4()
     name = f"{spec.path}" + (f" ({spec.name})" if spec.name else "") + f" [{spec.split}]"
     return repository.insert(
@@ -85,13 +102,13 @@ def dataset_for_run(
     prompt rows. A pending one is accepted (its columns checked when known, as for an upload):
     the run waits for it (status `preparing`). `where` is the config path of the spec (e.g.
     `eval.dataset`), named in the errors."""
-    if isinstance(spec, HfDataset):
-        dataset = find_or_create_hf(session, spec)
-    else:
-        found = repository.get(session, spec.id)
-        if found is None:
-            raise Unprocessable(f"dataset {spec.id} not found", field=f"{where}.id")
-        dataset = found
+    dataset_id = find_or_create_hf(session, spec).id if isinstance(spec, HfDataset) else spec.id
+    # Locked until the run is committed: a concurrent delete waits (then sees the run), or is
+    # waited for (then the dataset is not found), instead of a foreign-key error.
+    found = repository.get_for_share(session, dataset_id)
+    if found is None:
+        raise Unprocessable(f"dataset {dataset_id} not found", field=f"{where}.id")
+    dataset = found
     if dataset.status == "failed":
         raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field=f"{where}.id")
     # An upload's columns and rows are known from the moment it is stored (the request read

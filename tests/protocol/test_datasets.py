@@ -93,6 +93,9 @@ def test_parse_jsonl_rows(tmp_path: Path) -> None:
         ('{"prompt": ""}', "line 1: prompt must be a non-empty string"),
         ('{"prompt": [{"role": "robot", "content": "x"}]}', "line 1: prompt message 0 has role"),
         ("\n\n", "at least one row"),
+        # ValueError and RecursionError from json.loads, not JSONDecodeError (were tracebacks)
+        ('{"prompt": "a", "n": ' + "9" * 5000 + "}", "line 1: invalid JSON (a number with too"),
+        ('{"prompt": "a", "n": ' + "[" * 100_000 + "]" * 100_000 + "}", "line 1: invalid JSON"),
     ],
 )
 def test_parse_jsonl_errors_name_the_line(text: str, message: str) -> None:

@@ -44,6 +44,14 @@ def test_nul_in_values_and_keys_is_refused() -> None:
         check_free_json({"k\x00": 1}, 1 << 20)
 
 
+def test_unpaired_surrogates_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"unpaired surrogate.*\(at a\[0\]\)"):
+        check_free_json({"a": ["x\ud800"]}, 1 << 20)
+    with pytest.raises(ValueError, match="unpaired surrogate"):
+        check_free_json({"k\udfff": 1}, 1 << 20)
+    assert check_free_json({"a": "😀 paired"}, 1 << 20)
+
+
 def test_size_is_bounded() -> None:
     assert check_free_json({"s": "x" * 900}, 1000)
     with pytest.raises(ValueError, match="larger than 1,000 bytes"):

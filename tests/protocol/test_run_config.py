@@ -318,6 +318,24 @@ def test_jsonl_size_limit() -> None:
         ({"kind": "hf", "path": "a", "prompt_column": ""}, "dataset.hf.prompt_column", "column"),
         ({"kind": "hf", "path": "a", "extra": 1}, "dataset.hf.extra", "Extra inputs"),
         ({"kind": "rows_omitted", "rows": 3}, "dataset", "does not match any of the expected"),
+        # URLs and fsspec chains would be fetched by the `datasets` library, past the outbound
+        # policy (a loopback URL was fetched): only Hub ids, loader names and server paths
+        (
+            {"kind": "hf", "path": "json", "data_files": "http://127.0.0.1:9/x.jsonl"},
+            "dataset.hf.data_files",
+            "not a URL",
+        ),
+        (
+            {"kind": "hf", "path": "json", "data_files": ["/d/a.jsonl", "s3://b/k.jsonl"]},
+            "dataset.hf.data_files",
+            "'s3://b/k.jsonl'",
+        ),
+        (
+            {"kind": "hf", "path": "csv", "data_files": "zip://x.csv::/d/a.zip"},
+            "dataset.hf.data_files",
+            "past the outbound policy",
+        ),
+        ({"kind": "hf", "path": "https://169.254.169.254/latest"}, "dataset.hf.path", "not a URL"),
     ],
 )
 def test_stored_dataset_rules(dataset: dict[str, Any], field: str, message: str) -> None:

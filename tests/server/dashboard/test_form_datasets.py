@@ -85,3 +85,21 @@ def test_a_bad_file_or_column_is_an_error_next_to_its_field(
     r = client.post("/runs/new", data={**FORM, "csrf_token": csrf})
     assert r.status_code == 422
     assert 'data-error-for="dataset.id">choose a stored dataset' in r.text
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "uploaded"])
+def test_a_jsonl_file_json_cannot_read_is_a_field_error(
+    client: TestClient, app, admin_token: str, kind: str
+) -> None:  # type: ignore[no-untyped-def]
+    """An integer over Python's 4,300 digits (ValueError) or nesting past the parser's stack
+    (RecursionError), inline or uploaded: an error next to the file field, not a 500."""
+    csrf = login(client, admin_token)
+    head = b'{"question": "q", "n": '
+    for line in (head + b"9" * 5000 + b"}\n", head + b"[" * 100_000 + b"]" * 100_000 + b"}\n"):
+        files = {"dataset.file": ("q.jsonl", line, "application/json")}
+        r = client.post(
+            "/runs/new", data={**FORM, "dataset.kind": kind, "csrf_token": csrf}, files=files
+        )
+        assert r.status_code == 422, r.text[-500:]
+        assert 'data-error-for="dataset.file">line 1: ' in r.text
+    assert _count(app, Dataset) == 0 and _count(app, Run) == 0

@@ -36,3 +36,10 @@ def upload(client: Any, admin: dict[str, str], data: bytes, name: str, **params:
     return client.post(
         "/api/v1/datasets", params={"name": name, **params}, content=data, headers=admin
     )
+
+
+def typed_parquet(**columns: Any) -> bytes:
+    """A Parquet file of the given pyarrow arrays (types a dataset may refuse)."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(columns), buffer)
+    return buffer.getvalue()

@@ -172,3 +172,17 @@ def test_delete_refuses_a_dataset_in_use(ds_app, ds_client, admin, run_jobs) -> 
     assert ds_client.delete(f"/api/v1/datasets/{free}", headers=admin).status_code == 204
     assert ds_app.state.store.head(f"datasets/{free}/data.jsonl") is None
     assert ds_client.get(f"/api/v1/datasets/{free}", headers=admin).status_code == 404
+
+
+def test_an_hf_dataset_without_rows_fails_the_run_with_the_reason(
+    ds_client, admin, run_jobs, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    spec = {"kind": "hf", "path": "json", "data_files": str(tmp_path / "empty.jsonl")}
+    run = _create(ds_client, admin, {**spec, "prompt_column": "question"}).json()["run"]
+    run_jobs("datasets", "run_prep")
+    (dataset,) = ds_client.get("/api/v1/datasets", headers=admin).json()
+    assert dataset["status"] == "failed"
+    assert dataset["reason"] == "the dataset holds no rows (a dataset needs at least one)"
+    after = ds_client.get(f"/api/v1/runs/{run['id']}", headers=admin).json()
+    assert after["status"] == "failed" and "holds no rows" in after["status_reason"]

@@ -174,3 +174,22 @@ def test_run_on_the_generator_and_inline_kinds(ds_app, ds_client, admin):  # typ
         pairs = [(r["prompt"], {"answer": r["answer"]}) for r in expected]
         _check_prompts(lease, batch, pairs)
         ds_client.post(f"/api/v1/runs/{run['run']['id']}/cancel", headers=admin)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_chat_messages_prompt_column_is_leased_as_it_is(ds_app, ds_client, admin, run_jobs, fmt):  # type: ignore[no-untyped-def]
+    rows = [
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": q["question"]}], "answer": q["answer"]}
+        for q in QUESTIONS
+    ]  # fmt: skip
+    data = jsonl(rows) if fmt == "jsonl" else parquet(rows)  # Parquet: list<struct<role, content>>
+    dataset_id = upload(ds_client, admin, data, f"chat.{fmt}").json()["id"]
+    # system_prompt goes before string prompts only: chat prompts keep their own messages
+    spec = {"kind": "uploaded", "id": dataset_id, "prompt_column": "messages",
+            "system_prompt": SYSTEM, "reference_columns": ["answer"]}  # fmt: skip
+    run = _prepared(ds_client, admin, run_jobs, spec)
+    _, lease, batch = _lease_and_claim(
+        ds_client, ds_app, admin, run["run"]["id"], run["learner_token"]
+    )
+    _check_prompts(lease, batch, [(r["messages"], {"answer": r["answer"]}) for r in rows])

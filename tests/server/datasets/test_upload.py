@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from sqlalchemy import func, select
 
 from server.models import Dataset
-from tests.server.datasets.files import QUESTIONS, empty_parquet, jsonl, parquet, upload
+from tests.server.datasets.files import (
+    QUESTIONS,
+    empty_parquet,
+    jsonl,
+    parquet,
+    typed_parquet,
+    upload,
+)
 
 
 def _nothing_left(db, app) -> None:  # type: ignore[no-untyped-def]
@@ -62,6 +72,13 @@ HOSTILE = [
     (b'{"prompt": "ok"}\n[1, 2]\n', "line 2: a row must be a non-empty JSON object"),
     (b'{"prompt": "ok"}\n{"prompt": NaN}\n', "line 2: numbers must be finite"),
     (b'{"prompt": "ok"\n', "line 1: invalid JSON"),
+    # json.loads raises ValueError / RecursionError for these, not JSONDecodeError (were 500s)
+    (b'{"prompt": "ok", "n": ' + b"9" * 5000 + b"}\n", "line 1: invalid JSON (a number with too"),
+    (b'{"prompt": "ok", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested deeper"),
+    (b'{"prompt": "ok", "n": ' + b'{"a":' * 40 + b"1" + b"}" * 40 + b"}\n", "line 1: nested deep"),
+    (b'{"prompt": "a\\u0000b"}\n', "line 1: text may not contain NUL"),  # Postgres cannot store
+    # an unpaired surrogate cannot be encoded as UTF-8 (a lease carrying it could not be sent)
+    (b'{"prompt": "ok"}\n{"prompt": "\\ud800"}\n', "line 2: text may not contain an unpaired"),
 ]  # fmt: skip
 
 
@@ -74,10 +91,18 @@ def test_hostile_jsonl_is_refused_and_nothing_is_kept(ds_app, ds_client, admin, 
     _nothing_left(db, ds_app)
 
 
-@pytest.mark.parametrize(
-    ("data", "reason"),
-    [(b"PAR1 not really parquet", "not a readable Parquet file"), (empty_parquet(), "no rows")],
-)
+HOSTILE_PARQUET = [
+    (b"PAR1 not really parquet", "not a readable Parquet file"),
+    (empty_parquet(), "no rows"),
+    # text that is not UTF-8 can only be a bytes column: refused from the footer's schema
+    (typed_parquet(prompt=pa.array([b"caf\xe9"], pa.binary())), "column 'prompt' is binary"),
+    (typed_parquet(prompt=["a"], t=pa.array([datetime(2020, 1, 1)])), "column 't' is timestamp"),
+    (typed_parquet(prompt=["a"], d=pa.array([Decimal("1.5")])), "column 'd' is decimal128"),
+    (typed_parquet(m=pa.array([[{"role": "user", "content": b"x"}]])), "column 'm' is list<"),
+]
+
+
+@pytest.mark.parametrize(("data", "reason"), HOSTILE_PARQUET)
 def test_hostile_parquet_is_refused(ds_app, ds_client, admin, db, data, reason):  # type: ignore[no-untyped-def]
     resp = upload(ds_client, admin, data, "bad.parquet")
     assert resp.status_code == 422, resp.text
@@ -132,3 +157,45 @@ def test_nul_in_the_name_or_a_parquet_column_is_refused(ds_app, ds_client, admin
     resp = upload(ds_client, admin, parquet([{"pro\x00mpt": "x"}]), "nul.parquet")
     assert resp.status_code == 422 and "NUL" in resp.json()["detail"]
     _nothing_left(db, ds_app)
+
+
+class _FlakyBucket:
+    """The app's store, with reads failing as S3 does when unreachable or answering 5xx."""
+
+    def __init__(self, store, error: Exception) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.error = store, error
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name in ("head", "download_file"):
+            raise self.error
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_bucket_error_leaves_the_upload_pending_and_kept(ds_app, ds_client, admin, kind):  # type: ignore[no-untyped-def]
+    from botocore.exceptions import EndpointConnectionError
+
+    from protocol.storage import StoreError
+    from server.datasets.jobs import check_pending
+
+    data = jsonl(QUESTIONS) if kind == "jsonl" else parquet(QUESTIONS)
+    created = upload(ds_client, admin, data, f"q.{kind}").json()
+    key = f"datasets/{created['id']}/data.{kind}"
+    store, limits = ds_app.state.store, ds_app.state.settings.datasets
+    factory = ds_app.state.sessionmaker
+    for error in (EndpointConnectionError(endpoint_url="http://s3"), StoreError("503 on key")):
+        assert check_pending(factory, _FlakyBucket(store, error), limits) == 0
+        one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+        assert (one["status"], one["reason"]) == ("pending", None)
+        assert store.get_bytes(key) == data  # the upload is kept
+    assert check_pending(factory, store, limits) == 1  # the bucket is back
+    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+    assert one["status"] == "ready"
+
+
+def test_an_upload_gone_from_the_bucket_fails(ds_app, ds_client, admin, run_jobs):  # type: ignore[no-untyped-def]
+    created = upload(ds_client, admin, parquet(QUESTIONS), "q.parquet").json()
+    ds_app.state.store.delete(f"datasets/{created['id']}/data.parquet")
+    assert run_jobs("datasets") == [1]
+    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
+    assert one["status"] == "failed" and "ObjectNotFound" in one["reason"]

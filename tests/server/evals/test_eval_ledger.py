@@ -62,6 +62,8 @@ def test_versions_zero_k_and_final_are_evaluated(app, client, admin_headers) -> 
                     p["prompt_row_id"] for p in lease["prompts"]
                 )
                 assert lease["group_size"] == 2
+                for prompt in lease["prompts"]:  # workers never see the reference columns
+                    assert set(prompt) == {"prompt_row_id", "dataset_row_id", "prompt", "epoch"}
                 assert lease["sampling"]["temperature"] == 0.7
                 assert (lease["adapter"] is None) == (lease["adapter_version"] == 0)
         score_evals(client, run, fencing)
