@@ -4,8 +4,9 @@ arrives, each JSONL line checked as it arrives), then put in the bucket and reco
 Checked here, in the request (a refusal is 413/422 and leaves nothing behind: no temp file, no
 object, no row): the declared and actual size, and for JSONL every line (UTF-8, one JSON object,
 finite numbers, at most `datasets.max_row_bytes`) and at least one row; for Parquet the footer
-(readable, at least one row, its columns). Checked by the `datasets` job (the dataset becomes
-`failed` with the reason): every Parquet row (JSON values, row size)."""
+(readable, at least one row, its columns and their types) and then every row (JSON values, row
+size), read from the temp file in bounded batches as the JSONL lines are. The `datasets` job
+checks the stored object again before the dataset is `ready`."""
 
 from __future__ import annotations
 
@@ -88,7 +89,10 @@ class _Sink:
         if self.jsonl is not None:
             self.jsonl.finish()
             return self.jsonl.rows, self.jsonl.columns.as_list()
-        return files.parquet_shape(self.path)
+        shape = files.parquet_shape(self.path)
+        for _ in files.iter_rows(self.path, "parquet", self.limits.max_row_bytes):
+            pass  # each row raises DatasetError naming itself, as a JSONL line does
+        return shape
 
 
 def _temp(store: ObjectStore) -> Path:

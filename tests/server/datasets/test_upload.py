@@ -134,15 +134,31 @@ def test_streamed_size_over_the_limit_is_413(ds_app, ds_client, admin, db):  # t
     _nothing_left(db, ds_app)
 
 
-def test_a_parquet_row_over_the_row_limit_fails_in_the_job(ds_app, ds_client, admin, db, run_jobs):  # type: ignore[no-untyped-def]
-    ds_app.state.settings.datasets.max_row_bytes = 4096
-    rows = [{"prompt": "short"}, {"prompt": "z" * 10_000}]
-    created = upload(ds_client, admin, parquet(rows), "rows.parquet").json()
-    run_jobs("datasets")
-    one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
-    assert one["status"] == "failed"
-    assert "row 1" in one["reason"] and "4096" in one["reason"].replace(",", "")
-    assert ds_app.state.store.head(f"datasets/{created['id']}/data.parquet") is None
+def test_a_parquet_row_over_the_row_limit_is_refused_at_upload(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
+    rows = [{"prompt": "short"}, {"prompt": "z" * (10 * 1024 * 1024)}]  # 10 MB, limit 1 MiB
+    resp = upload(ds_client, admin, parquet(rows), "rows.parquet")
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["field"] == "file"
+    detail = resp.json()["detail"]
+    assert "row 1" in detail and "1048576" in detail.replace(",", ""), detail
+    _nothing_left(db, ds_app)
+
+
+@pytest.mark.parametrize(
+    ("column", "reason"),
+    [
+        (pa.array([1.0, float("nan")]), "row 1"),
+        (pa.array(["ok", "a\x00b"]), "row 1"),
+    ],
+)
+def test_parquet_values_that_are_not_json_are_refused_at_upload(
+    ds_app, ds_client, admin, db, column, reason
+):  # type: ignore[no-untyped-def]
+    data = typed_parquet(prompt=["a", "b"], v=column)
+    resp = upload(ds_client, admin, data, "values.parquet")
+    assert resp.status_code == 422, resp.text
+    assert reason in resp.json()["detail"]
+    _nothing_left(db, ds_app)
 
 
 def test_upload_needs_an_admin_token(ds_client) -> None:  # type: ignore[no-untyped-def]
