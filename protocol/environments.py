@@ -126,7 +126,7 @@ class EnvironmentConfig(_Strict):
         None,
         description="Most tokens in one trajectory, prompt, model turns and environment turns "
         "together; None: the engine's max_model_len. The worker refuses a value above its "
-        "engine's max_model_len.",
+        "engine's max_model_len. Not for single_turn (bounded by sampling.max_new_tokens).",
     )
     tool_timeout_s: float = Field(
         5.0,
@@ -184,6 +184,12 @@ class EnvironmentConfig(_Strict):
         if self.name == SINGLE_TURN and self.max_turns not in (None, 1):
             raise ValueError(
                 f"max_turns: single_turn has exactly one model turn (got {self.max_turns})"
+            )
+        if self.name == SINGLE_TURN and self.max_total_tokens is not None:
+            raise ValueError(
+                "max_total_tokens: single_turn is bounded by sampling.max_new_tokens; its "
+                f"workers keep the single-turn path, which has no token budget "
+                f"(got {self.max_total_tokens})"
             )
         self._check_kwargs()
         return self

@@ -5,7 +5,7 @@ version is downloaded into a temporary folder, every file checked against its sh
 version checked against the lease's version sha256 (its weights file's sha256,
 protocol/adapters.py), and only then renamed into place; a folder in the cache is therefore
 always complete. When the cache exceeds its byte bound, the least recently used versions are
-deleted (never the one just asked for).
+deleted (never the one just asked for, nor one a held lease uses: `in_use`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +60,20 @@ def _folder_bytes(folder: Path) -> int:
 class AdapterCache:
     """Downloaded adapter versions under `root/{run_id}/v{version:06d}`, LRU by byte size."""
 
-    def __init__(self, root: Path, max_bytes: int, *, http: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int,
+        *,
+        http: httpx.Client | None = None,
+        in_use: Callable[[], set[tuple[str, int]]] | None = None,
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
         self.http = http
+        # The versions held leases generate with: never evicted (a multi-turn rollout may
+        # reload its version from its folder between two turns), even above the byte bound.
+        self.in_use = in_use or set
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, int], tuple[Path, int]] = OrderedDict()
         self.downloads = 0
@@ -153,7 +164,15 @@ class AdapterCache:
         shutil.rmtree(path, ignore_errors=True)
 
     def _evict(self, keep: tuple[str, int]) -> None:
-        while self.total_bytes > self.max_bytes and len(self._entries) > 1:
-            oldest = next(k for k in self._entries if k != keep)
+        pinned = {keep, *self.in_use()}
+        while self.total_bytes > self.max_bytes:
+            oldest = next((k for k in self._entries if k not in pinned), None)
+            if oldest is None:
+                log.warning(
+                    "adapter cache above its bound (%d > %d bytes): every version is in use",
+                    self.total_bytes,
+                    self.max_bytes,
+                )
+                return
             log.info("adapter cache full: evicting run=%s v%d", *oldest)
             self._drop(oldest)

@@ -61,11 +61,15 @@ class WorkerLoop:
         self.fingerprint = fingerprint
         self.encoder = encoder
         self._client_factory = client_factory
-        self.adapters = AdapterCache(settings.adapter_cache_dir, settings.adapter_cache_bytes)
+        self.held = HeldLeases()
+        self.adapters = AdapterCache(
+            settings.adapter_cache_dir,
+            settings.adapter_cache_bytes,
+            in_use=self.held.adapter_keys,  # a held lease's version stays on disk
+        )
         self.loads = AdapterLoads(self.adapters, backend)
         self.stop_event = threading.Event()
         self.history: list[LeaseRecord] = []
-        self.held = HeldLeases()
         self.max_inflight = settings.max_inflight_sequences or backend.default_inflight_sequences
         self.worker_id: str | None = None
         self.client: AsyncGrpoClient | None = None

@@ -33,6 +33,7 @@ from server.models import RolloutBatch
 # far below it); one message's text is cut at MAX_MESSAGE_CHARS.
 MAX_SAMPLE_BATCH_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_CHARS = 8000
+KEY_COLUMNS = ("prompt_row_id", "group_index")
 COLUMNS = [
     "prompt_row_id",
     "group_index",
@@ -84,10 +85,12 @@ def sample(
             batch_id=str(batch_id),
         )
     table = _read_table(store, batch)
-    order = sorted(
-        range(table.num_rows),
-        key=lambda i: (table["prompt_row_id"][i].as_py(), table["group_index"][i].as_py()),
-    )
+    keys = list(zip(*(table[name].to_pylist() for name in KEY_COLUMNS), strict=True))
+    if any(None in key or not all(isinstance(k, int) for k in key) for key in keys):
+        raise Unprocessable(
+            "a row of the batch has no integer prompt_row_id and group_index", field="batch_id"
+        )
+    order = sorted(range(table.num_rows), key=keys.__getitem__)
     if row >= len(order):
         raise Unprocessable(f"row {row} is outside the batch's {len(order)} rows", field="row")
     values = {name: table[name][order[row]].as_py() for name in COLUMNS}
@@ -106,11 +109,16 @@ def _read_table(store: ObjectStore, batch: RolloutBatch) -> pa.Table:
         try:
             pf = pq.ParquetFile(path)
             meta = json.loads((pf.metadata.metadata or {}).get(METADATA_KEY, b"{}"))
-            if meta.get("format_version") != FORMAT_VERSION_V2:
+            if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION_V2:
                 raise Unprocessable(
                     "the batch is not a trajectory batch (format 2): single-turn batches carry "
                     "no transcript",
                     field="batch_id",
+                )
+            missing = [name for name in COLUMNS if name not in pf.schema_arrow.names]
+            if missing:
+                raise Unprocessable(
+                    f"the batch lacks the column(s) {', '.join(missing)}", field="batch_id"
                 )
             return pf.read(columns=COLUMNS)
         except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
@@ -122,14 +130,33 @@ def _read_table(store: ObjectStore, batch: RolloutBatch) -> pa.Table:
 def _sample_out(
     batch: RolloutBatch, row: int, rows: int, values: dict[str, Any]
 ) -> TrajectorySampleOut:
+    empty = [name for name, value in values.items() if value is None]
+    if empty:
+        raise Unprocessable(f"the row has no {', '.join(empty)}", field="row")
     try:
         spans = _SPANS.validate_python(values["spans"])
         messages = _MESSAGES.validate_json(values["transcript"])
-        info = json.loads(values["info"])
-    except (ValidationError, ValueError) as exc:
+        info = json.loads(values["info"], parse_constant=_no_constant)
+        return _out(batch, row, rows, values, spans, messages, info)
+    except (ValidationError, ValueError, TypeError) as exc:
         raise Unprocessable(
-            f"the row's transcript or spans do not parse: {exc}", field="row"
+            f"the row's transcript, spans or counts do not parse: {exc}", field="row"
         ) from exc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"info holds {name}, which is not JSON")
+
+
+def _out(
+    batch: RolloutBatch,
+    row: int,
+    rows: int,
+    values: dict[str, Any],
+    spans: list[TurnSpan],
+    messages: list[TranscriptMessage],
+    info: Any,
+) -> TrajectorySampleOut:
     return TrajectorySampleOut(
         run_id=batch.run_id,
         batch_id=batch.id,

@@ -121,3 +121,99 @@ def test_learner_logprobs_of_model_tokens_equal_the_workers(rolled_out: Any) -> 
     )
     _assert_close(spot, ts)
     assert [len(x) for x in reported_logprobs(rows)] == [t.trained_tokens for t in ts]
+
+
+# -- a tool call on the real model ----------------------------------------------------------
+
+TOOL_T = 0.3
+TOOLS = EnvironmentConfig(name="tool_calls", tools=["calculator"], max_turns=2)
+CALL = (
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1234 * 5678"}}\n</tool_call>'
+)
+
+
+@pytest.fixture(scope="module")
+def tool_call_rollout() -> Iterator[tuple[Any, Trajectory]]:
+    """A tool_calls rollout on the real small model (transformers backend, fallback syntax)
+    whose first turn is a tool call, answered by an environment turn (the tool's result or
+    error). SmolLM2-135M copies the call syntax of the fallback instructions when asked to
+    repeat one (it writes their placeholder name, so the answer is a tool_error): a real
+    model-written call, parsed and answered by the environment, whatever its content."""
+    from worker.backends.transformers import TransformersBackend
+    from worker.environments.sandbox import ToolSandbox
+    from worker.environments.tool_calls import ToolCallsEnvironment
+
+    backend = TransformersBackend(SMALL_MODEL, num_threads=1, max_loaded_adapters=1)
+    try:
+        with ToolSandbox() as sandbox:
+            env = ToolCallsEnvironment(
+                TOOLS, backend.tokenizer, max_model_len=1024, sandbox=sandbox
+            )
+            prompt = [{"role": "user", "content": f"Repeat after me: {CALL}"}]
+            found = None
+            for seed in range(8):
+                engine = BackendTurnEngine(backend, temperature=TOOL_T, seed=seed)
+                t = env.rollout(engine, prompt, max_new_tokens=48)
+                validate_trajectory(t, 1024)
+                if t.tool_calls >= 1 and "environment" in [s.kind for s in t.spans]:
+                    found = t
+                    break
+            assert found is not None, "the small model wrote no tool call in 8 seeds"
+            yield backend.tokenizer, found
+    finally:
+        backend.close()
+
+
+def test_a_real_tool_call_trajectory_trains_model_tokens_only(tool_call_rollout: Any) -> None:
+    """Masks follow the spans, the learner's environment check passes, the learner's
+    log-probs of the model tokens equal the worker's, and the loss's gradient is zero on every
+    environment token and non-zero on model tokens (the loss through the LoRA model)."""
+    from learner.env_check import check_trajectory
+    from learner.loss import grpo_loss
+    from lm.models import load_model
+
+    tokenizer, t = tool_call_rollout
+    model_messages = [m for m in t.messages if m.kind == "model"]
+    assert "<tool_call>" in model_messages[0].content
+    assert [m.kind for m in t.messages].count("tool_result") + [m.kind for m in t.messages].count(
+        "tool_error"
+    ) >= 1
+    for span in t.spans:
+        assert set(t.loss_mask[span.start : span.end]) == {int(span.kind == "model")}
+    check_trajectory(t, tokenizer, TOOLS)  # the transcript re-derives the tokens
+
+    model = add_lora(load_model(SMALL_MODEL), _config())
+    mb = collate(
+        [TrainSequence(Completion.from_trajectory(t), 1.0)], pad_id=int(tokenizer.eos_token_id)
+    )
+    logp = packed_logprobs(model, mb.packed, TOOL_T)  # (1, T), with grad
+    logp.retain_grad()
+    mask = mb.completion_mask
+    trained = logp[0][mask[0].bool()].tolist()
+    diffs = [
+        abs(a - b)
+        for a, b in zip(trained, [lp for lp in t.logprobs if lp is not None], strict=True)
+    ]
+    assert len(diffs) == t.trained_tokens
+    assert sum(diffs) / len(diffs) < MEAN_TOL and max(diffs) < MAX_TOL, max(diffs)
+
+    loss, _ = grpo_loss(
+        logp,
+        mb.behaviour_logprobs,
+        torch.tensor([1.0]),
+        mask,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        normaliser=float(mask.sum()),
+    )
+    loss.backward()
+    assert logp.grad is not None
+    environment = (mb.packed.completion_mask[0].bool()) & (mb.loss_mask[0] == 0)
+    assert int(environment.sum()) == len(t.token_ids) - t.prompt_tokens - t.trained_tokens > 0
+    assert logp.grad[0][environment].abs().max().item() == 0.0
+    assert logp.grad[0][mask[0].bool()].abs().min().item() > 0.0
+    lora_grads = [
+        p.grad for n, p in model.named_parameters() if "lora_" in n and p.grad is not None
+    ]
+    assert lora_grads and any(g.abs().sum().item() > 0 for g in lora_grads)

@@ -50,6 +50,7 @@ def test_defaults_are_single_turn() -> None:
         ({"max_turns": 3}, "", "single_turn has exactly one model turn (got 3)"),
         ({"name": "guess_number", "max_turns": 0}, "max_turns", "between 1 and 64 (got 0)"),
         ({"max_total_tokens": 1}, "max_total_tokens", "between 2 and"),
+        ({"max_total_tokens": 512}, "", "single_turn is bounded by sampling.max_new_tokens"),
         ({"tool_timeout_s": 0}, "tool_timeout_s", "above 0 and at most 60 (got 0"),
         ({"tool_timeout_s": 61}, "tool_timeout_s", "at most 60"),
         ({"kwargs": {"x": 1}}, "", "single_turn takes no kwargs"),

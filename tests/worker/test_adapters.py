@@ -87,3 +87,17 @@ def test_damaged_cache_entry_is_fetched_again(s3_store: Any, tmp_path: Path) -> 
     assert handle2 is not None
     assert (handle2.path / ADAPTER_WEIGHTS).read_bytes() == b"good" * 10
     assert cache.downloads == 2
+
+
+def test_versions_of_held_leases_are_never_evicted(s3_store: Any, tmp_path: Path) -> None:
+    """A held lease's version stays on disk while newer ones arrive (a multi-turn rollout may
+    reload it between turns), even above the byte bound; once released, it goes first."""
+    refs = {v: publish(s3_store, RUN, v, bytes([v]) * 4000) for v in (1, 2, 3)}
+    held = {(RUN, 1)}
+    cache = AdapterCache(tmp_path, max_bytes=5_000, in_use=lambda: set(held))
+    cache.ensure(RUN, 1, refs[1])
+    cache.ensure(RUN, 2, refs[2])  # over the bound, but v1 is held
+    assert cache.keys() == [(RUN, 1), (RUN, 2)] and (tmp_path / RUN / "v000001").is_dir()
+    held.clear()
+    cache.ensure(RUN, 3, refs[3])
+    assert cache.keys() == [(RUN, 3)] and not (tmp_path / RUN / "v000001").exists()

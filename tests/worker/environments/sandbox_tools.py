@@ -28,3 +28,20 @@ def allocate(mib: int) -> str:
 
 def boom(expression: str = "") -> str:
     raise RuntimeError("the tool broke")
+
+
+def limits() -> str:
+    """The child's resource limits while it runs a call: address space, CPU time, core size,
+    and the CPU time it has used so far."""
+    import json
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return json.dumps(
+        {
+            "as": resource.getrlimit(resource.RLIMIT_AS),
+            "cpu": resource.getrlimit(resource.RLIMIT_CPU),
+            "core": resource.getrlimit(resource.RLIMIT_CORE),
+            "used": usage.ru_utime + usage.ru_stime,
+        }
+    )

@@ -46,11 +46,13 @@ def test_allowed_module_and_entry_point_run(small_tokenizer: Any) -> None:
 
 
 def test_limits_checked_against_the_engine(small_tokenizer: Any) -> None:
-    config = EnvironmentConfig(max_total_tokens=4096)
+    config = EnvironmentConfig(name="guess_number", max_total_tokens=4096)
     with pytest.raises(EnvironmentSetupError, match="exceeds this engine's max_model_len 1024"):
         make_environment(config, small_tokenizer, max_model_len=1024)
     tiny = make_environment(
-        EnvironmentConfig(max_total_tokens=8), small_tokenizer, max_model_len=64
+        EnvironmentConfig(name="guess_number", max_total_tokens=8),
+        small_tokenizer,
+        max_model_len=64,
     )
     with pytest.raises(PromptTooLong, match="no room for a model turn"):
         tiny.rollout(

@@ -3,6 +3,8 @@ the pool recovers for the next call."""
 
 from __future__ import annotations
 
+import json
+import math
 import socket
 import time
 
@@ -33,6 +35,20 @@ def test_busy_loop_is_killed(sandbox: ToolSandbox) -> None:
     outcome = sandbox.call(sandbox_tools.spin, {}, 1.0)
     assert outcome.result is None and outcome.error is not None
     assert sandbox.call(calculator, {"expression": "2*3"}, 5).result == "6"
+
+
+def test_each_call_runs_under_cpu_memory_and_core_limits(sandbox: ToolSandbox) -> None:
+    """The limits themselves, read inside the child during a call: the address space is the
+    sandbox's memory (soft = hard, so a tool cannot raise it), no core files, and a CPU-time
+    soft limit of the CPU used so far + the call's timeout (rounded up), which kills a
+    spinning tool by SIGXCPU even where the wall-clock kill fails."""
+    outcome = sandbox.call(sandbox_tools.limits, {}, 2.5)
+    assert outcome.result is not None, outcome.error
+    seen = json.loads(outcome.result)
+    cap = 256 * 1024 * 1024
+    assert seen["as"] == [cap, cap] and seen["core"] == [0, 0]
+    soft = seen["cpu"][0]
+    assert math.ceil(seen["used"]) + 2 <= soft <= math.ceil(seen["used"]) + 3  # ceil(2.5) = 3
 
 
 def test_memory_is_capped(sandbox: ToolSandbox) -> None:
