@@ -12,7 +12,8 @@ import pytest
 from bench import report
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-LIBRARIES = {"common.py", "report.py"}
+# learner_ranks.py is bench/learner.py --ranks, not a benchmark of its own
+LIBRARIES = {"common.py", "report.py", "learner_ranks.py"}
 
 
 def _takes_json(path: Path) -> bool:
