@@ -9,6 +9,7 @@ parameter). MB = 10^6 bytes, GB = 10^9 bytes; a link of L Gb/s moves L × 10^9 /
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ BYTES_BF16 = 2
 BYTES_ADAM_STATE = 8  # m and v, fp32
 MB = 1e6
 GB = 1e9
+MAX_LINK_GBPS = 1_000_000
+MAX_DIM = 10_000_000  # any config.json size (layers, widths, vocabulary) beyond is refused
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,10 @@ def plan_shape(shape: ModelShape, rank: int, targets: str, link_gbps: float) -> 
         raise ValueError(f"unknown target set {targets!r}")
     if not 1 <= rank <= 4096:
         raise ValueError(f"rank must be between 1 and 4096 (got {rank})")
-    if not link_gbps > 0:
-        raise ValueError(f"link speed must be greater than 0 Gb/s (got {link_gbps})")
+    if not (math.isfinite(link_gbps) and 0 < link_gbps <= MAX_LINK_GBPS):
+        raise ValueError(
+            f"link speed must be greater than 0 Gb/s, at most {MAX_LINK_GBPS:,} (got {link_gbps})"
+        )
     lora = lora_parameters(shape, rank, TARGETS[targets])
     adapter_bytes = lora * BYTES_BF16
     full = shape.parameters()
@@ -154,8 +159,11 @@ def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
 
     def number(key: str, default: int | None = None) -> int:
         value = config.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"config.json: {key} must be a positive integer (got {value!r})")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
+            raise ValueError(
+                f"config.json: {key} must be a positive integer, at most {MAX_DIM:,} "
+                f"(got {str(value)[:20]!r})"
+            )
         return value
 
     heads = number("num_attention_heads")
