@@ -89,6 +89,7 @@ def server(
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
         return
+    _refuse_an_old_schema(settings)
     # checked here too, once: a worker process failing its startup would be restarted in a loop
     _refuse_another_bucket(settings, first=True)
     if settings.print_admin_token:  # once, before the processes start (each would mint one)
@@ -124,6 +125,31 @@ def jobs(
     if beat:
         argv += ["-B", f"--schedule={schedule_file}"]
     celery_app.worker_main(argv)
+
+
+def _refuse_an_old_schema(settings) -> None:  # type: ignore[no-untyped-def]
+    """A server needs the schema of its own release: on a database that no `asyncgrpo db
+    upgrade` has brought to this code's head it exits 2 (deploy/kubernetes: server pods restart
+    until the migration Job has run, then come up) instead of serving errors."""
+    from sqlalchemy.exc import DBAPIError
+
+    from server.db import make_engine
+    from server.migrate import schema_behind
+
+    engine = make_engine(settings.database_url)
+    try:
+        behind = schema_behind(engine)
+    except DBAPIError as exc:
+        _fail(f"cannot read the database ({exc.orig})")
+    finally:
+        engine.dispose()
+    if behind is not None:
+        current, head = behind
+        _fail(
+            f"the database schema is at {current or 'nothing (empty database)'}, this server "
+            f"needs {head}: run `asyncgrpo db upgrade` first (Kubernetes: the asyncgrpo-migrate "
+            "Job)"
+        )
 
 
 def _refuse_another_bucket(settings, *, first: bool) -> None:  # type: ignore[no-untyped-def]
