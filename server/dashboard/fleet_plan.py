@@ -11,10 +11,11 @@ micro-batch of T tokens, a model of L layers, hidden h, KV width kv, MLP width i
   with or without FSDP (the learner replicates the LoRA weights and all-reduces their
   gradients).
 - activations kept for the backward pass, bf16, attention without the s² term (SDPA / flash):
-  per token and layer 2 · (6h + 2kv + 4i) bytes (two norm inputs, the projections' input, q, k,
-  v, the attention output, the MLP input, gate, up, activation and product). Without gradient
+  per token and layer 2 · (4h + 2q + 2kv + 4i) bytes (two norm inputs, the projections' input,
+  q, k, v, the attention output, the MLP input, gate, up, activation and product; q = heads ×
+  head_dim, which is h unless config.json sets its own head_dim). Without gradient
   checkpointing all L layers keep them; with it each layer keeps only its input (2h per token)
-  and one layer's set is alive again while it is recomputed: 2·L·h + 2·(6h + 2kv + 4i).
+  and one layer's set is alive again while it is recomputed: 2·L·h + 2·(4h + 2q + 2kv + 4i).
 - logits for the log-probabilities, fp32: 4·V per token.
 Activations are per GPU (each rank runs its own micro-batch), so FSDP does not divide them.
 An estimate: allocator fragmentation, CUDA context (~0.5-1 GB) and temporary buffers come on top.
@@ -140,7 +141,7 @@ class Memory:
 
 
 def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
-    one_layer = 2 * (6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.intermediate)
+    one_layer = 2 * (4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate)
     if checkpointing:
         return 2 * shape.layers * shape.hidden + one_layer
     return shape.layers * one_layer

@@ -34,10 +34,19 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     attention_bias: bool
+    # config.json's `head_dim` where it is not hidden ÷ heads (Qwen3, Gemma); None: hidden ÷ heads
+    explicit_head_dim: int | None = None
+    qk_norm: bool = False  # a norm over each head's q and k (Qwen3): 2 · head_dim per layer
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of q and of the attention output: heads × head_dim (= hidden unless the
+        config sets a head_dim of its own)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -45,22 +54,25 @@ class ModelShape:
 
     def module_dims(self) -> dict[str, tuple[int, int]]:
         """(d_in, d_out) of each linear module of one layer."""
-        h, kv, i = self.hidden, self.kv_dim, self.intermediate
+        h, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
         return {
-            "q_proj": (h, h),
+            "q_proj": (h, q),
             "k_proj": (h, kv),
             "v_proj": (h, kv),
-            "o_proj": (h, h),
+            "o_proj": (q, h),
             "gate_proj": (h, i),
             "up_proj": (h, i),
             "down_proj": (i, h),
         }
 
     def layer_parameters(self) -> int:
-        """One decoder layer: its linear modules, two norms, and the q/k/v biases if any."""
+        """One decoder layer: its linear modules, two norms, the q/k/v biases and the q/k norms
+        if any."""
         per_layer = sum(a * b for a, b in self.module_dims().values()) + 2 * self.hidden
         if self.attention_bias:
-            per_layer += self.hidden + 2 * self.kv_dim
+            per_layer += self.q_dim + 2 * self.kv_dim
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
         return per_layer
 
     def parameters(self) -> int:
@@ -167,10 +179,12 @@ def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
         return value
 
     heads = number("num_attention_heads")
+    hidden = number("hidden_size")
+    head_dim = number("head_dim", hidden // heads) if config.get("head_dim") is not None else None
     return ModelShape(
         name=name,
         layers=number("num_hidden_layers"),
-        hidden=number("hidden_size"),
+        hidden=hidden,
         intermediate=number("intermediate_size"),
         heads=heads,
         kv_heads=number("num_key_value_heads", heads),
@@ -178,6 +192,8 @@ def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         # Qwen2 puts a bias on q, k and v without saying so in its config.
         attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        explicit_head_dim=head_dim,
+        qk_norm=config.get("model_type") == "qwen3",
     )
 
 

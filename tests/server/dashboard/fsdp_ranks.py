@@ -27,12 +27,14 @@ SIZES = {
 
 
 def configs() -> dict[str, Any]:
-    """Hugging Face configs: Qwen2 (q/k/v biases, tied embeddings) and Llama (untied head)."""
-    from transformers import LlamaConfig, Qwen2Config
+    """Hugging Face configs: Qwen2 (q/k/v biases, tied embeddings), Llama (untied head) and
+    Qwen3 (a head_dim of its own, 32 ≠ 64 ÷ 4, and q/k norms)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     return {
         "qwen2": Qwen2Config(**SIZES, tie_word_embeddings=True),
         "llama": LlamaConfig(**SIZES, tie_word_embeddings=False),
+        "qwen3": Qwen3Config(**SIZES, head_dim=32, tie_word_embeddings=False),
     }
 
 

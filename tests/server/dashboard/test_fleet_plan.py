@@ -231,3 +231,29 @@ def test_a_config_json_with_absurd_sizes_is_refused(tmp_path) -> None:  # type: 
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="hidden_size must be a positive integer, at most 10,000"):
         load_shape(str(tmp_path))
+
+
+def test_a_config_json_with_its_own_head_dim(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Qwen3-4B's config.json: head_dim 128 with 32 heads (q is 4096 wide, hidden 2560) and q/k
+    norms. Per layer: q, o 2560·4096 = 10,485,760 each; k, v 2560·1024 = 2,621,440 each; MLP
+    3·2560·9728 = 74,711,040; norms 2·2560 + 2·128: 100,930,816. 36 layers + embeddings
+    151,936·2560 (tied) + final norm: 4,022,468,096 (the published 4.0B)."""
+    import json
+
+    config = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 36,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = load_shape(str(tmp_path))
+    assert shape.q_dim == 4096 and shape.kv_dim == 1024
+    assert shape.layer_parameters() == 100_930_816
+    assert shape.parameters() == 4_022_468_096

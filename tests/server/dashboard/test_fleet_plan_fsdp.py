@@ -1,6 +1,7 @@
 """The planner's learner memory (server/dashboard/fleet_plan.py) against what the learner's
 FSDP2 sharding (learner/distributed.py, `DataParallel.shard`) really leaves on each of two gloo
-ranks, for tiny bf16 Qwen2- and Llama-shaped models built from their Hugging Face configs: the
+ranks, for tiny bf16 Qwen2-, Llama- and Qwen3-shaped models built from their Hugging Face
+configs (so the planner's shape from a config.json is checked against the real modules too): the
 decoder layers' base weights are split, the embeddings, head, final norm and the LoRA state stay
 whole. The planner adds two unsharded layers in flight on top, which a rank at rest does not
 hold."""
@@ -28,7 +29,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("model", ["qwen2", "llama"])
+@pytest.mark.parametrize("model", ["qwen2", "llama", "qwen3"])
 def test_fsdp_estimate_matches_what_the_learner_shards(
     ranks: list[dict[str, Any]], model: str
 ) -> None:
