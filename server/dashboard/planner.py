@@ -180,14 +180,25 @@ def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
 
     heads = number("num_attention_heads")
     hidden = number("hidden_size")
-    head_dim = number("head_dim", hidden // heads) if config.get("head_dim") is not None else None
+    head_dim = number("head_dim") if config.get("head_dim") is not None else None
+    if head_dim is None and hidden % heads:
+        raise ValueError(
+            f"config.json: num_attention_heads ({heads}) must divide hidden_size ({hidden}), "
+            "or head_dim must be given"
+        )
+    kv_heads = number("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ValueError(
+            f"config.json: num_key_value_heads ({kv_heads}) must divide num_attention_heads "
+            f"({heads})"
+        )
     return ModelShape(
         name=name,
         layers=number("num_hidden_layers"),
         hidden=hidden,
         intermediate=number("intermediate_size"),
         heads=heads,
-        kv_heads=number("num_key_value_heads", heads),
+        kv_heads=kv_heads,
         vocab=number("vocab_size"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         # Qwen2 puts a bias on q, k and v without saying so in its config.

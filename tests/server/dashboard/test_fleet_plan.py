@@ -231,6 +231,13 @@ def test_a_config_json_with_absurd_sizes_is_refused(tmp_path) -> None:  # type: 
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="hidden_size must be a positive integer, at most 10,000"):
         load_shape(str(tmp_path))
+    config["hidden_size"] = 4  # 4 heads of width 1 is a shape; 64 heads in 4 is not
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 64}))
+    with pytest.raises(ValueError, match=r"num_attention_heads \(64\) must divide hidden_size"):
+        load_shape(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 3}))
+    with pytest.raises(ValueError, match=r"num_key_value_heads \(3\) must divide"):
+        load_shape(str(tmp_path))
 
 
 def test_a_config_json_with_its_own_head_dim(tmp_path) -> None:  # type: ignore[no-untyped-def]
