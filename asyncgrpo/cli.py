@@ -192,22 +192,41 @@ def _print_first_admin_token(settings) -> None:  # type: ignore[no-untyped-def]
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
     """Upgrade the schema (under an advisory lock on Postgres)."""
-    from server.db import make_engine
     from server.migrate import upgrade
 
-    settings = _settings()
-    upgrade(make_engine(settings.database_url), revision)
-    typer.echo(f"database at {revision}")
+    _migrate(upgrade, revision)
 
 
 @db_app.command("downgrade")
 def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. base.")) -> None:
     """Downgrade the schema."""
-    from server.db import make_engine
     from server.migrate import downgrade
 
+    _migrate(downgrade, revision)
+
+
+def _migrate(step: Any, revision: str) -> None:
+    """Run `step(engine, revision)`; an unreachable database or a bad URL or revision exits 2
+    with the reason (the Kubernetes migration Job's log shows it, then the Job retries)."""
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from server.db import make_engine
+
     settings = _settings()
-    downgrade(make_engine(settings.database_url), revision)
+    try:
+        engine = make_engine(settings.database_url)
+    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+    try:
+        step(engine, revision)
+    except CommandError as exc:
+        _fail(f"revision {revision!r}: {exc}")
+    except SQLAlchemyError as exc:
+        orig = getattr(exc, "orig", None) or exc
+        _fail(f"cannot migrate the database: {str(orig).strip().splitlines()[0]}")
+    finally:
+        engine.dispose()
     typer.echo(f"database at {revision}")
 
 
