@@ -140,7 +140,7 @@ def plan_shape(shape: ModelShape, rank: int, targets: str, link_gbps: float) -> 
     if targets not in TARGETS:
         raise ValueError(f"unknown target set {targets!r}")
     if not 1 <= rank <= 4096:
-        raise ValueError(f"rank must be between 1 and 4096 (got {rank})")
+        raise ValueError(f"rank must be between 1 and 4096 (got {str(rank)[:20]})")
     if not (math.isfinite(link_gbps) and 0 < link_gbps <= MAX_LINK_GBPS):
         raise ValueError(
             f"link speed must be greater than 0 Gb/s, at most {MAX_LINK_GBPS:,} (got {link_gbps})"
