@@ -89,6 +89,7 @@ def server(
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
         return
+    _refuse_an_old_schema(settings)
     # checked here too, once: a worker process failing its startup would be restarted in a loop
     _refuse_another_bucket(settings, first=True)
     if settings.print_admin_token:  # once, before the processes start (each would mint one)
@@ -124,6 +125,31 @@ def jobs(
     if beat:
         argv += ["-B", f"--schedule={schedule_file}"]
     celery_app.worker_main(argv)
+
+
+def _refuse_an_old_schema(settings) -> None:  # type: ignore[no-untyped-def]
+    """A server needs the schema of its own release: on a database that no `asyncgrpo db
+    upgrade` has brought to this code's head it exits 2 (deploy/kubernetes: server pods restart
+    until the migration Job has run, then come up) instead of serving errors."""
+    from sqlalchemy.exc import DBAPIError
+
+    from server.db import make_engine
+    from server.migrate import schema_behind
+
+    engine = make_engine(settings.database_url)
+    try:
+        behind = schema_behind(engine)
+    except DBAPIError as exc:
+        _fail(f"cannot read the database ({exc.orig})")
+    finally:
+        engine.dispose()
+    if behind is not None:
+        current, head = behind
+        _fail(
+            f"the database schema is at {current or 'nothing (empty database)'}, this server "
+            f"needs {head}: run `asyncgrpo db upgrade` first (Kubernetes: the asyncgrpo-migrate "
+            "Job)"
+        )
 
 
 def _refuse_another_bucket(settings, *, first: bool) -> None:  # type: ignore[no-untyped-def]
@@ -166,22 +192,41 @@ def _print_first_admin_token(settings) -> None:  # type: ignore[no-untyped-def]
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
     """Upgrade the schema (under an advisory lock on Postgres)."""
-    from server.db import make_engine
     from server.migrate import upgrade
 
-    settings = _settings()
-    upgrade(make_engine(settings.database_url), revision)
-    typer.echo(f"database at {revision}")
+    _migrate(upgrade, revision)
 
 
 @db_app.command("downgrade")
 def db_downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. base.")) -> None:
     """Downgrade the schema."""
-    from server.db import make_engine
     from server.migrate import downgrade
 
+    _migrate(downgrade, revision)
+
+
+def _migrate(step: Any, revision: str) -> None:
+    """Run `step(engine, revision)`; an unreachable database or a bad URL or revision exits 2
+    with the reason (the Kubernetes migration Job's log shows it, then the Job retries)."""
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from server.db import make_engine
+
     settings = _settings()
-    downgrade(make_engine(settings.database_url), revision)
+    try:
+        engine = make_engine(settings.database_url)
+    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+    try:
+        step(engine, revision)
+    except CommandError as exc:
+        _fail(f"revision {revision!r}: {exc}")
+    except SQLAlchemyError as exc:
+        orig = getattr(exc, "orig", None) or exc
+        _fail(f"cannot migrate the database: {str(orig).strip().splitlines()[0]}")
+    finally:
+        engine.dispose()
     typer.echo(f"database at {revision}")
 
 

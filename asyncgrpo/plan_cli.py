@@ -19,7 +19,11 @@ def plan(
     rank: int = typer.Option(16, help="LoRA rank."),
     targets: str = typer.Option("all-linear", help="qv, attention or all-linear."),
     link_gbps: float = typer.Option(1.0, help="Link to the workers in Gb/s (sync time)."),
-    learner_gpus: int = typer.Option(1, help="GPUs of the (data-parallel) learner."),
+    learner_gpus: int = typer.Option(
+        1,
+        help="GPUs of the learner (torchrun --nproc-per-node N; the fsdp layouts shard the "
+        "decoder layers' base weights over them).",
+    ),
     micro_batch_tokens: int = typer.Option(8192, help="Tokens in one micro-batch per GPU."),
     learner_gpu: str = typer.Option(
         None,
@@ -57,7 +61,15 @@ def plan(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Plan a run's learner and worker fleet from a model, rank, targets and GPU offers."""
+    """Plan a run's learner and worker fleet from a model, rank, targets and GPU offers.
+
+    Prints the adapter payload and sync time; the learner's memory per GPU in four layouts
+    (single, single+ckpt, fsdp, fsdp+ckpt: bf16 base weights as with the learner's --dtype
+    bfloat16, FSDP sharding the decoder layers' base weights only, as the learner's --fsdp
+    does); and, given --learner-gpu and --worker-gpu offers, the workers of each offer that
+    keep one learner busy (capped by the admission bound) with the cost per 1,000 accepted
+    samples. Bad input exits 2 with the option and the reason.
+    """
     from server.dashboard.fleet_plan import FleetInputs, Gpu, full_plan
     from server.dashboard.planner import load_shape, plan_shape
 
@@ -95,12 +107,20 @@ def plan(
             fleet=fleet,
         )
     except ValueError as exc:
-        _fail(str(exc))
+        _fail(_as_option(str(exc)))
     out = {"payload": payload.__dict__, **result.as_dict(), "measured": m or None}
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
     _print_tables(out)
+
+
+def _as_option(message: str) -> str:
+    """`group_size must be …` → `--group-size must be …`: the option the user typed."""
+    from server.dashboard.fleet_plan import LIMITS
+
+    field = message.split(" ", 1)[0]
+    return f"--{field.replace('_', '-')}{message[len(field) :]}" if field in LIMITS else message
 
 
 def _fail(message: str) -> NoReturn:
@@ -112,6 +132,8 @@ def _measured(run_id: str) -> Any:
     """The run's measurements from the server's database (server/dashboard/measured.py)."""
     import uuid
 
+    from sqlalchemy.exc import SQLAlchemyError
+
     from asyncgrpo.cli import _settings
     from server.dashboard.measured import measure
     from server.db import make_engine, make_sessionmaker, transaction
@@ -120,14 +142,47 @@ def _measured(run_id: str) -> Any:
         rid = uuid.UUID(run_id)
     except ValueError:
         _fail(f"--from-run: {run_id!r} is not a run id (a UUID)")
-    engine = make_engine(_settings().database_url)
+    url = _settings().database_url
+    _refuse_missing_sqlite(url)
+    try:
+        engine = make_engine(url)
+    except (SQLAlchemyError, ValueError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"--from-run: ASYNCGRPO_DATABASE_URL is not a database URL ({_first_line(exc)})")
     try:
         with transaction(make_sessionmaker(engine)) as session:
             return measure(session, rid)
     except LookupError as exc:
         _fail(f"--from-run: {exc}")
+    except SQLAlchemyError as exc:
+        _fail(
+            "--from-run: cannot read the server's database (is ASYNCGRPO_DATABASE_URL the "
+            f"server's, migrated with `asyncgrpo db upgrade`?): {_first_line(exc)}"
+        )
     finally:
         engine.dispose()
+
+
+def _first_line(exc: Exception) -> str:
+    """The driver's own message (no SQL, no parameters)."""
+    orig = getattr(exc, "orig", None)
+    return str(orig if orig is not None else exc).strip().splitlines()[0]
+
+
+def _refuse_missing_sqlite(url: str) -> None:
+    """A SQLite URL whose file does not exist: an error, not a new empty database file."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # make_engine names it
+    path = parsed.database
+    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:":
+        if not Path(path).is_file():
+            _fail(f"--from-run: no database at {path} (set ASYNCGRPO_DATABASE_URL to the server's)")
 
 
 def _print_tables(out: dict[str, Any]) -> None:

@@ -42,3 +42,22 @@ def check(engine: Engine) -> None:
     with engine.connect() as conn:
         cfg.attributes["connection"] = conn
         command.check(cfg)
+
+
+def schema_behind(engine: Engine) -> tuple[str | None, str] | None:
+    """(the database's revision, this code's head) when the database is behind this code's
+    migrations: no schema yet, or an older revision. None at head, or at a revision this code
+    does not know (a newer release migrated it: the older code keeps serving during a rollout)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(str(engine.url)))
+    head = script.get_current_head()
+    assert head is not None, "migrations/ has no head"
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    if current == head:
+        return None
+    if current is not None and current not in {r.revision for r in script.walk_revisions()}:
+        return None
+    return current, head

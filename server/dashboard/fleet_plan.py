@@ -2,14 +2,20 @@
 
 Memory of one learner GPU (GB = 10^9 bytes), for P base parameters, Lp LoRA parameters, a
 micro-batch of T tokens, a model of L layers, hidden h, KV width kv, MLP width i, vocabulary V:
-- base weights, bf16: 2·P bytes; with FSDP over N GPUs 2·P / N, plus two unsharded layers in
-  flight (the one computing and the one prefetched): 2 · 2 · (parameters of one layer).
-- LoRA training state, fp32: 16·Lp (weights 4, gradients 4, Adam m and v 8); with FSDP / N.
+- base weights, bf16: 2·P bytes. With FSDP over N GPUs what the learner shards
+  (learner/distributed.py, `shard`: each decoder layer's frozen base weights, FSDP2) is divided:
+  2·L·(parameters of one layer) / N, plus two unsharded layers in flight (the one computing and
+  the one prefetched): 2 · 2 · (parameters of one layer); the rest stays whole on every GPU:
+  2 · (embeddings, an untied LM head, the final norm).
+- LoRA training state, fp32: 16·Lp (weights 4, gradients 4, Adam m and v 8), whole on every GPU
+  with or without FSDP (the learner replicates the LoRA weights and all-reduces their
+  gradients).
 - activations kept for the backward pass, bf16, attention without the s² term (SDPA / flash):
-  per token and layer 2 · (6h + 2kv + 4i) bytes (two norm inputs, the projections' input, q, k,
-  v, the attention output, the MLP input, gate, up, activation and product). Without gradient
+  per token and layer 2 · (4h + 2q + 2kv + 4i) bytes (two norm inputs, the projections' input,
+  q, k, v, the attention output, the MLP input, gate, up, activation and product; q = heads ×
+  head_dim, which is h unless config.json sets its own head_dim). Without gradient
   checkpointing all L layers keep them; with it each layer keeps only its input (2h per token)
-  and one layer's set is alive again while it is recomputed: 2·L·h + 2·(6h + 2kv + 4i).
+  and one layer's set is alive again while it is recomputed: 2·L·h + 2·(4h + 2q + 2kv + 4i).
 - logits for the log-probabilities, fp32: 4·V per token.
 Activations are per GPU (each rank runs its own micro-batch), so FSDP does not divide them.
 An estimate: allocator fragmentation, CUDA context (~0.5-1 GB) and temporary buffers come on top.
@@ -34,6 +40,7 @@ from typing import Any
 
 from server.dashboard.planner import GB, TARGETS, ModelShape, lora_parameters
 
+BYTES_BASE = 2  # bf16 base weights (the learner's --dtype bfloat16)
 BYTES_LORA_STATE = 16  # fp32 weight, gradient, Adam m and v
 BYTES_LOGIT = 4
 
@@ -48,6 +55,40 @@ GPU_MEMORY_GB: dict[str, float] = {
     "H100": 80,
     "H200": 141,
 }
+
+
+# What the planner accepts (a wider value is a typo, and would overflow the arithmetic).
+MAX_PRICE_PER_HOUR = 10_000.0
+TOKENS_PER_S = (0.001, 1e9)
+LIMITS: dict[str, tuple[float, float]] = {
+    "completion_tokens": (1, 1_000_000),
+    "group_size": (1, 4096),
+    "bound_groups": (1, 10_000_000),
+    "worker_sequences": (1, 1_000_000),
+    "learner_gpus": (1, 4096),
+    "micro_batch_tokens": (1, 100_000_000),
+    "accept_fraction": (0.001, 1),
+}
+
+
+def _limit(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def shown(value: object) -> str:
+    """A value for an error message, however long the number typed."""
+    text = str(value)
+    return text if len(text) <= 20 else text[:17] + "…"
+
+
+def check_range(name: str, value: float) -> None:
+    """ValueError naming `name` unless LIMITS[name] holds finite `value`."""
+    low, high = LIMITS[name]
+    finite = not isinstance(value, float) or math.isfinite(value)
+    if not (finite and low <= value <= high):
+        raise ValueError(
+            f"{name} must be between {_limit(low)} and {_limit(high)} (got {shown(value)})"
+        )
 
 
 @dataclass(frozen=True)
@@ -77,10 +118,14 @@ class Gpu:
             price, rate = float(parts[1]), float(parts[2])
         except ValueError:
             raise ValueError(f"GPU {text!r}: price and tokens/s must be numbers") from None
-        if not (math.isfinite(price) and price >= 0):
-            raise ValueError(f"GPU {text!r}: price must be 0 or more")
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"GPU {text!r}: tokens/s must be greater than 0")
+        if not (math.isfinite(price) and 0 <= price <= MAX_PRICE_PER_HOUR):
+            raise ValueError(
+                f"GPU {shown(text)!r}: price must be between 0 and "
+                f"{_limit(MAX_PRICE_PER_HOUR)} USD per hour"
+            )
+        if not (math.isfinite(rate) and TOKENS_PER_S[0] <= rate <= TOKENS_PER_S[1]):
+            low, high = (_limit(x) for x in TOKENS_PER_S)
+            raise ValueError(f"GPU {shown(text)!r}: tokens/s must be between {low} and {high}")
         return cls(parts[0], price, rate)
 
 
@@ -96,7 +141,7 @@ class Memory:
 
 
 def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
-    one_layer = 2 * (6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.intermediate)
+    one_layer = 2 * (4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate)
     if checkpointing:
         return 2 * shape.layers * shape.hidden + one_layer
     return shape.layers * one_layer
@@ -113,10 +158,12 @@ def learner_memory(
 ) -> Memory:
     """GB on each of `gpus` learner GPUs (module docstring)."""
     shards = gpus if fsdp else 1
-    weights = 2 * shape.parameters() / shards
+    layers = shape.layers * shape.layer_parameters()  # sharded by FSDP
+    whole = shape.parameters() - layers  # embeddings, untied head, final norm: never sharded
+    weights = BYTES_BASE * (layers / shards + whole)
     if fsdp:
-        weights += 2 * 2 * shape.layer_parameters()
-    lora = BYTES_LORA_STATE * lora_params / shards
+        weights += 2 * BYTES_BASE * shape.layer_parameters()
+    lora = BYTES_LORA_STATE * lora_params  # replicated on every rank, FSDP or not
     acts = micro_batch_tokens * activation_bytes_per_token(shape, checkpointing)
     logits = micro_batch_tokens * BYTES_LOGIT * shape.vocab
     return Memory(
@@ -138,13 +185,16 @@ class FleetInputs:
     learner_gpus: int
 
     def check(self) -> None:
-        if not (math.isfinite(self.completion_tokens) and self.completion_tokens >= 1):
-            raise ValueError("completion_tokens must be 1 or more")
-        for name in ("group_size", "bound_groups", "worker_sequences", "learner_gpus"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be 1 or more")
-        if not 0 < self.accept_fraction <= 1:
-            raise ValueError("accept_fraction must be in (0, 1]")
+        """ValueError naming the first field outside LIMITS."""
+        for name in (
+            "completion_tokens",
+            "group_size",
+            "bound_groups",
+            "worker_sequences",
+            "learner_gpus",
+            "accept_fraction",
+        ):
+            check_range(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -211,8 +261,7 @@ def full_plan(
     fleet: FleetInputs,
 ) -> FullPlan:
     """Memory of every layout and, given a learner and worker offers, one fleet row each."""
-    if micro_batch_tokens < 1:
-        raise ValueError("micro_batch_tokens must be 1 or more")
+    check_range("micro_batch_tokens", micro_batch_tokens)
     if targets not in TARGETS:
         raise ValueError(f"unknown target set {targets!r}")
     fleet.check()
@@ -234,6 +283,6 @@ def full_plan(
         learner_gpus=fleet.learner_gpus,
         micro_batch_tokens=micro_batch_tokens,
         memory=memory,
-        learner_gpu_memory_gb=GPU_MEMORY_GB.get(learner.name) if learner else None,
+        learner_gpu_memory_gb=GPU_MEMORY_GB.get(learner.name.upper()) if learner else None,
         fleet=rows,
     )

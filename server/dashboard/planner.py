@@ -9,6 +9,7 @@ parameter). MB = 10^6 bytes, GB = 10^9 bytes; a link of L Gb/s moves L × 10^9 /
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ BYTES_BF16 = 2
 BYTES_ADAM_STATE = 8  # m and v, fp32
 MB = 1e6
 GB = 1e9
+MAX_LINK_GBPS = 1_000_000
+MAX_DIM = 10_000_000  # any config.json size (layers, widths, vocabulary) beyond is refused
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,19 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool
     attention_bias: bool
+    # config.json's `head_dim` where it is not hidden ÷ heads (Qwen3, Gemma); None: hidden ÷ heads
+    explicit_head_dim: int | None = None
+    qk_norm: bool = False  # a norm over each head's q and k (Qwen3): 2 · head_dim per layer
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of q and of the attention output: heads × head_dim (= hidden unless the
+        config sets a head_dim of its own)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -42,22 +54,25 @@ class ModelShape:
 
     def module_dims(self) -> dict[str, tuple[int, int]]:
         """(d_in, d_out) of each linear module of one layer."""
-        h, kv, i = self.hidden, self.kv_dim, self.intermediate
+        h, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
         return {
-            "q_proj": (h, h),
+            "q_proj": (h, q),
             "k_proj": (h, kv),
             "v_proj": (h, kv),
-            "o_proj": (h, h),
+            "o_proj": (q, h),
             "gate_proj": (h, i),
             "up_proj": (h, i),
             "down_proj": (i, h),
         }
 
     def layer_parameters(self) -> int:
-        """One decoder layer: its linear modules, two norms, and the q/k/v biases if any."""
+        """One decoder layer: its linear modules, two norms, the q/k/v biases and the q/k norms
+        if any."""
         per_layer = sum(a * b for a, b in self.module_dims().values()) + 2 * self.hidden
         if self.attention_bias:
-            per_layer += self.hidden + 2 * self.kv_dim
+            per_layer += self.q_dim + 2 * self.kv_dim
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
         return per_layer
 
     def parameters(self) -> int:
@@ -125,9 +140,11 @@ def plan_shape(shape: ModelShape, rank: int, targets: str, link_gbps: float) -> 
     if targets not in TARGETS:
         raise ValueError(f"unknown target set {targets!r}")
     if not 1 <= rank <= 4096:
-        raise ValueError(f"rank must be between 1 and 4096 (got {rank})")
-    if not link_gbps > 0:
-        raise ValueError(f"link speed must be greater than 0 Gb/s (got {link_gbps})")
+        raise ValueError(f"rank must be between 1 and 4096 (got {str(rank)[:20]})")
+    if not (math.isfinite(link_gbps) and 0 < link_gbps <= MAX_LINK_GBPS):
+        raise ValueError(
+            f"link speed must be greater than 0 Gb/s, at most {MAX_LINK_GBPS:,} (got {link_gbps})"
+        )
     lora = lora_parameters(shape, rank, TARGETS[targets])
     adapter_bytes = lora * BYTES_BF16
     full = shape.parameters()
@@ -154,22 +171,40 @@ def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
 
     def number(key: str, default: int | None = None) -> int:
         value = config.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"config.json: {key} must be a positive integer (got {value!r})")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
+            raise ValueError(
+                f"config.json: {key} must be a positive integer, at most {MAX_DIM:,} "
+                f"(got {str(value)[:20]!r})"
+            )
         return value
 
     heads = number("num_attention_heads")
+    hidden = number("hidden_size")
+    head_dim = number("head_dim") if config.get("head_dim") is not None else None
+    if head_dim is None and hidden % heads:
+        raise ValueError(
+            f"config.json: num_attention_heads ({heads}) must divide hidden_size ({hidden}), "
+            "or head_dim must be given"
+        )
+    kv_heads = number("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ValueError(
+            f"config.json: num_key_value_heads ({kv_heads}) must divide num_attention_heads "
+            f"({heads})"
+        )
     return ModelShape(
         name=name,
         layers=number("num_hidden_layers"),
-        hidden=number("hidden_size"),
+        hidden=hidden,
         intermediate=number("intermediate_size"),
         heads=heads,
-        kv_heads=number("num_key_value_heads", heads),
+        kv_heads=kv_heads,
         vocab=number("vocab_size"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         # Qwen2 puts a bias on q, k and v without saying so in its config.
         attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        explicit_head_dim=head_dim,
+        qk_norm=config.get("model_type") == "qwen3",
     )
 
 

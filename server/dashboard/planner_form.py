@@ -12,8 +12,27 @@ from sqlalchemy.orm import Session
 
 from server.dashboard.fleet_plan import FleetInputs, FullPlan, Gpu, full_plan
 from server.dashboard.measured import Measured, measure
-from server.dashboard.planner import ModelShape
+from server.dashboard.planner import ModelShape, Plan, plan
 from server.models import Run
+
+
+def field_number(values: dict[str, str], name: str, kind: type[int] | type[float]) -> Any:
+    """The form field `name` as an int or a finite float; ValueError naming the field."""
+    label = name.replace("_", " ")
+    try:
+        value = kind(values[name])
+    except ValueError:
+        whole = " whole" if kind is int else ""
+        raise ValueError(f"{label}: enter a{whole} number") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{label}: enter a finite number")
+    return value
+
+
+def payload_from_form(values: dict[str, str]) -> Plan:
+    """The adapter payload and sync time of the page's preset, rank, targets and link."""
+    rank = field_number(values, "rank", int)
+    return plan(values["model"], rank, values["targets"], field_number(values, "link_gbps", float))
 
 
 def plan_from_form(
@@ -23,13 +42,7 @@ def plan_from_form(
     written NAME:PRICE take their tokens/s from `measured`."""
 
     def number(name: str, kind: type[int] | type[float]) -> Any:
-        try:
-            value = kind(values[name])
-        except ValueError:
-            raise ValueError(f"{name.replace('_', ' ')}: enter a number") from None
-        if not math.isfinite(value):
-            raise ValueError(f"{name.replace('_', ' ')}: enter a finite number")
-        return value
+        return field_number(values, name, kind)
 
     offers = [w.strip() for w in values["worker_gpus"].split(",") if w.strip()]
     learner = values["learner_gpu"].strip()

@@ -497,10 +497,10 @@ def planner_page(
     result = fleet = measured = None
     try:
         measured = planner_form.measured_for_form(session, from_run, values, fill=bool(fill))
-        result = planner.plan(model, int(rank), targets, float(link_gbps))
+        result = planner_form.payload_from_form(values)
         fleet = planner_form.plan_from_form(planner.PRESETS[model], values, measured)
     except ValueError as exc:
-        error = str(exc) if "invalid literal" not in str(exc) else "enter numbers"
+        error = str(exc)
     template = (
         "components/_plan.html" if request.headers.get("HX-Request") else "pages/planner.html"
     )

@@ -72,3 +72,30 @@ def test_learner_reward_modules_from_options_and_environment(monkeypatch):  # ty
     bad = runner.invoke(app, [*base, "--reward-module", "os system"])
     assert bad.exit_code == 2 and "not a dotted module path" in bad.output
     assert len(seen) == 3
+
+
+def test_db_upgrade_names_an_unusable_database(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
+    """The migration Job's command (deploy/kubernetes/migrate-job.yaml): a database that is down,
+    a URL that does not parse or names a missing driver, or an unknown revision exit 2 with the
+    reason, not a traceback."""
+    from typer.testing import CliRunner
+
+    from asyncgrpo.cli import app
+    from tests.conftest import TEST_SECRET
+
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", TEST_SECRET)
+    cases = [
+        ("postgresql+psycopg://nobody@127.0.0.1:1/x", [], "cannot migrate the database"),
+        ("not a url", [], "is not a usable database URL"),
+        ("mysql://u@localhost/db", [], "is not a usable database URL"),
+        (f"sqlite:///{tmp_path / 'a.db'}", ["nosuchrev"], "revision 'nosuchrev'"),
+    ]
+    for url, args, message in cases:
+        monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", url)
+        result = CliRunner().invoke(app, ["db", "upgrade", *args])
+        assert result.exit_code == 2, (url, result.output)
+        assert message in result.output, (url, result.output)
+        if result.exception is not None:
+            assert isinstance(result.exception, SystemExit)
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", f"sqlite:///{tmp_path / 'b.db'}")
+    assert CliRunner().invoke(app, ["db", "upgrade"]).output.strip() == "database at head"

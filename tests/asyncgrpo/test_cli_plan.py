@@ -75,16 +75,95 @@ def test_plan_from_a_config_json(tmp_path) -> None:  # type: ignore[no-untyped-d
         (["--targets", "mlp"], "unknown target set 'mlp'"),
         (["--worker-gpu", "L4:0.3"], "NAME:PRICE_PER_HOUR:TOKENS_PER_S"),
         (["--learner-gpu", "H100:2:x"], "must be numbers"),
-        (["--accept-fraction", "0"], "accept_fraction must be in (0, 1]"),
-        (["--micro-batch-tokens", "0"], "micro_batch_tokens must be 1 or more"),
+        (["--accept-fraction", "0"], "--accept-fraction must be between 0.001 and 1 (got 0.0)"),
+        (["--accept-fraction", "nan"], "--accept-fraction must be between 0.001 and 1"),
+        (["--micro-batch-tokens", "0"], "--micro-batch-tokens must be between 1 and 100,000,000"),
+        (["--micro-batch-tokens", "9" * 400], "--micro-batch-tokens must be between 1 and"),
         (["--worker-gpu", "L4:0.3"], "none measured for L4"),
         (["--from-run", "nope"], "is not a run id"),
+        (["--rank", "-5"], "rank must be between 1 and 4096"),
+        (["--rank", "9" * 30], "rank must be between 1 and 4096"),
+        (["--link-gbps", "nan"], "link speed must be greater than 0 Gb/s"),
+        (["--link-gbps", "inf"], "link speed must be greater than 0 Gb/s"),
+        (["--link-gbps", "-1"], "link speed must be greater than 0 Gb/s"),
+        (["--learner-gpus", "0"], "--learner-gpus must be between 1 and 4,096"),
+        (["--learner-gpus", "9" * 30], "--learner-gpus must be between 1 and 4,096"),
+        (["--group-size", "0"], "--group-size must be between 1 and 4,096"),
+        (["--bound-groups", "-1"], "--bound-groups must be between 1 and 10,000,000"),
+        (["--worker-sequences", "0"], "--worker-sequences must be between 1 and 1,000,000"),
+        (["--completion-tokens", "1e308"], "--completion-tokens must be between 1 and 1,000,000"),
+        (["--completion-tokens", "inf"], "--completion-tokens must be between 1 and 1,000,000"),
+        (["--worker-gpu", "L4:1:1e-300"], "tokens/s must be between 0.001 and 1,000,000,000"),
+        (["--worker-gpu", "L4:1e308:1"], "price must be between 0 and 10,000 USD per hour"),
     ],
 )
 def test_bad_input_exits_non_zero_with_a_message(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["plan", "--learner-gpu", "H100:2:100", *args])
-    assert result.exit_code == 2
+    assert result.exit_code == 2, result.output
     assert message in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_the_fastest_learner_against_the_slowest_worker_is_a_plan() -> None:
+    """Used to end in OverflowError (ceil of infinity): now the limits keep it finite."""
+    args = ["plan", "--learner-gpu", "H100:2:1e9", "--worker-gpu", "L4:0.3:0.001", "--json"]
+    result = CliRunner().invoke(app, [*args, "--accept-fraction", "0.001"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.output)["fleet"][0]
+    assert row["bound_limited"] and row["cost_per_1000_accepted"] > 0
+
+
+def test_unknown_gpu_types_plan_without_a_fits_column() -> None:
+    """Any GPU name is an offer; the memory check needs a known one (case-insensitive)."""
+    args = ["plan", "--worker-gpu", "MI300X:2:3000", "--json"]
+    unknown = json.loads(CliRunner().invoke(app, [*args, "--learner-gpu", "TPU:1:100"]).output)
+    assert unknown["learner_gpu_memory_gb"] is None and unknown["fleet"][0]["gpu"] == "MI300X"
+    lower = json.loads(CliRunner().invoke(app, [*args, "--learner-gpu", "h100:1:100"]).output)
+    assert lower["learner_gpu_memory_gb"] == 80
+
+
+def test_help_names_what_it_plans() -> None:
+    result = CliRunner().invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for words in ("fsdp+ckpt", "admission bound", "1,000 accepted", "Bad input exits 2"):
+        assert words in result.output
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("not a url", "ASYNCGRPO_DATABASE_URL is not a database URL"),
+        ("mysql://u@localhost/db", "ASYNCGRPO_DATABASE_URL is not a database URL"),
+        ("postgresql+psycopg://nobody@127.0.0.1:1/x", "cannot read the server's database"),
+    ],
+)
+def test_from_run_without_a_reachable_database_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, url: str, message: str
+) -> None:
+    from tests.conftest import TEST_SECRET
+
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", url)
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", TEST_SECRET)
+    result = CliRunner().invoke(app, ["plan", "--from-run", "3f1b7a3e-0000-4000-8000-0000000000aa"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_from_run_on_an_empty_or_missing_sqlite_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """A missing SQLite file is named and not created; an unmigrated one is named too."""
+    run = ["plan", "--from-run", "3f1b7a3e-0000-4000-8000-0000000000aa"]
+    missing = tmp_path / "none.db"
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", f"sqlite:///{missing}")
+    result = CliRunner().invoke(app, run)
+    assert result.exit_code == 2 and f"no database at {missing}" in result.output
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", f"sqlite:///{empty}")
+    result = CliRunner().invoke(app, run)
+    assert result.exit_code == 2 and "asyncgrpo db upgrade" in result.output
 
 
 def test_worker_gpus_without_a_learner_are_refused() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -134,3 +136,152 @@ def test_hpa_scales_the_worker_statefulset_on_the_admissible_work_metric() -> No
 
     model = _by_kind("ConfigMap", "asyncgrpo-worker-settings")["data"]["ASYNCGRPO_WORKER_MODEL"]
     assert metric["selector"]["matchLabels"]["model_label"] == model_label(model)
+
+
+CLI = Path(sys.executable).parent / "kubernetes-validate"  # the package's console script
+
+
+def _cli(*paths: Path) -> subprocess.CompletedProcess[str]:
+    """The `kubernetes-validate` command itself, as the issue and the README name it."""
+    argv = [str(CLI), "--strict", "-k", KUBERNETES_VERSION, *map(str, paths)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def test_kubernetes_validate_cli_strict_passes_every_object() -> None:
+    """Every object `passed`, none only warned about: the CLI merely warns (exit 0) on a kind it
+    has no schema for, so a misspelt apiVersion must show up as a missing `passed` line."""
+    paths = [*resources(), ADAPTER_RULES]
+    result = _cli(*paths)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout + result.stderr
+    assert "WARN" not in out and "ERROR" not in out, out
+    objects = sum(len(documents(p)) for p in paths)
+    assert out.count(" passed for resource ") == objects
+
+
+def test_kubernetes_validate_cli_fails_a_broken_manifest(tmp_path: Path) -> None:
+    sts = _by_kind("StatefulSet", "asyncgrpo-worker")
+    sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "twenty"
+    bad = tmp_path / "worker-statefulset.yaml"
+    bad.write_text(yaml.safe_dump(sts))
+    result = _cli(bad)
+    assert result.returncode != 0 and "terminationGracePeriodSeconds" in result.stdout
+
+
+def test_a_wrong_api_version_is_refused() -> None:
+    hpa = _by_kind("HorizontalPodAutoscaler", "asyncgrpo-worker")
+    hpa["apiVersion"] = "autoscaling/v3"
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)
+
+
+def _pod_labels() -> list[dict[str, str]]:
+    return [
+        o["spec"]["template"]["metadata"]["labels"]
+        for o in all_objects()
+        if o["kind"] in ("Deployment", "StatefulSet")
+    ]
+
+
+def test_services_select_pods_and_their_named_ports() -> None:
+    """Each Service's selector matches a workload's pod labels, and a named targetPort is a port
+    of that pod's container; the StatefulSet's serviceName is the headless Service."""
+    services = {o["metadata"]["name"]: o for o in all_objects() if o["kind"] == "Service"}
+    assert set(services) == {"asyncgrpo-server", "asyncgrpo-worker"}
+    for service in services.values():
+        selector = service["spec"]["selector"]
+        matching = [
+            o
+            for o in all_objects()
+            if o["kind"] in ("Deployment", "StatefulSet")
+            and selector.items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(matching) == 1, service["metadata"]["name"]
+        named = {p["name"] for c in containers(matching[0]) for p in c.get("ports", [])}
+        for port in service["spec"]["ports"]:
+            if isinstance(port.get("targetPort"), str):
+                assert port["targetPort"] in named
+    sts = _by_kind("StatefulSet", "asyncgrpo-worker")
+    assert services[sts["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    # every workload's selector picks its own pods
+    for obj in all_objects():
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert len(_pod_labels()) == 4  # server, jobs, beat, workers
+
+
+def test_settings_come_from_the_configmap_and_secrets() -> None:
+    """Postgres, Redis and the bucket are referenced (external); secrets live in Secrets, and
+    every control-plane container reads the same ConfigMap and Secret."""
+    settings = _by_kind("ConfigMap", "asyncgrpo-settings")["data"]
+    secrets = _by_kind("Secret", "asyncgrpo-secrets")["stringData"]
+    assert settings["ASYNCGRPO_BUCKET_URL"].startswith("s3://")
+    assert secrets["ASYNCGRPO_DATABASE_URL"].startswith("postgresql")
+    assert secrets["ASYNCGRPO_JOBS__BROKER_URL"].startswith("redis://")
+    for name in ("ASYNCGRPO_SECURITY__SECRET_KEY", "ASYNCGRPO_S3__SECRET_ACCESS_KEY"):
+        assert name in secrets and name not in settings
+    for name in ("asyncgrpo-server", "asyncgrpo-jobs", "asyncgrpo-beat"):
+        refs = containers(_by_kind("Deployment", name))[0]["envFrom"]
+        assert {"configMapRef": {"name": "asyncgrpo-settings"}} in refs
+        assert {"secretRef": {"name": "asyncgrpo-secrets"}} in refs
+    migrate = containers(_by_kind("Job", "asyncgrpo-migrate"))[0]["envFrom"]
+    assert {"secretRef": {"name": "asyncgrpo-secrets"}} in migrate
+
+
+def test_workers_tolerate_spot_and_gpu_taints_and_request_a_gpu() -> None:
+    pod = _by_kind("StatefulSet", "asyncgrpo-worker")["spec"]["template"]["spec"]
+    tolerated = {t["key"] for t in pod["tolerations"]}
+    spot = {
+        "cloud.google.com/gke-spot",
+        "kubernetes.azure.com/scalesetpriority",
+        "karpenter.sh/capacity-type",
+    }
+    assert spot | {"nvidia.com/gpu"} <= tolerated
+    preferred = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"] for p in preferred for e in p["preference"]["matchExpressions"]}
+    assert "eks.amazonaws.com/capacityType" in keys and spot <= keys
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"]
+
+
+def _pre_stop(pid: int) -> list[str]:
+    worker = _by_kind("StatefulSet", "asyncgrpo-worker")["spec"]["template"]["spec"]
+    command = list(worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"])
+    script = command[-1]
+    assert script.count(" 1") >= 2  # PID 1: the worker itself (its image's exec ENTRYPOINT)
+    command[-1] = script.replace("kill -TERM 1;", f"kill -TERM {pid};").replace(
+        "kill -0 1 ", f"kill -0 {pid} "
+    )
+    return command
+
+
+def test_pre_stop_hook_signals_and_waits_for_the_exit_within_the_grace() -> None:
+    """The hook, run for real against a process that releases for 0.5 s after SIGTERM (as the
+    worker does): it returns once that process has exited, not at its own bound; and its bound
+    (the loop's tries × 0.1 s) ends inside terminationGracePeriodSeconds."""
+    import re
+    import threading
+    import time
+
+    pod = _by_kind("StatefulSet", "asyncgrpo-worker")["spec"]["template"]["spec"]
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    reaper = threading.Thread(target=proc.wait)  # no zombie left for `kill -0` to find
+    reaper.start()
+    start = time.monotonic()
+    subprocess.run(_pre_stop(proc.pid), check=True, timeout=30)
+    took = time.monotonic() - start
+    reaper.join(5)
+    assert proc.returncode == 0  # it exited through its SIGTERM handler
+    assert 0.4 <= took < 3, took
+    script = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
+    tries = int(re.search(r"\$i -lt (\d+)", script).group(1))  # type: ignore[union-attr]
+    assert "sleep 0.1" in script
+    assert tries * 0.1 < pod["terminationGracePeriodSeconds"]

@@ -45,3 +45,39 @@ def test_sqlite_is_configured_for_the_lease_invariants(sqlite_url):  # type: ign
         now = conn.exec_driver_sql("SELECT strftime('%Y-%m-%d %H:%M:%f','now')").scalar()
         assert "." in now  # sub-second database time
     engine.dispose()
+
+
+def test_schema_behind_names_what_a_server_would_miss(sqlite_url):  # type: ignore[no-untyped-def]
+    """Empty or older: (the database's revision, head); at head, or at a revision this code does
+    not know (a newer release's): None. `asyncgrpo server` refuses to start on the first two."""
+    from server.migrate import schema_behind
+
+    engine = make_engine(sqlite_url)
+    empty = schema_behind(engine)
+    assert empty is not None and empty[0] is None
+    head = empty[1]
+    upgrade(engine)
+    assert schema_behind(engine) is None
+    downgrade(engine, "-1")
+    older = schema_behind(engine)
+    assert older is not None and older[0] not in (None, head) and older[1] == head
+    upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00dfeedbeef'"))
+    assert schema_behind(engine) is None
+    engine.dispose()
+
+
+def test_server_refuses_to_start_on_an_unmigrated_database(empty_pg, monkeypatch):  # type: ignore[no-untyped-def]
+    """deploy/kubernetes: server pods exit until the migration Job has run, then come up."""
+    from typer.testing import CliRunner
+
+    from asyncgrpo.cli import app
+    from tests.conftest import TEST_SECRET
+
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", empty_pg)
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", TEST_SECRET)
+    result = CliRunner().invoke(app, ["server", "--port", "1"])
+    assert result.exit_code == 2, result.output
+    assert "schema is at nothing (empty database)" in result.output
+    assert "run `asyncgrpo db upgrade` first" in result.output

@@ -71,3 +71,55 @@ def test_fill_from_a_run(client: TestClient, app, admin_token: str) -> None:  # 
     assert fleet["L4"][2:5] == ["5", "1", "1 (bound)"]
     unknown = client.get("/planner?from_run=not-a-run", headers={"HX-Request": "true"})
     assert "from run: no run" in unknown.text
+
+
+BIG = "9" * 400
+HOSTILE = [
+    ("rank=16", "rank=-1", "rank must be between 1 and 4096"),
+    ("rank=16", "rank=nan", "rank: enter a whole number"),
+    ("rank=16", "rank=" + "9" * 5000, "rank: enter a whole number"),
+    ("link_gbps=1", "link_gbps=nan", "link gbps: enter a finite number"),
+    ("link_gbps=1", "link_gbps=1e999", "link gbps: enter a finite number"),
+    ("link_gbps=1", "link_gbps=0", "link speed must be greater than 0"),
+    ("learner_gpus=4", "learner_gpus=0", "learner_gpus must be between 1 and 4,096"),
+    ("learner_gpus=4", "learner_gpus=" + BIG, "learner_gpus must be between 1 and 4,096"),
+    ("micro_batch_tokens=4096", "micro_batch_tokens=" + BIG, "micro_batch_tokens must be"),
+    ("micro_batch_tokens=4096", "micro_batch_tokens=-5", "micro_batch_tokens must be"),
+    ("learner_gpu=H100:2.5:4800", "learner_gpu=H100:1:1e308", "tokens/s must be between"),
+    ("learner_gpu=H100:2.5:4800", "learner_gpu=H100:1e308:1", "price must be between"),
+    ("worker_gpus=L4:0.35:1500", "worker_gpus=L4:1:1e-300", "tokens/s must be between"),
+    ("worker_gpus=L4:0.35:1500", "worker_gpus=:::", "NAME:PRICE_PER_HOUR:TOKENS_PER_S"),
+    ("completion_tokens=512", "completion_tokens=1e308", "completion_tokens must be between"),
+    ("completion_tokens=512", "completion_tokens=" + BIG, "completion tokens: enter a finite"),
+    ("group_size=8", "group_size=" + BIG, "group_size must be between 1 and 4,096"),
+    ("bound_groups=16", "bound_groups=" + BIG, "bound_groups must be between"),
+    ("worker_sequences=32", "worker_sequences=" + BIG, "worker_sequences must be between"),
+    ("accept_fraction=0.8", "accept_fraction=1e-320", "accept_fraction must be between"),
+    ("accept_fraction=0.8", "accept_fraction=nan", "accept fraction: enter a finite number"),
+    ("model=qwen2.5-1.5b", "model=nosuch", "unknown model preset"),
+    ("model=qwen2.5-1.5b", "model=/etc", "unknown model preset"),  # presets only, no paths
+    ("targets=all-linear", "targets=x", "unknown target set"),
+]
+
+
+def test_hostile_fields_get_a_message_not_a_500(client: TestClient, admin_token: str) -> None:
+    """Negative, zero, huge, NaN and unknown values, as a user (or a crafted URL) sends them:
+    the fragment names the field and shows no tables; huge numbers used to answer 500
+    (OverflowError)."""
+    login(client, admin_token)
+    for old, new, message in HOSTILE:
+        query = QUERY.replace(old, new)
+        assert query != QUERY, old
+        r = client.get(query, headers={"HX-Request": "true"})
+        assert r.status_code == 200, (new[:40], r.status_code)
+        assert message in r.text, (new[:40], r.text[:300])
+        assert 'id="plan-fleet"' not in r.text
+
+
+def test_unknown_gpu_types_still_plan(client: TestClient, admin_token: str) -> None:
+    login(client, admin_token)
+    query = QUERY.replace("learner_gpu=H100:2.5:4800", "learner_gpu=TPU:2.5:4800")
+    r = client.get(query.replace("L4:0.35:1500", "MI300X:2:3000"), headers={"HX-Request": "true"})
+    assert r.status_code == 200 and "MI300X" in r.text and "fits" not in r.text
+    lower = client.get(QUERY.replace("H100:2.5:4800", "h100:2.5:4800"), headers={"HX-Request": "1"})
+    assert "fits 80 GB" in lower.text
