@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
@@ -233,38 +235,55 @@ def _migrate(step: Any, revision: str) -> None:
 @admin_token_app.command("create")
 def admin_token_create(name: str = typer.Option("cli", help="A label for the token.")) -> None:
     """Create an admin token and print it once."""
-    from server.db import make_engine, make_sessionmaker, transaction
-    from server.migrate import upgrade
+    from server.db import transaction
     from server.tokens import service as tokens
 
-    settings = _settings()
-    engine = make_engine(settings.database_url)
-    if settings.embedded:
-        upgrade(engine)
-    with transaction(make_sessionmaker(engine)) as session:
+    with _database() as factory, transaction(factory) as session:
         minted = tokens.mint(session, "admin", name=name)
     typer.echo(minted.plaintext)
+
+
+@contextmanager
+def _database() -> Iterator[Any]:
+    """A session factory on the configured database (the embedded one migrated first); an
+    unusable URL, a missing driver, an unreachable database or one without the schema exits 2
+    with the reason instead of a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from server.db import make_engine, make_sessionmaker
+    from server.migrate import upgrade
+
+    settings = _settings()
+    try:
+        engine = make_engine(settings.database_url)
+    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+    try:
+        if settings.embedded:
+            upgrade(engine)
+        yield make_sessionmaker(engine)
+    except SQLAlchemyError as exc:
+        orig = getattr(exc, "orig", None) or exc
+        reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        _fail(f"cannot use the database: {reason} (has `asyncgrpo db upgrade` run?)")
+    finally:
+        engine.dispose()
 
 
 def _revoke_token(kind: str, token_id: str, force: bool) -> None:
     """Revoke a token straight in the database (works with no admin token left)."""
     import uuid
 
-    from server.db import make_engine, make_sessionmaker, transaction
+    from server.db import transaction
     from server.errors import AppError
-    from server.migrate import upgrade
     from server.tokens import service as tokens
 
     try:
         wanted = uuid.UUID(token_id)
     except ValueError:
         _fail(f"not a token id: {token_id!r}")
-    settings = _settings()
-    engine = make_engine(settings.database_url)
-    if settings.embedded:
-        upgrade(engine)
     try:
-        with transaction(make_sessionmaker(engine)) as session:
+        with _database() as factory, transaction(factory) as session:
             token = tokens.revoke(session, kind, wanted, force=force)
             typer.echo(f"revoked {kind} token {token.prefix}… ({token.id})")
     except AppError as exc:
@@ -272,15 +291,10 @@ def _revoke_token(kind: str, token_id: str, force: bool) -> None:
 
 
 def _list_tokens(kind: str) -> None:
-    from server.db import make_engine, make_sessionmaker, transaction
-    from server.migrate import upgrade
+    from server.db import transaction
     from server.tokens import service as tokens
 
-    settings = _settings()
-    engine = make_engine(settings.database_url)
-    if settings.embedded:
-        upgrade(engine)
-    with transaction(make_sessionmaker(engine)) as session:
+    with _database() as factory, transaction(factory) as session:
         for t in tokens.list_tokens(session, kind):
             state = "revoked" if t.revoked_at else "live"
             typer.echo(f"{t.id}  {t.prefix}…  {state:7}  {t.name or ''}")

@@ -67,3 +67,32 @@ def test_server_port_sets_the_public_url(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("ASYNCGRPO_PUBLIC_URL", "https://grpo.example.com")
     url = _served_public_url(monkeypatch, tmp_path, "--host", "0.0.0.0", "--port", "8124")
     assert url == "https://grpo.example.com"
+
+
+UNUSABLE = [
+    ("postgresql+psycopg://nobody@127.0.0.1:1/none", "cannot use the database: connection failed"),
+    ("nodriver://somewhere/db", "is not a usable database URL"),
+]
+TOKEN_COMMANDS = [
+    ["admin-token", "create"],
+    ["admin-token", "list"],
+    ["registration-token", "list"],
+    ["admin-token", "revoke", "8c0d7b3e-8a8f-4d2b-9c1e-0a0b0c0d0e0f"],
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("url", "reason"), UNUSABLE)
+@pytest.mark.parametrize("command", TOKEN_COMMANDS, ids=" ".join)
+def test_token_commands_on_an_unusable_database_exit_2_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str, reason: str, command: list[str]
+) -> None:
+    from asyncgrpo.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", url)
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", "k" * 40)
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2, result.output
+    assert reason in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
