@@ -119,12 +119,17 @@ def _eval_batch(
     assert worker.complete_lease(lease, manifest).state == "accepted"
 
 
-def _eval_leases(worker: AsyncGrpoClient, count: int) -> list[Lease]:
-    leases = []
+def _eval_leases(worker: AsyncGrpoClient, count: int, timeout_s: float = 30.0) -> list[Lease]:
+    """`count` eval leases; an acquire may answer 204 for a moment under load (the run's eval
+    work is queued by the server's own calls), so a grant is awaited, up to `timeout_s`."""
+    leases: list[Lease] = []
+    deadline = time.monotonic() + timeout_s
     while len(leases) < count:
         lease = worker.acquire_lease()
-        assert lease is not None, "no eval lease granted"
-        if lease.kind == "eval":
+        if lease is None:
+            assert time.monotonic() < deadline, f"no eval lease granted in {timeout_s:.0f} s"
+            time.sleep(0.2)
+        elif lease.kind == "eval":
             leases.append(lease)
     return leases
 
