@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,14 +47,40 @@ class RankEnv:
     local_rank: int
 
 
-def rank_env(environ: dict[str, str] | None = None) -> RankEnv | None:
-    """The launcher's rank variables, or None for a single process (no WORLD_SIZE, or 1)."""
+class LaunchError(ValueError):
+    """The launcher's variables cannot make a process group (the CLI exits 2 with it)."""
+
+
+def _int_var(env: Mapping[str, str], name: str, default: str | None = None) -> int:
+    value = env.get(name) or default
+    if value is None:
+        raise LaunchError(f"{name} is not set (WORLD_SIZE is; start the ranks with torchrun)")
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"{name} must be a whole number (got {value!r})") from None
+
+
+def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv | None:
+    """The launcher's rank variables, or None for a single process (no WORLD_SIZE, or 1).
+    LaunchError names a variable that is missing, not a number or out of range."""
     env = os.environ if environ is None else environ
-    world = int(env.get("WORLD_SIZE", "1") or "1")
+    world = _int_var(env, "WORLD_SIZE", "1")
     if world <= 1:
         return None
-    rank = int(env["RANK"])
-    return RankEnv(rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", rank)))
+    rank = _int_var(env, "RANK")
+    if not 0 <= rank < world:
+        raise LaunchError(f"RANK {rank} is outside 0..{world - 1} (WORLD_SIZE {world})")
+    local_rank = _int_var(env, "LOCAL_RANK", str(rank))
+    return RankEnv(rank=rank, world_size=world, local_rank=local_rank)
+
+
+def check_rendezvous(environ: Mapping[str, str] | None = None) -> None:
+    """LaunchError unless the env:// rendezvous variables are set (torchrun sets them)."""
+    env = os.environ if environ is None else environ
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not env.get(name):
+            raise LaunchError(f"{name} is not set (WORLD_SIZE is; start the ranks with torchrun)")
 
 
 class Watchdog:

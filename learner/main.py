@@ -6,6 +6,7 @@ follow it (learner/distributed.py)."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING
 
 from learner.config import LearnerSettings
@@ -16,9 +17,15 @@ if TYPE_CHECKING:
 
 def main(settings: LearnerSettings) -> int:
     """Run the learner until its run completes; returns the process exit code."""
-    from learner.distributed import rank_env
+    from learner.distributed import LaunchError, check_rendezvous, rank_env
 
-    env = rank_env()
+    try:
+        env = rank_env()
+        if env is not None:
+            check_rendezvous()
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     who = "learner" if env is None else f"learner[rank {env.rank}]"
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s {who} %(name)s: %(message)s"

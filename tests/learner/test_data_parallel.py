@@ -121,11 +121,23 @@ def test_split_shares_balances_and_keeps_every_sequence() -> None:
 
 
 def test_rank_variables_and_devices() -> None:
-    from learner.distributed import RankEnv, rank_device, rank_env
+    from learner.distributed import (
+        LaunchError,
+        RankEnv,
+        check_rendezvous,
+        rank_device,
+        rank_env,
+    )
 
     assert rank_env({}) is None and rank_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
     env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}
     assert rank_env(env) == RankEnv(rank=3, world_size=4, local_rank=1)
     assert rank_env({"WORLD_SIZE": "2", "RANK": "1"}) == RankEnv(1, 2, 1)
+    assert rank_env({"WORLD_SIZE": "", "RANK": "0"}) is None
+    for bad, named in (({"WORLD_SIZE": "2"}, "RANK"), ({"WORLD_SIZE": "2", "RANK": "2"}, "0..1")):
+        with pytest.raises(LaunchError, match=named):
+            rank_env(bad)
+    with pytest.raises(LaunchError, match="MASTER_PORT"):
+        check_rendezvous({"MASTER_ADDR": "127.0.0.1"})
     assert rank_device("cuda", 3) == "cuda:3" and rank_device("cuda:0", 2) == "cuda:2"
     assert rank_device("cpu", 1) == "cpu"
