@@ -186,10 +186,18 @@ class DataParallel:
     # -- the step's collective ----------------------------------------------------------------
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> float:
-        """Sum `tensor` over the ranks in place (default group); returns the seconds spent."""
+        """Sum `tensor` over the ranks in place (default group); returns the seconds spent.
+        On CUDA, NCCL's all_reduce returns once queued: the device is synchronized before
+        (the backward's kernels are compute, not communication) and after, inside the
+        watchdog, so the seconds and the watchdog cover the collective itself."""
+        cuda = tensor.is_cuda
+        if cuda:
+            torch.cuda.synchronize(tensor.device)
         started = time.perf_counter()
         with self.watchdog.watch("the gradient all-reduce"):
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            if cuda:
+                torch.cuda.synchronize(tensor.device)
         return time.perf_counter() - started
 
     # -- model set-up -------------------------------------------------------------------------
