@@ -6,6 +6,7 @@ import logging
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,11 +95,12 @@ class Tracker:
         if thread is None or not thread.is_alive():
             return
         wait = self.settings.tracking_close_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait  # one bound for the end marker and the join
         try:
             self._queue.put(None, timeout=wait)
         except queue.Full:
             pass
-        thread.join(wait)
+        thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             log.warning("the tracker did not finish within %.0f s; what it held is lost", wait)
 

@@ -252,3 +252,23 @@ def test_attach_sends_tracking_only_when_set() -> None:
     assert tracked["tracking"]["backend"] == "trackio"
     block = LearnerRunConfig.model_validate(tracked).tracking
     assert block is not None and block.project == "p"
+
+
+def test_close_waits_at_most_its_bound_even_with_a_full_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--tracking-close-s is the whole wait: a full queue must not add a second bound."""
+    monkeypatch.setattr(tracker_module, "MAX_PENDING", 5)
+    hang = threading.Event()
+    tracker = _tracker(_Recorder(hang=hang))
+    tracker.start(RUN_ID, _config())
+    tracker.log_step(0, 1, {"loss": 1.0})
+    _wait(lambda: tracker._queue.empty())  # the thread holds that point, hanging in log
+    for step in range(1, 20):
+        tracker.log_step(step, 1, {"loss": 1.0})
+    assert tracker._queue.full()
+    t0 = time.perf_counter()
+    tracker.close(1.0)
+    waited = time.perf_counter() - t0
+    hang.set()
+    assert 0.9 <= waited < 1.5, waited
