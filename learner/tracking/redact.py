@@ -3,8 +3,10 @@
 A field is secret when a part of its name (split at `_`, `-`, `.` and case changes) is one of
 SECRET_PARTS (webhook_url, api_key, headers, token, authorization, …: `max_new_tokens` is
 not). A string is secret when it looks like a key or bearer token (protocol/rewards_judge.py's
-KEY_LIKE, or an asyncgrpo token `agr_…`); a URL keeps its scheme, host and path, and loses its
-user:password and its query (presigned or keyed URLs carry their secret there)."""
+KEY_LIKE at its start, or anywhere in it an asyncgrpo token `agr_…`, an AWS access key id
+`AKIA…`/`ASIA…`, or an `sk-…`/`hf_…`/`ghp_…`-style key of 16+ characters); a URL keeps its
+scheme, host and path, and loses its user:password and its query (presigned or keyed URLs
+carry their secret there)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,11 @@ SECRET_PARTS = frozenset(
     }
 )
 _PARTS = re.compile(r"[_\-.\s]+|(?<=[a-z0-9])(?=[A-Z])")
-_TOKEN = re.compile(r"^agr_[a-z]+_", re.I)
+# anywhere in the string: an asyncgrpo token, an AWS access key id, a key-like word
+_TOKEN = re.compile(
+    r"\bagr_[a-z]+_|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\b(?:sk|pk|rk)[-_][A-Za-z0-9_-]{16,}"
+    r"|\b(?:hf|gh[pousr])_[A-Za-z0-9]{16,}"
+)
 
 
 def secret_key(name: str) -> bool:

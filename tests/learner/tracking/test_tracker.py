@@ -104,6 +104,28 @@ def test_secret_fields_and_values_are_redacted_and_the_rest_kept() -> None:
     assert "secret" not in repr(out) and "pw-" not in repr(out)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "token agr_lrn_abcdef in the middle",
+        "aws AKIAIOSFODNN7EXAMPLE here",
+        "my key is sk-proj-abcdefghijklmnop1234",
+        "pull with hf_abcdefghijklmnopqrst",
+    ],
+)
+def test_a_key_inside_free_text_is_redacted(text: str) -> None:
+    assert redact({"note": text}) == {"note": REDACTED}
+
+
+def test_ordinary_text_is_kept() -> None:
+    kept = {
+        "system_prompt": "Think step by step; ask before you risk it.",
+        "model": "qwen-judge-1",
+        "risk_task": "mask-level",
+    }
+    assert redact(kept) == kept
+
+
 # -- failures never reach training -----------------------------------------------------------
 
 
