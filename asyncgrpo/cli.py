@@ -133,12 +133,15 @@ def _refuse_an_old_schema(settings) -> None:  # type: ignore[no-untyped-def]
     """A server needs the schema of its own release: on a database that no `asyncgrpo db
     upgrade` has brought to this code's head it exits 2 (deploy/kubernetes: server pods restart
     until the migration Job has run, then come up) instead of serving errors."""
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
     from server.db import make_engine
     from server.migrate import schema_behind
 
-    engine = make_engine(settings.database_url)
+    try:
+        engine = make_engine(settings.database_url)
+    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
     try:
         behind = schema_behind(engine)
     except DBAPIError as exc:
