@@ -251,6 +251,7 @@ def _database() -> Iterator[Any]:
     """A session factory on the configured database (the embedded one migrated first); an
     unusable URL, a missing driver, an unreachable database or one without the schema exits 2
     with the reason instead of a traceback."""
+    from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from server.db import make_engine, make_sessionmaker
@@ -263,7 +264,10 @@ def _database() -> Iterator[Any]:
         _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
     try:
         if settings.embedded:
-            upgrade(engine)
+            try:
+                upgrade(engine)
+            except CommandError as exc:  # e.g. a newer release's revision, unknown here
+                _fail(f"cannot migrate the embedded database: {exc}")
         yield make_sessionmaker(engine)
     except SQLAlchemyError as exc:
         orig = getattr(exc, "orig", None) or exc
