@@ -133,12 +133,15 @@ def _refuse_an_old_schema(settings) -> None:  # type: ignore[no-untyped-def]
     """A server needs the schema of its own release: on a database that no `asyncgrpo db
     upgrade` has brought to this code's head it exits 2 (deploy/kubernetes: server pods restart
     until the migration Job has run, then come up) instead of serving errors."""
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
     from server.db import make_engine
     from server.migrate import schema_behind
 
-    engine = make_engine(settings.database_url)
+    try:
+        engine = make_engine(settings.database_url)
+    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
     try:
         behind = schema_behind(engine)
     except DBAPIError as exc:
@@ -248,6 +251,7 @@ def _database() -> Iterator[Any]:
     """A session factory on the configured database (the embedded one migrated first); an
     unusable URL, a missing driver, an unreachable database or one without the schema exits 2
     with the reason instead of a traceback."""
+    from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from server.db import make_engine, make_sessionmaker
@@ -260,7 +264,10 @@ def _database() -> Iterator[Any]:
         _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
     try:
         if settings.embedded:
-            upgrade(engine)
+            try:
+                upgrade(engine)
+            except CommandError as exc:  # e.g. a newer release's revision, unknown here
+                _fail(f"cannot migrate the embedded database: {exc}")
         yield make_sessionmaker(engine)
     except SQLAlchemyError as exc:
         orig = getattr(exc, "orig", None) or exc

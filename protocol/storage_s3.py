@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from boto3.exceptions import Boto3Error
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
@@ -102,7 +103,8 @@ class S3Store(ObjectStore):
                 "UploadId"
             ]
         try:
-            parts = self._upload_parts(full, upload_id, Path(path), size)
+            with _translate(key):  # a part's 5xx after its retries: a StoreError too
+                parts = self._upload_parts(full, upload_id, Path(path), size)
             extra: dict[str, str] = {"IfNoneMatch": "*"} if if_none_match else {}
             with _translate(key):
                 self.client.complete_multipart_upload(
@@ -253,3 +255,5 @@ def _translate(key: str) -> Iterator[None]:
         if status == 404 or code in ("NoSuchKey", "404"):
             raise ObjectNotFound(key) from exc
         raise StoreError(f"{code or status} on {key!r}: {exc}") from exc
+    except Boto3Error as exc:  # a transfer's retries exhausted (a body cut short every try)
+        raise StoreError(f"{type(exc).__name__} on {key!r}: {exc}") from exc

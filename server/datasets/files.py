@@ -14,6 +14,9 @@ from protocol.schemas import MAX_JSON_DEPTH, check_free_json
 
 MAX_COLUMNS = 1_000
 BATCH_ROWS = 10_000
+# Rows of a Parquet file held at once, in bytes at max_row_bytes each: a compressed file may
+# hold far more row bytes than its size, so the batch is bounded by bytes, not rows only.
+BATCH_BYTES = 256 * 1024 * 1024
 
 
 def check_row(row: Any, where: str, max_row_bytes: int) -> dict[str, Any]:
@@ -174,6 +177,12 @@ def iter_rows(
             yield check_row(_loads(raw, where), where, max_row_bytes)
 
 
+def batch_rows(max_row_bytes: int) -> int:
+    """Rows per Parquet batch: at most BATCH_ROWS, at most BATCH_BYTES of rows of
+    max_row_bytes each (a bigger row is refused by check_row), at least one."""
+    return max(1, min(BATCH_ROWS, BATCH_BYTES // max_row_bytes))
+
+
 def _parquet_rows(
     path: Path, max_row_bytes: int, columns: list[str] | None
 ) -> Iterator[dict[str, Any]]:
@@ -182,7 +191,9 @@ def _parquet_rows(
 
     index = 0
     try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns)
+        batches = pq.ParquetFile(path).iter_batches(
+            batch_size=batch_rows(max_row_bytes), columns=columns
+        )
         for batch in batches:
             for row in batch.to_pylist():
                 yield check_row(_json_values(row, index), f"row {index}", max_row_bytes)

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from protocol.batch_format import FORMAT_VERSION_V2, METADATA_KEY
+from protocol.schemas import check_free_json
 from protocol.storage import ObjectNotFound, ObjectStore
 from protocol.trajectories import TranscriptMessage, TurnSpan
 from server.errors import NotFound, PayloadTooLarge, Unprocessable
@@ -125,6 +126,10 @@ def _read_table(store: ObjectStore, batch: RolloutBatch) -> pa.Table:
             raise Unprocessable(
                 f"the batch's object cannot be read: {exc}", field="batch_id"
             ) from exc
+        except RecursionError:  # a footer nested past the JSON parser's stack
+            raise Unprocessable(
+                "the batch's footer is nested too deeply", field="batch_id"
+            ) from None
 
 
 def _sample_out(
@@ -137,7 +142,11 @@ def _sample_out(
         spans = _SPANS.validate_python(values["spans"])
         messages = _MESSAGES.validate_json(values["transcript"])
         info = json.loads(values["info"], parse_constant=_no_constant)
+        # as the response is encoded: no unpaired surrogate (not UTF-8), bounded depth
+        check_free_json(info, MAX_SAMPLE_BATCH_BYTES)
         return _out(batch, row, rows, values, spans, messages, info)
+    except RecursionError:  # json.loads on nesting past the parser's stack
+        raise Unprocessable("the row's info is nested too deeply", field="row") from None
     except (ValidationError, ValueError, TypeError) as exc:
         raise Unprocessable(
             f"the row's transcript, spans or counts do not parse: {exc}", field="row"

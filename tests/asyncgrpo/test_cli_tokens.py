@@ -96,3 +96,30 @@ def test_token_commands_on_an_unusable_database_exit_2_with_the_reason(
     assert result.exit_code == 2, result.output
     assert reason in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", TOKEN_COMMANDS, ids=" ".join)
+def test_token_commands_on_a_newer_releases_sqlite_database_exit_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: list[str]
+) -> None:
+    """The embedded database migrated by a newer release (a revision this code does not know):
+    the upgrade cannot run, which is a reason, not a traceback."""
+    from sqlalchemy import text
+
+    from asyncgrpo.cli import app
+    from server.db import make_engine
+    from server.migrate import upgrade
+
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'f00dfeedbeef'"))
+    engine.dispose()
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", url)
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "f00dfeedbeef" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -81,3 +81,21 @@ def test_server_refuses_to_start_on_an_unmigrated_database(empty_pg, monkeypatch
     assert result.exit_code == 2, result.output
     assert "schema is at nothing (empty database)" in result.output
     assert "run `asyncgrpo db upgrade` first" in result.output
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "url", ["postgresql+nosuchdriver://u@127.0.0.1/x", "not a database url", "nosuch://h/x"]
+)
+def test_server_names_an_unusable_database_url(url, monkeypatch):  # type: ignore[no-untyped-def]
+    """An unknown driver or an unparsable URL exits 2 with the reason, not a traceback."""
+    from typer.testing import CliRunner
+
+    from asyncgrpo.cli import app
+    from tests.conftest import TEST_SECRET
+
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", url)
+    monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", TEST_SECRET)
+    result = CliRunner().invoke(app, ["server", "--port", "1"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "ASYNCGRPO_DATABASE_URL is not a usable database URL" in result.output

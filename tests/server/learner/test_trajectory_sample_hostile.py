@@ -63,6 +63,16 @@ CASES = {
     "info not JSON": lambda t: _doctored(t, "info", "{"),
     "spans as text": lambda t: _doctored(t, "spans", "[]", pa.string()),
     "a column missing": lambda t: t.drop_columns(["stop_reason"]),
+    "info nested past the parser's stack": lambda t: _doctored(t, "info", "[" * 100_000),
+    "info with an unpaired surrogate": lambda t: _doctored(t, "info", '{"a": "\\ud800"}'),
+    "transcript with an unpaired surrogate": lambda t: _set(
+        t,
+        "transcript",
+        [
+            x.replace('"content": "', '"content": "\\udc00', 1) if x else x
+            for x in t["transcript"].to_pylist()
+        ],
+    ),
 }
 
 
@@ -81,7 +91,8 @@ def test_a_doctored_row_is_422(app, client, admin_headers, tmp_path: Path, case:
 
 
 @pytest.mark.parametrize(
-    "footer", [b"[2]", b'"2"', b"2", b"null", b"{", b'{"format_version": "2"}', b"\xff"]
+    "footer",
+    [b"[2]", b'"2"', b"2", b"null", b"{", b'{"format_version": "2"}', b"\xff", b"[" * 100_000],
 )
 def test_a_footer_that_is_not_an_object_is_422(
     app, client, admin_headers, tmp_path: Path, footer: bytes
