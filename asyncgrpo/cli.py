@@ -129,19 +129,28 @@ def jobs(
     celery_app.worker_main(argv)
 
 
+def _engine(settings) -> Any:  # type: ignore[no-untyped-def]
+    """The configured database's engine; an unparsable URL or a driver that is not installed
+    exits 2 with the reason (connecting happens later, where each caller names its failure)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from server.db import make_engine
+
+    try:
+        return make_engine(settings.database_url)
+    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
+        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+
+
 def _refuse_an_old_schema(settings) -> None:  # type: ignore[no-untyped-def]
     """A server needs the schema of its own release: on a database that no `asyncgrpo db
     upgrade` has brought to this code's head it exits 2 (deploy/kubernetes: server pods restart
     until the migration Job has run, then come up) instead of serving errors."""
-    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+    from sqlalchemy.exc import DBAPIError
 
-    from server.db import make_engine
     from server.migrate import schema_behind
 
-    try:
-        engine = make_engine(settings.database_url)
-    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
-        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+    engine = _engine(settings)
     try:
         behind = schema_behind(engine)
     except DBAPIError as exc:
@@ -163,11 +172,11 @@ def _refuse_another_bucket(settings, *, first: bool) -> None:  # type: ignore[no
     to start on the database and record its bucket."""
     from sqlalchemy.exc import DBAPIError
 
-    from server.db import make_engine, make_sessionmaker
+    from server.db import make_sessionmaker
     from server.installation import BucketMismatch, BucketUnreachable, bind_bucket
     from server.storage_factory import make_store
 
-    engine = make_engine(settings.database_url)
+    engine = _engine(settings)
     try:
         bind_bucket(
             make_sessionmaker(engine), make_store(settings), settings.bucket_url, first=first
@@ -216,13 +225,8 @@ def _migrate(step: Any, revision: str) -> None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from server.db import make_engine
-
     settings = _settings()
-    try:
-        engine = make_engine(settings.database_url)
-    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
-        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+    engine = _engine(settings)
     try:
         step(engine, revision)
     except CommandError as exc:
@@ -254,14 +258,11 @@ def _database() -> Iterator[Any]:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from server.db import make_engine, make_sessionmaker
+    from server.db import make_sessionmaker
     from server.migrate import upgrade
 
     settings = _settings()
-    try:
-        engine = make_engine(settings.database_url)
-    except (SQLAlchemyError, ImportError) as exc:  # ImportError: no such driver
-        _fail(f"ASYNCGRPO_DATABASE_URL is not a usable database URL ({exc})")
+    engine = _engine(settings)
     try:
         if settings.embedded:
             try:

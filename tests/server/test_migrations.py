@@ -87,8 +87,10 @@ def test_server_refuses_to_start_on_an_unmigrated_database(empty_pg, monkeypatch
 @pytest.mark.parametrize(
     "url", ["postgresql+nosuchdriver://u@127.0.0.1/x", "not a database url", "nosuch://h/x"]
 )
-def test_server_names_an_unusable_database_url(url, monkeypatch):  # type: ignore[no-untyped-def]
-    """An unknown driver or an unparsable URL exits 2 with the reason, not a traceback."""
+@pytest.mark.parametrize("command", [["server", "--port", "1"], ["jobs"]], ids=" ".join)
+def test_server_names_an_unusable_database_url(url, command, monkeypatch):  # type: ignore[no-untyped-def]
+    """An unknown driver or an unparsable URL exits 2 with the reason, not a traceback (the
+    server's schema check, the jobs' bucket check)."""
     from typer.testing import CliRunner
 
     from asyncgrpo.cli import app
@@ -96,6 +98,6 @@ def test_server_names_an_unusable_database_url(url, monkeypatch):  # type: ignor
 
     monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", url)
     monkeypatch.setenv("ASYNCGRPO_SECURITY__SECRET_KEY", TEST_SECRET)
-    result = CliRunner().invoke(app, ["server", "--port", "1"])
+    result = CliRunner().invoke(app, command)
     assert result.exit_code == 2, (result.output, result.exception)
     assert "ASYNCGRPO_DATABASE_URL is not a usable database URL" in result.output
