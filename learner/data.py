@@ -368,9 +368,20 @@ def empty_micro_batch(pad_id: int) -> MicroBatch:
     return collate([TrainSequence(Completion([pad_id], [pad_id], [0.0], [0]), 0.0)], pad_id)
 
 
-def padding_fraction(batches: Sequence[MicroBatch]) -> float:
-    """Padded positions ÷ computed positions (rows × (prompt width + completion width), summed
-    over `batches`): the share of the decoder's work spent on padding. 0 for no batches."""
+def positions(batches: Sequence[MicroBatch]) -> tuple[int, int]:
+    """(computed, real) positions of `batches`: rows × (prompt width + completion width), and
+    the attended ones among them."""
     computed = sum(mb.packed.input_ids.numel() for mb in batches)
     real = sum(int(mb.packed.attention_mask.sum()) for mb in batches)
+    return computed, real
+
+
+def padded_share(computed: int, real: int) -> float:
+    """Padded ÷ computed positions: the share of the decoder's work spent on padding (0 when
+    nothing was computed)."""
     return (computed - real) / computed if computed else 0.0
+
+
+def padding_fraction(batches: Sequence[MicroBatch]) -> float:
+    """`padded_share` of `batches`' positions."""
+    return padded_share(*positions(batches))

@@ -20,7 +20,9 @@ from learner.data import (
     collate,
     empty_micro_batch,
     micro_batches,
+    padded_share,
     plan_step,
+    positions,
     split_shares,
     step_micro_batches,
 )
@@ -263,6 +265,7 @@ class Trainer:
         self.scheduler.step()
         _synchronize(self.device)
         self.step += 1
+        computed, real = positions(batches)
         return StepRun(
             loss=loss,
             parts=parts,
@@ -271,8 +274,8 @@ class Trainer:
             allreduce_s=allreduce_s,
             micro_batches=len(batches),
             empty_micro_steps=micro_steps - len(batches),
-            computed_positions=sum(mb.packed.input_ids.numel() for mb in batches),
-            real_positions=sum(int(mb.packed.attention_mask.sum()) for mb in batches),
+            computed_positions=computed,
+            real_positions=real,
         )
 
     def _reduce_gradients(self, loss: float) -> tuple[float, float]:
@@ -310,7 +313,7 @@ class Trainer:
             "step_seconds": elapsed,
             "compute_s": run.compute_s,
             "micro_batches": float(run.micro_batches + run.empty_micro_steps),
-            "padding_fraction": (computed - real) / computed if computed else 0.0,
+            "padding_fraction": padded_share(computed, real),
             "peak_memory_bytes": float(peak_memory_bytes(self.device)),
             "learning_rate": float(self.scheduler.get_last_lr()[0]),
         }
