@@ -73,13 +73,12 @@ def test_a_failed_dataset_is_refused_with_its_reason(
 ) -> None:  # type: ignore[no-untyped-def]
     from tests.server.datasets.files import parquet
 
-    bad = upload(ds_client, admin, parquet([{"prompt": "a" * 5000}]), "big.parquet").json()["id"]
-    # the limit lowered between the upload's check and the job's: the job fails the dataset
-    ds_app.state.settings.datasets.max_row_bytes = 2048
+    bad = upload(ds_client, admin, parquet([{"prompt": "a"}]), "gone.parquet").json()["id"]
+    ds_app.state.store.delete(f"datasets/{bad}/data.parquet")  # the job fails the dataset
     run_jobs("datasets")
     resp = _create(ds_client, admin, {"kind": "uploaded", "id": bad})
     assert resp.status_code == 422
-    assert "failed: row 0" in resp.json()["detail"]
+    assert "failed: the uploaded file is missing from the bucket" in resp.json()["detail"]
     _no_run(db)
 
 

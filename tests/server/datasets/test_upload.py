@@ -214,4 +214,4 @@ def test_an_upload_gone_from_the_bucket_fails(ds_app, ds_client, admin, run_jobs
     ds_app.state.store.delete(f"datasets/{created['id']}/data.parquet")
     assert run_jobs("datasets") == [1]
     one = ds_client.get(f"/api/v1/datasets/{created['id']}", headers=admin).json()
-    assert one["status"] == "failed" and "ObjectNotFound" in one["reason"]
+    assert one["status"] == "failed" and "missing from the bucket" in one["reason"]
