@@ -109,6 +109,27 @@ def _wait_lapsed(app: Any, run_id: uuid.UUID, within_s: float) -> float:
     return time.monotonic() - started
 
 
+def _outcome(app: Any, run_id: uuid.UUID) -> tuple[list[Any], dict[Any, Any], Any, str]:
+    """After a run: its versions (version, final) in order, each batch's consumed version, the
+    prompt ledger and the run's status."""
+    with transaction(app.state.sessionmaker) as session:
+        versions = session.execute(
+            select(AdapterVersion.version, AdapterVersion.final)
+            .where(AdapterVersion.run_id == run_id)
+            .order_by(AdapterVersion.version)
+        ).all()
+        consumed = dict(
+            session.execute(
+                select(RolloutBatch.id, RolloutBatch.consumed_version).where(
+                    RolloutBatch.run_id == run_id
+                )
+            ).all()
+        )
+        ledger = ledger_model(session, run_id)
+        status = session.get(Run, run_id).status  # type: ignore[union-attr]
+    return list(versions), consumed, ledger, str(status)
+
+
 def test_a_rank_killed_mid_step_publishes_nothing_and_one_rank_resumes(
     live10: tuple[str, Any], tmp_path: Path
 ) -> None:
@@ -150,21 +171,7 @@ def test_a_rank_killed_mid_step_publishes_nothing_and_one_rank_resumes(
         if single.poll() is None:
             single.send_signal(signal.SIGKILL)
     assert "resuming version 1 (step 1) with the optimizer state of version 1" in log.read_text()
-    with transaction(app.state.sessionmaker) as session:
-        finals = session.execute(
-            select(AdapterVersion.version, AdapterVersion.final)
-            .where(AdapterVersion.run_id == run.id)
-            .order_by(AdapterVersion.version)
-        ).all()
-        consumed = dict(
-            session.execute(
-                select(RolloutBatch.id, RolloutBatch.consumed_version).where(
-                    RolloutBatch.run_id == run.id
-                )
-            ).all()
-        )
-        ledger = ledger_model(session, run.id)
-        status = session.get(Run, run.id).status  # type: ignore[union-attr]
+    finals, consumed, ledger, status = _outcome(app, run.id)
     assert [v.version for v in finals] == [1, 2, 3, 4] and finals[-1].final
     assert sorted(consumed[b] for b in batches) == [1, 2, 3]  # each in exactly one version
     assert ledger.balanced and ledger.by_state == {"consumed": len(ROWS)}, ledger
@@ -262,20 +269,7 @@ def test_a_one_rank_run_resumes_on_two_fsdp2_ranks_and_completes(
     assert "rank 1 of 2 on cpu (FSDP2)" in text
     assert "resuming version 1 (step 1) with the optimizer state of version 1" in text
     assert "rank 1 joined the session at step 1" in text  # rank 0's state reached rank 1
-    with transaction(app.state.sessionmaker) as session:
-        versions = session.execute(
-            select(AdapterVersion.version, AdapterVersion.final)
-            .where(AdapterVersion.run_id == run.id)
-            .order_by(AdapterVersion.version)
-        ).all()
-        consumed = dict(
-            session.execute(
-                select(RolloutBatch.id, RolloutBatch.consumed_version).where(
-                    RolloutBatch.run_id == run.id
-                )
-            ).all()
-        )
-        ledger = ledger_model(session, run.id)
+    versions, consumed, ledger, _ = _outcome(app, run.id)
     assert [v.version for v in versions] == [1, 2, 3, 4] and versions[-1].final
     assert sorted(consumed[b] for b in batches) == [1, 2, 3]
     assert ledger.balanced and ledger.by_state == {"consumed": len(ROWS)}, ledger
