@@ -99,21 +99,36 @@ def from_command_line(settings: type[S], given: dict[str, Any]) -> S:
     return _build(settings, top, loc=())
 
 
-def describe(exc: ValidationError, loc: tuple[str, ...] = ()) -> str:
-    """A validation error as one line: `field: reason; …`."""
+def describe(exc: ValidationError, loc: tuple[str, ...] = (), settings: Any = None) -> str:
+    """A validation error as one line: `field: reason; …`; a missing field of `settings` names
+    its option and its environment variables."""
     parts = []
     for error in exc.errors():
         where = ".".join(map(str, (*loc, *error["loc"])))
         reason = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "missing" and settings is not None and error["loc"]:
+            reason += _where_to_give(settings, str(error["loc"][0]))
         parts.append(f"{where}: {reason}" if where else reason)
     return "; ".join(parts)
+
+
+def _where_to_give(settings: type[BaseSettings], name: str) -> str:
+    prefix = env_prefix(settings)
+    for field_name, field in settings.model_fields.items():
+        variables = field_variables(settings, field_name, field)
+        if name in (field_name, *(v.lower() for v in variables)):
+            flags = _flags(settings, field_name, field, prefix)
+            options = [f.split("/")[0] for f in flags]
+            named = [v for v in variables if v.startswith(prefix)]
+            return f" (give {' or '.join(options)}, or set {' or '.join(named)})"
+    return ""
 
 
 def _build(settings: type[Any], values: dict[str, Any], *, loc: tuple[str, ...]) -> Any:
     try:
         return settings(**values)
     except ValidationError as exc:
-        raise SettingsInputError(describe(exc, loc)) from None
+        raise SettingsInputError(describe(exc, loc, settings)) from None
 
 
 def _plain(value: Any) -> Any:

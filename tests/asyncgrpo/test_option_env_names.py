@@ -177,3 +177,10 @@ def test_the_server_settings_under_the_part_prefixes_are_left_alone(
     assert WorkerSettings(server_url="http://h:1").simulated.step_s == 0.5
     learner = LearnerSettings(server_url="http://h:1", run_id="r", token="t")
     assert learner.outbound_allow_private is True
+
+
+def test_a_missing_setting_names_its_option_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    result, settings = _invoke(monkeypatch, "learner", ["--run", "r1"])
+    assert (result.exit_code, settings) == (2, None)
+    assert "token: Field required (give --token, or set ASYNCGRPO_LEARNER_TOKEN)" in result.output
+    assert "run_id" not in result.output and len(result.output.strip().splitlines()) == 1
