@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import typer
 
 from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
-
-if TYPE_CHECKING:
-    from pydantic_settings import BaseSettings
-
-T = TypeVar("T", bound="BaseSettings")
+from asyncgrpo.settings_options import settings_command
+from learner.config import LearnerSettings
+from worker.config import WorkerSettings
 
 app = typer.Typer(
     help="Asynchronous GRPO + LoRA fine-tuning on cheap, elastic, preemptible GPUs.",
@@ -35,16 +33,6 @@ app.command("plan")(plan_cli.plan)
 def _fail(message: str) -> NoReturn:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
-
-
-def _parse(settings_cls: type[T], given: dict[str, Any]) -> T:
-    """Command-line options over environment variables; a clear message on bad values."""
-    from pydantic import ValidationError
-
-    try:
-        return settings_cls(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
 
 def _settings():  # type: ignore[no-untyped-def]
@@ -338,124 +326,22 @@ def registration_token_revoke(
 
 
 @app.command()
-def learner(
-    server: str = typer.Option(None, "--server", help="Control plane URL, e.g. http://host:8000."),
-    run: str = typer.Option(None, "--run", help="Run id (UUID)."),
-    token: str = typer.Option(None, "--token", help="The run's learner token (agr_lrn_…)."),
-    model: str = typer.Option(None, help="The run's base model (HF id, folder or alias)."),
-    threads: int = typer.Option(None, help="torch threads."),
-    device: str = typer.Option(None, help="torch device (cpu, cuda, …)."),
-    dtype: str = typer.Option(None, help="Base weights dtype: float32, bfloat16 or float16."),
-    work_dir: str = typer.Option(None, help="Local folder for batches and checkpoints."),
-    max_versions: int = typer.Option(None, help="Exit after publishing this version."),
-    overlap: bool = typer.Option(
-        None,
-        "--overlap/--no-overlap",
-        help="Prepare the next step's batches and publish the last version while a step "
-        "trains (default: on); --no-overlap does one thing at a time.",
-    ),
-    checkpoint_every_versions: int = typer.Option(
-        None, help="Upload the optimizer state with every Nth version (default 10)."
-    ),
-    reward_module: list[str] = typer.Option(  # noqa: B008 - typer reads it, never mutates it
-        None,
-        "--reward-module",
-        help="Allow the run's `module:function` rewards from this module (repeatable); with "
-        "the entry points of the group asyncgrpo.rewards, the only user code loaded.",
-    ),
-    tracking_backend: str = typer.Option(
-        None, help="Mirror metrics to wandb, trackio or mlflow (none: off); wins over the run's."
-    ),
-    tracking_project: str = typer.Option(None, help="Tracker project / MLflow experiment."),
-    tracking_run_name: str = typer.Option(None, help="Name of the tracker's run."),
-    tracking_entity: str = typer.Option(None, help="W&B entity."),
-    tracking_uri: str = typer.Option(None, help="MLflow tracking URI."),
-    collective_timeout_s: float = typer.Option(
-        None,
-        help="Data-parallel (torchrun): the gradient all-reduce's timeout and the step "
-        "watchdog's bound; shorter than the learner lease TTL (default 20).",
-    ),
-    fsdp: bool = typer.Option(
-        None,
-        "--fsdp/--no-fsdp",
-        help="Data-parallel (torchrun), experimental: shard the base weights with FSDP2.",
-    ),
-) -> None:
+@settings_command(LearnerSettings, on_error=_fail)
+def learner(settings: LearnerSettings) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
     Under `torchrun --nproc-per-node N` (or accelerate launch) rank 0 is the learner and the
     other ranks train their share of each step (README, "Data-parallel learner").
-    Other settings come from ASYNCGRPO_LEARNER_* variables (see learner/config.py)."""
-    from learner.config import LearnerSettings
-
-    given: dict[str, Any] = {
-        "server_url": server,
-        "run_id": run,
-        "token": token,
-        "model": model,
-        "threads": threads,
-        "device": device,
-        "dtype": dtype,
-        "work_dir": work_dir,
-        "max_versions": max_versions,
-        "overlap": overlap,
-        "checkpoint_every_versions": checkpoint_every_versions,
-        "reward_modules": reward_module or None,
-        "tracking_backend": tracking_backend,
-        "tracking_project": tracking_project,
-        "tracking_run_name": tracking_run_name,
-        "tracking_entity": tracking_entity,
-        "tracking_uri": tracking_uri,
-        "collective_timeout_s": collective_timeout_s,
-        "fsdp": fsdp,
-    }
-    settings = _parse(LearnerSettings, given)
+    Every option is also an environment variable: ASYNCGRPO_LEARNER_<OPTION> (learner/config.py)."""
     from learner.main import main as learner_main
 
     raise typer.Exit(learner_main(settings))
 
 
 @app.command()
-def worker(
-    server: str = typer.Option(None, "--server", help="Control plane URL, e.g. http://host:8000."),
-    registration_token: str = typer.Option(
-        None, help="agr_reg_… token, used once; later starts reuse the token file."
-    ),
-    name: str = typer.Option(None, help="Worker name (default: the host name)."),
-    gpu_type: str = typer.Option(None, help="GPU type, e.g. H100 or cpu."),
-    price_per_hour: float = typer.Option(None, help="USD per hour this box costs."),
-    backend: str = typer.Option(
-        None, help="vllm, transformers, or simulated (a timing model for benchmarks only)."
-    ),
-    model: str = typer.Option(None, help="Base model served (HF id, folder or alias)."),
-    token_file: str = typer.Option(None, help="Where the worker token is kept (mode 0600)."),
-    threads: int = typer.Option(None, help="torch threads (transformers backend)."),
-    max_inflight_sequences: int = typer.Option(
-        None,
-        help="Keep acquiring leases while the sequences (prompts x G) still generating stay "
-        "under this (default: 256 for vllm, max_batch_sequences for transformers).",
-    ),
-    max_leases: int = typer.Option(
-        None, help="Take at most this many leases, then exit once they have ended."
-    ),
-) -> None:
+@settings_command(WorkerSettings, on_error=_fail)
+def worker(settings: WorkerSettings) -> None:
     """Run a rollout worker: register once, then lease, generate and upload until stopped.
-    Other settings come from ASYNCGRPO_WORKER_* variables (see worker/config.py)."""
-    from worker.config import WorkerSettings
-
-    given: dict[str, Any] = {
-        "server_url": server,
-        "registration_token": registration_token,
-        "name": name,
-        "gpu_type": gpu_type,
-        "price_per_hour": price_per_hour,
-        "backend": backend,
-        "model": model,
-        "token_file": token_file,
-        "num_threads": threads,
-        "max_inflight_sequences": max_inflight_sequences,
-        "max_leases": max_leases,
-    }
-    settings = _parse(WorkerSettings, given)
+    Every option is also an environment variable: ASYNCGRPO_WORKER_<OPTION> (worker/config.py)."""
     from worker.main import main as worker_main
 
     raise typer.Exit(worker_main(settings))

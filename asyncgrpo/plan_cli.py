@@ -30,36 +30,44 @@ def plan(
         help="The learner's GPU: NAME:USD_PER_HOUR_PER_GPU:TOKENS_PER_S (completion tokens "
         "trained per second by the whole learner), e.g. H100:2.5:6000; NAME:PRICE takes the "
         "tokens/s measured by --from-run.",
+        show_default="none",
     ),
     worker_gpu: list[str] = typer.Option(  # noqa: B008 - typer reads it, never mutates it
         [],
         help=f"A worker GPU offer (repeat to compare): {HELP_GPU} Tokens/s: generated; "
         "NAME:PRICE takes the tokens/s measured for that GPU type by --from-run.",
+        show_default="none",
     ),
     completion_tokens: float = typer.Option(
-        None, help="Mean completion tokens per sample (default 512, or measured)."
+        None, help="Mean completion tokens per sample.", show_default="512, or measured"
     ),
-    group_size: int = typer.Option(None, help="The run's group_size (default 8, or the run's)."),
+    group_size: int = typer.Option(
+        None, help="The run's group_size.", show_default="8, or the run's"
+    ),
     bound_groups: int = typer.Option(
         None,
         help="The run's admission bound in groups: (max_staleness + 1) × weight_sync_steps × "
-        "prompts_per_step (default 16, the defaults' bound, or the run's).",
+        "prompts_per_step.",
+        show_default="16, the defaults' bound, or the run's",
     ),
     worker_sequences: int = typer.Option(
         256, help="Sequences one worker keeps in flight (its max_inflight_sequences)."
     ),
     accept_fraction: float = typer.Option(
         None,
-        help="Generated samples the learner accepts (not stale or dropped), 0-1 (default 1, or "
-        "measured).",
+        help="Generated samples the learner accepts (not stale or dropped), 0-1.",
+        show_default="1, or measured",
     ),
     from_run: str = typer.Option(
         None,
         help="A run id: take tokens/s, completion length, accepted fraction, group size and "
         "bound from what it measured (last 10 min; reads the server's database, "
         "ASYNCGRPO_DATABASE_URL). Options given explicitly win.",
+        show_default="none",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print JSON instead of tables.", show_default="tables"
+    ),
 ) -> None:
     """Plan a run's learner and worker fleet from a model, rank, targets and GPU offers.
 

@@ -7,14 +7,16 @@ hyper-parameters are not here: they come from the run's config, which attach ret
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.outbound import OutboundPolicy, check_networks
 from protocol.rewards import MODULE_PATH
+from protocol.settings_env import SERVER_NAMES_UNDER_PART_PREFIXES, unknown_variables
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
 
@@ -206,3 +208,16 @@ class LearnerSettings(BaseSettings):
             if not MODULE_PATH.match(module):
                 raise ValueError(f"{module!r} is not a dotted module path (e.g. my_rewards.math)")
         return modules
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_variables(cls, data: object) -> object:
+        unknown = unknown_variables(
+            os.environ,
+            cls,
+            what="a learner setting (learner/config.py)",
+            ignore_names=SERVER_NAMES_UNDER_PART_PREFIXES,
+        )
+        if unknown:
+            raise ValueError("; ".join(unknown))
+        return data

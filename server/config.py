@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import secrets
 from collections.abc import Mapping
@@ -12,11 +11,11 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import settings_env
 from protocol.outbound import OutboundPolicy, check_networks
 
 EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
 EMBEDDED_BUCKET_URL = "./bucket"
-ENV_PREFIX = "ASYNCGRPO_"
 # ASYNCGRPO_* names that belong to other parts, not to these settings: the worker's and the
 # learner's own prefixes, the model cache, the worker's log level, the test and bench databases,
 # the CLI's server URL and admin token.
@@ -290,34 +289,19 @@ class Settings(BaseSettings):
 
 def setting_variables() -> list[str]:
     """Every environment variable name the Settings read (nested groups one level down)."""
-    names = []
-    for name, field in Settings.model_fields.items():
-        group = field.annotation
-        if isinstance(group, type) and issubclass(group, BaseModel):
-            names += [f"{ENV_PREFIX}{name}__{sub}".upper() for sub in group.model_fields]
-        else:
-            names.append(f"{ENV_PREFIX}{name}".upper())
-    return names
+    return settings_env.setting_variables(Settings)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A message for each ASYNCGRPO_* variable that is no setting (a typo is otherwise silently
     ignored), naming the closest setting when one is close."""
-    known = setting_variables()
-    messages = []
-    for raw in sorted(environ):
-        name = raw.upper()
-        if not name.startswith(ENV_PREFIX) or name in FOREIGN_ENV_NAMES:
-            continue
-        if name.startswith(FOREIGN_ENV_PREFIXES) and name not in known:
-            continue
-        # deeper nesting (ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100) sets a dict's key
-        if "__".join(name.split("__")[:2]) in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        messages.append(f"{raw} is not a server setting (server/config.py){hint}")
-    return messages
+    return settings_env.unknown_variables(
+        environ,
+        Settings,
+        what="a server setting (server/config.py)",
+        ignore_prefixes=FOREIGN_ENV_PREFIXES,
+        ignore_names=FOREIGN_ENV_NAMES,
+    )
 
 
 @lru_cache

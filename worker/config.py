@@ -6,6 +6,7 @@ with the prefix `ASYNCGRPO_WORKER_` (e.g. `ASYNCGRPO_WORKER_SERVER_URL`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.rewards import MODULE_PATH
+from protocol.settings_env import SERVER_NAMES_UNDER_PART_PREFIXES, unknown_variables
 
 DEFAULT_STATE_DIR = Path.home() / ".cache" / "asyncgrpo" / "worker"
 
@@ -205,3 +207,16 @@ class WorkerSettings(BaseSettings):
                 f"(got {self.idle_backoff_min_s} > {self.idle_backoff_max_s})"
             )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_variables(cls, data: object) -> object:
+        unknown = unknown_variables(
+            os.environ,
+            cls,
+            what="a worker setting (worker/config.py)",
+            ignore_names=SERVER_NAMES_UNDER_PART_PREFIXES,
+        )
+        if unknown:
+            raise ValueError("; ".join(unknown))
+        return data

@@ -5,14 +5,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "asyncgrpo.cli"]
 
 
-def _run(args, cwd, env=None):  # type: ignore[no-untyped-def]
+def _run(args, cwd, env=None, timeout=None):  # type: ignore[no-untyped-def]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRPO_")}
     full_env.update(env or {})
-    return subprocess.run(CLI + args, cwd=cwd, env=full_env, capture_output=True, text=True)
+    return subprocess.run(
+        CLI + args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_help_lists_commands(tmp_path):
@@ -99,3 +103,56 @@ def test_db_upgrade_names_an_unusable_database(monkeypatch, tmp_path):  # type: 
             assert isinstance(result.exception, SystemExit)
     monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", f"sqlite:///{tmp_path / 'b.db'}")
     assert CliRunner().invoke(app, ["db", "upgrade"]).output.strip() == "database at head"
+
+
+def _leaf_commands(group, path=()):  # type: ignore[no-untyped-def]
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from _leaf_commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_every_option_of_every_command_shows_its_default():
+    """`--help` of each command shows each option's default, or says it is required."""
+    import typer
+
+    from asyncgrpo.cli import app
+
+    commands = dict(_leaf_commands(typer.main.get_command(app)))
+    assert {("worker",), ("learner",), ("server",), ("db", "upgrade")} <= set(commands)
+    missing = []
+    for path, command in commands.items():
+        ctx = command.context_class(command, info_name=path[-1])
+        for param in command.params:
+            record = param.get_help_record(ctx)
+            if param.name != "help" and record is not None:
+                if "default:" not in record[1] and "required" not in record[1].lower():
+                    missing.append(f"{' '.join(path)} {record[0]}")
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("command", "typo", "setting"),
+    [
+        ("worker", "ASYNCGRPO_WORKER_SHUTDOWN_GRACE", "ASYNCGRPO_WORKER_SHUTDOWN_GRACE_S"),
+        ("worker", "ASYNCGRPO_WORKER_VLLM_MAX_MODEL_LENGTH", "ASYNCGRPO_WORKER_VLLM_MAX_MODEL_LEN"),
+        ("learner", "ASYNCGRPO_LEARNER_REWARD_MODUELS", "ASYNCGRPO_LEARNER_REWARD_MODULES"),
+    ],
+)
+def test_an_unknown_variable_of_the_prefix_is_refused_with_the_closest_name(
+    tmp_path, command, typo, setting
+):  # type: ignore[no-untyped-def]
+    """As the server does: a misspelt ASYNCGRPO_WORKER_* / ASYNCGRPO_LEARNER_* (a nested group's
+    too) stops the process with one line naming it and the closest setting, not a traceback."""
+    required = {
+        "ASYNCGRPO_WORKER_SERVER": "http://127.0.0.1:1",
+        "ASYNCGRPO_LEARNER_SERVER": "http://127.0.0.1:1",
+        "ASYNCGRPO_LEARNER_RUN": "r",
+        "ASYNCGRPO_LEARNER_TOKEN": "agr_lrn_x",
+    }
+    out = _run([command], tmp_path, {**required, typo: "1"}, timeout=120)  # before: it ran
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"{typo} is not a {command} setting ({command}/config.py)" in out.stderr
+    assert f"did you mean {setting}?" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

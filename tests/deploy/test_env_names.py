@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic_settings import BaseSettings
 
+from protocol.settings_env import setting_variables
 from server.config import Settings, unknown_variables
-from tests.asyncgrpo.test_option_env_names import _env_names
 from tests.deploy.manifests import SKYPILOT, all_objects, containers, env_names
 from worker.config import WorkerSettings
 
@@ -22,12 +21,7 @@ WORKER_OBJECTS = ("asyncgrpo-worker-settings", "asyncgrpo-worker-registration")
 
 def worker_variables() -> set[str]:
     """What WorkerSettings reads: its fields and aliases, and its nested groups' (own prefix)."""
-    names = _env_names(WorkerSettings, "ASYNCGRPO_WORKER_")
-    for field in WorkerSettings.model_fields.values():
-        group = field.annotation
-        if isinstance(group, type) and issubclass(group, BaseSettings):
-            names |= _env_names(group, str(group.model_config.get("env_prefix", "")))
-    return names
+    return set(setting_variables(WorkerSettings))
 
 
 def _values(names: tuple[str, ...]) -> dict[str, str]:

@@ -89,24 +89,12 @@ def test_dockerfiles_pin_their_base_images(name: str) -> None:
 
 
 def _setting_names() -> set[str]:
-    from pydantic import AliasChoices
-
     from learner.config import LearnerSettings
-    from server.config import setting_variables
+    from protocol.settings_env import setting_variables
+    from server.config import Settings
     from worker.config import WorkerSettings
 
-    names = set(setting_variables())
-    for prefix, settings in (
-        ("ASYNCGRPO_WORKER_", WorkerSettings),
-        ("ASYNCGRPO_LEARNER_", LearnerSettings),
-    ):
-        for name, field in settings.model_fields.items():
-            names.add(prefix + name.upper())
-            if isinstance(
-                field.validation_alias, AliasChoices
-            ):  # e.g. …_SERVER beside …_SERVER_URL
-                names |= {c for c in field.validation_alias.choices if isinstance(c, str)}
-    return names
+    return {n for s in (Settings, WorkerSettings, LearnerSettings) for n in setting_variables(s)}
 
 
 def test_compose_inputs_cannot_be_mistaken_for_settings() -> None:

@@ -108,3 +108,13 @@ def test_a_wrong_value_of_a_worker_named_server_setting_is_still_checked(monkeyp
     monkeypatch.setenv("ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "perhaps")
     with pytest.raises(ValidationError, match="worker_calls_on_event_loop"):
         Settings()
+
+
+def test_the_parts_know_the_server_settings_under_their_prefixes():
+    """protocol/settings_env.py names them for the worker and the learner, which never import
+    server/config.py: the list is this one."""
+    from protocol.settings_env import SERVER_NAMES_UNDER_PART_PREFIXES
+    from server.config import FOREIGN_ENV_PREFIXES, setting_variables
+
+    under = {n for n in setting_variables() if n.startswith(FOREIGN_ENV_PREFIXES)}
+    assert under == SERVER_NAMES_UNDER_PART_PREFIXES
