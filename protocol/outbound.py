@@ -40,6 +40,8 @@ _ALWAYS_CHECKED = tuple(
 
 
 REDACTED = "[redacted]"
+# In a URL the mark stays parsable (urlsplit refuses brackets around a non-IP host).
+_REDACTED_PART = "redacted"
 # A host whose last label is a number is an IPv4 address to resolvers (inet_aton, browsers'
 # URL parsers): 0177.0.0.1 (octal), 0x7f.1, 127.1 and 2130706433 all reach 127.0.0.1.
 _NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0[xX][0-9a-fA-F]*)")
@@ -98,7 +100,8 @@ def _check_ipv4(host: str) -> bool:
 def redacted_url(url: str) -> str:
     """A URL as it may be shown (API answers, pages, logs, trackers): scheme, host, port and
     path kept; its user:password and its query (where keyed or presigned URLs carry their
-    secret) replaced by [redacted]; the fragment dropped. Unparsable: [redacted] whole."""
+    secret) each replaced by `redacted`, so that it is still a URL; the fragment dropped.
+    Unparsable: [redacted] whole."""
     try:
         parts = urlsplit(url.strip())
         host = parts.hostname or ""
@@ -110,8 +113,9 @@ def redacted_url(url: str) -> str:
     if port is not None:
         host = f"{host}:{port}"
     if parts.username is not None or parts.password is not None:
-        host = f"{REDACTED}@{host}"
-    return urlunsplit((parts.scheme, host, parts.path, REDACTED if parts.query else "", ""))
+        host = f"{_REDACTED_PART}@{host}"
+    query = _REDACTED_PART if parts.query else ""
+    return urlunsplit((parts.scheme, host, parts.path, query, ""))
 
 
 class OutboundRefused(Exception):
