@@ -6,6 +6,7 @@ real local receiver."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import uuid
@@ -112,3 +113,37 @@ def test_any_exception_in_one_delivery_fails_that_attempt_only(
     state, attempts, _status, error, retry_later = _delivery(factory, broken)
     assert (state, attempts, retry_later) == ("pending", 1, True)
     assert error == "RuntimeError: resolver exploded"
+
+
+def test_a_url_with_credentials_and_query_is_delivered_with_them(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Created through the API (where answers redact them), the stored URL keeps its
+    user:password and query: the delivery sends Basic auth and the query."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from tests.conftest import mint_token
+    from tests.server.runs.conftest import example_config
+
+    settings = make_settings(db_url, tmp_path / "bucket", outbound_allow_private=True)
+    app = create_app(settings, migrate=True)
+    try:
+        admin = {"Authorization": f"Bearer {mint_token(app, 'admin', name='a')}"}
+        with webhook_receiver([]) as receiver, TestClient(app) as http:
+            url = receiver.url.replace("http://", "http://hook-user:pw-s3cret@") + "?token=q1"
+            body = example_config(alarms={"webhook_url": url})
+            created = http.post("/api/v1/runs", json=body, headers=admin)
+            assert created.status_code == 201, created.text
+            assert "s3cret" not in created.text and "q1" not in created.text
+            run_id = uuid.UUID(created.json()["run"]["id"])
+            with transaction(app.state.sessionmaker) as session:
+                raise_event(session, kind="alarm.no_version", message="m", run_id=run_id)
+            ctx = JobContext(settings, app.state.sessionmaker, lambda: app.state.store)
+            assert run_job("webhooks", ctx) == {"delivered": 1}
+            (headers, _body), path = receiver.requests[0], receiver.paths[0]
+    finally:
+        app.state.engine.dispose()
+    expected = "Basic " + base64.b64encode(b"hook-user:pw-s3cret").decode()
+    assert headers["authorization"] == expected
+    assert path == "/hook?token=q1"
