@@ -69,7 +69,7 @@ def normalised_url(url: str) -> str:
     host = parsed.raw_host.decode("ascii")
     if not host:
         raise ValueError("has no host")
-    if ":" not in host and not _check_ipv4(host) and not _NAME.fullmatch(host):
+    if not _check_ipv4(host) and ":" not in host and not _NAME.fullmatch(host):
         raise ValueError(
             f"host {host!r} is not a host name (letters, digits, '-' and '_' in "
             "dot-separated labels) or an IP address"
@@ -82,8 +82,8 @@ def normalised_url(url: str) -> str:
 def _check_ipv4(host: str) -> bool:
     """Whether `host` is meant as an IPv4 address (its last label is a number); ValueError
     unless it is the canonical form."""
-    if not _NUMERIC_LABEL.fullmatch(host.rstrip(".").rsplit(".", 1)[-1]):
-        return False
+    if ":" in host or not _NUMERIC_LABEL.fullmatch(host.rstrip(".").rsplit(".", 1)[-1]):
+        return False  # IPv6 (httpx checks it), or a name
     try:
         canonical = str(ipaddress.IPv4Address(host)) == host
     except ValueError:

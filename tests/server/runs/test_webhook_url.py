@@ -80,7 +80,11 @@ def test_a_url_the_client_cannot_use_is_refused_at_creation(
 def test_a_canonical_loopback_literal_meets_the_outbound_policy(
     runs_client: TestClient, admin: dict[str, str]
 ) -> None:
-    for url in ("http://127.0.0.1:9/hook", "http://[::ffff:7f00:1]/hook"):
+    for url in (
+        "http://127.0.0.1:9/hook",
+        "http://[::ffff:7f00:1]/hook",
+        "http://[::ffff:127.0.0.1]/",
+    ):
         refused = _create(runs_client, admin, url)
         assert refused.status_code == 422, refused.text
         body = refused.json()
