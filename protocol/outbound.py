@@ -14,11 +14,12 @@ and certificate checks (httpcore starts TLS with the request's host, not the con
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 import httpcore
 import httpx
@@ -36,6 +37,85 @@ _ALWAYS_CHECKED = tuple(
         "::/96",  # deprecated IPv4-compatible IPv6 (::127.0.0.1)
     )
 )
+
+
+REDACTED = "[redacted]"
+# In a URL the mark stays parsable (urlsplit refuses brackets around a non-IP host).
+_REDACTED_PART = "redacted"
+# A host whose last label is a number is an IPv4 address to resolvers (inet_aton, browsers'
+# URL parsers): 0177.0.0.1 (octal), 0x7f.1, 127.1 and 2130706433 all reach 127.0.0.1.
+_NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0[xX][0-9a-fA-F]*)")
+_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?")
+
+
+def normalised_url(url: str) -> str:
+    """`url` as the delivery client (httpx) parses and sends it (lower-case scheme and host,
+    IDNA host, percent-encoded path, default port dropped), or ValueError with the reason it
+    cannot be used. An IP literal must be canonical: four decimal numbers 0-255 without leading
+    zeros (or a bracketed IPv6 address); octal, hexadecimal, zero-padded, out-of-range, short
+    (127.1) and integer (2130706433) forms are refused, since parsers and resolvers read them
+    differently and the outbound policy must check the address that is reached."""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError as exc:
+        raise ValueError(f"cannot be parsed as a URL: {exc}") from None
+    _check_ipv4(host)  # before httpx, whose reason for 0177.0.0.1 is less clear
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"cannot be parsed as a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError("must be an http:// or https:// URL")
+    host = parsed.raw_host.decode("ascii")
+    if not host:
+        raise ValueError("has no host")
+    if not _check_ipv4(host) and ":" not in host and not _NAME.fullmatch(host):
+        raise ValueError(
+            f"host {host!r} is not a host name (letters, digits, '-' and '_' in "
+            "dot-separated labels) or an IP address"
+        )
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ValueError(f"port {parsed.port} is not in 1-65535")
+    return str(parsed.copy_with(fragment=None))
+
+
+def _check_ipv4(host: str) -> bool:
+    """Whether `host` is meant as an IPv4 address (its last label is a number); ValueError
+    unless it is the canonical form."""
+    if ":" in host or not _NUMERIC_LABEL.fullmatch(host.rstrip(".").rsplit(".", 1)[-1]):
+        return False  # IPv6 (httpx checks it), or a name
+    try:
+        canonical = str(ipaddress.IPv4Address(host)) == host
+    except ValueError:
+        canonical = False
+    if not canonical:
+        raise ValueError(
+            f"host {host!r} is not a canonical IPv4 address: write four decimal numbers 0-255 "
+            "without leading zeros, e.g. 192.0.2.10 (octal, hexadecimal, zero-padded, "
+            "out-of-range, short and integer forms are refused)"
+        )
+    return True
+
+
+def redacted_url(url: str) -> str:
+    """A URL as it may be shown (API answers, pages, logs, trackers): scheme, host, port and
+    path kept; its user:password and its query (where keyed or presigned URLs carry their
+    secret) each replaced by `redacted`, so that it is still a URL; the fragment dropped.
+    Unparsable: [redacted] whole."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    if ":" in host:
+        host = f"[{host}]"
+    if port is not None:
+        host = f"{host}:{port}"
+    if parts.username is not None or parts.password is not None:
+        host = f"{_REDACTED_PART}@{host}"
+    query = _REDACTED_PART if parts.query else ""
+    return urlunsplit((parts.scheme, host, parts.path, query, ""))
 
 
 class OutboundRefused(Exception):

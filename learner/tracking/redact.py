@@ -5,18 +5,17 @@ SECRET_PARTS (webhook_url, api_key, headers, token, authorization, …: `max_new
 not). A string is secret when it looks like a key or bearer token (protocol/rewards_judge.py's
 KEY_LIKE at its start, or anywhere in it an asyncgrpo token `agr_…`, an AWS access key id
 `AKIA…`/`ASIA…`, or an `sk-…`/`hf_…`/`ghp_…`-style key of 16+ characters); a URL keeps its
-scheme, host and path, and loses its user:password and its query (presigned or keyed URLs
-carry their secret there)."""
+scheme, host and path, and loses its user:password and its query (protocol/outbound.py
+`redacted_url`, the rule the server's API answers follow too)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from protocol.outbound import REDACTED, redacted_url
 from protocol.rewards_judge import KEY_LIKE
 
-REDACTED = "[redacted]"
 SECRET_PARTS = frozenset(
     {
         "apikey",
@@ -58,17 +57,7 @@ def redact_text(text: str) -> str:
     if KEY_LIKE.search(stripped) or _TOKEN.search(stripped):
         return REDACTED
     if "://" in stripped:
-        try:
-            parts = urlsplit(stripped)
-        except ValueError:
-            return REDACTED
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        if parts.username is not None or parts.password is not None:
-            host = f"{REDACTED}@{host}"
-        query = REDACTED if parts.query else ""
-        return urlunsplit((parts.scheme, host, parts.path, query, ""))
+        return redacted_url(stripped)
     return text
 
 

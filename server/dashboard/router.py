@@ -203,10 +203,12 @@ async def create_run(
     if isinstance(upload, UploadFile) and not stored:
         jsonl = (await upload.read()).decode("utf-8", errors="replace")
     result = forms.parse(form, jsonl, has_file=stored)
-    refusal = result.config and runs.webhook_refusal(result.config, settings.outbound_policy())
-    if refusal:
-        result.add("alarms.webhook_url", refusal)
-        result.config = None
+    if result.config is not None:
+        try:
+            result.config = runs.with_checked_webhook(result.config, settings.outbound_policy())
+        except Unprocessable as exc:
+            result.add("alarms.webhook_url", exc.message)
+            result.config = None
     if result.config is not None and stored:
         assert isinstance(upload, UploadFile)
         result.config = await _upload_dataset(request, upload, result, settings)

@@ -6,7 +6,9 @@ in `webhook_deliveries` (the delivery log). Deliveries are claimed with a compar
 their next attempt time, so two job runners never post the same attempt twice; HTTP happens
 outside any database transaction, through the outbound policy (protocol/outbound.py): a
 destination it refuses is an attempt that failed with the reason, retried like any other
-(a name may resolve elsewhere later).
+(a name may resolve elsewhere later). Any error of one delivery (a URL the client cannot use,
+stored before creation checked it; any exception) is that attempt failing with its reason: it
+never stops the pass, so one run's bad URL cannot hold back another run's alerts.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from protocol.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, client
+from protocol.outbound import (
+    PUBLIC_ONLY,
+    OutboundPolicy,
+    OutboundRefused,
+    client,
+    normalised_url,
+    redacted_url,
+)
 from server.db import is_postgres, transaction
 from server.db_types import db_now, db_now_plus
 from server.models import Event, WebhookDelivery
@@ -145,7 +154,26 @@ def post(
     timeout_s: float,
     policy: OutboundPolicy = PUBLIC_ONLY,
 ) -> tuple[int | None, str | None]:
-    """POST the signed JSON body through `policy`; returns (status, error)."""
+    """POST the signed JSON body through `policy`; returns (status, error). Never raises: any
+    failure (httpx.InvalidURL is not an httpx.HTTPError) is this attempt's error."""
+    try:
+        checked = normalised_url(url)  # a URL stored before run creation checked it
+    except ValueError as exc:
+        return None, f"invalid URL: {exc}"[:500]
+    try:
+        return _post(checked, payload, secret, timeout_s, policy)
+    except OutboundRefused as exc:
+        return None, f"outbound policy: {exc}"[:500]
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+    except Exception as exc:
+        log.warning("webhook POST to %s raised", redacted_url(url), exc_info=True)
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _post(
+    url: str, payload: dict[str, Any], secret: str, timeout_s: float, policy: OutboundPolicy
+) -> tuple[int, str | None]:
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     headers = {
         "Content-Type": "application/json",
@@ -153,14 +181,9 @@ def post(
         "X-AsyncGRPO-Event": str(payload.get("kind", "")),
         "User-Agent": "asyncgrpo-webhooks/1",
     }
-    try:
-        with client(policy, timeout_s=timeout_s) as http:
-            response = http.post(url, content=body, headers=headers)
-    except OutboundRefused as exc:
-        return None, f"outbound policy: {exc}"[:500]
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:500]
-    error = None if response.is_success else response.text[:500]
+    with client(policy, timeout_s=timeout_s) as http:
+        response = http.post(url, content=body, headers=headers)
+        error = None if response.is_success else response.text[:500]
     return response.status_code, error
 
 
@@ -191,5 +214,5 @@ def deliver_due(
             )
         counts[state] = counts.get(state, 0) + 1
         if state != "delivered":
-            log.warning("webhook %s to %s: %s %s", item.id, item.url, status, error)
+            log.warning("webhook %s to %s: %s %s", item.id, redacted_url(item.url), status, error)
     return counts

@@ -117,7 +117,7 @@ def attach(
         resume_checkpoint_version=resume.checkpoint_version,
         resume_adapter=resume.adapter,
         resume_learner_step=resume.learner_step,
-        run_config=config.for_learner(),
+        run_config=runs_service.shown_config(config.for_learner()),
         run_status=_status(session, run_id),
         heartbeat_interval_s=ttl / 3.0,
         lease_ttl_s=ttl,

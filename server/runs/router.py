@@ -29,12 +29,10 @@ def create_run(
 ) -> RunCreated:
     """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
     `preparing` until its prompt rows are made); the learner token is shown once."""
-    refusal = service.webhook_refusal(config, settings.outbound_policy())
-    if refusal is not None:
-        raise Unprocessable(refusal, field="alarms.webhook_url")
+    config = service.with_checked_webhook(config, settings.outbound_policy())
     judge = service.judge_refusal(config, settings.outbound_policy())
     if judge is not None:
-        raise Unprocessable(judge[1], field=judge[0])
+        raise Unprocessable(judge[1], field=judge[0], code=judge[2])
     run, learner_token = service.create_run(session, config)
     created = RunCreated(run=service.detail(session, run), learner_token=learner_token)
     if run.status == "preparing":

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from protocol import datasets
-from protocol.outbound import OutboundPolicy
+from protocol.outbound import OutboundPolicy, normalised_url, redacted_url
 from protocol.run_config import (
     GeneratorDataset,
     HfDataset,
@@ -44,23 +44,49 @@ def _dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, d
         yield record.prompt, record.reference
 
 
-def webhook_refusal(config: RunConfig, policy: OutboundPolicy) -> str | None:
-    """Why the run's webhook URL is refused at creation: an IP literal the outbound policy does
-    not allow (a host name is checked when a delivery resolves it)."""
+def with_checked_webhook(config: RunConfig, policy: OutboundPolicy) -> RunConfig:
+    """The config with its webhook URL as the delivery client will send it (normalised_url),
+    or 422 at `alarms.webhook_url`: a URL the client cannot use (webhook_url_invalid) or an IP
+    literal the outbound policy does not allow (webhook_url_refused; a host name is checked
+    when a delivery resolves it)."""
     url = config.alarms.webhook_url
-    reason = policy.literal_refusal(url) if url else None
-    return f"the webhook URL's host is refused: {reason}" if reason else None
+    if url is None:
+        return config
+    try:
+        normal = normalised_url(url)
+    except ValueError as exc:
+        raise Unprocessable(
+            f"alarms.webhook_url {exc} (got {redacted_url(url)!r})",
+            field="alarms.webhook_url",
+            code="webhook_url_invalid",
+        ) from None
+    reason = policy.literal_refusal(normal)
+    if reason:
+        raise Unprocessable(
+            f"the webhook URL's host is refused: {reason}",
+            field="alarms.webhook_url",
+            code="webhook_url_refused",
+        )
+    alarms = config.alarms.model_copy(update={"webhook_url": normal})
+    return config.model_copy(update={"alarms": alarms})
 
 
-def judge_refusal(config: RunConfig, policy: OutboundPolicy) -> tuple[str, str] | None:
-    """The field and reason when an `llm_judge` reward's base_url is an IP literal the outbound
-    policy refuses (a host name is checked when the learner's call resolves it, with the
-    learner host's policy)."""
+def judge_refusal(config: RunConfig, policy: OutboundPolicy) -> tuple[str, str, str] | None:
+    """The field, reason and error code when an `llm_judge` reward's base_url is a URL the
+    client cannot use (normalised_url) or an IP literal the outbound policy refuses (a host
+    name is checked when the learner's call resolves it, with the learner host's policy)."""
     for i, spec in enumerate(config.rewards):
         url = spec.kwargs.get("base_url") if spec.name == "llm_judge" else None
-        reason = policy.literal_refusal(url) if isinstance(url, str) else None
+        if not isinstance(url, str):
+            continue
+        field = f"rewards.{i}.kwargs.base_url"
+        try:
+            normalised_url(url)
+        except ValueError as exc:
+            return field, f"the judge's base_url {exc}", "judge_url_invalid"
+        reason = policy.literal_refusal(url)
         if reason:
-            return f"rewards.{i}.kwargs.base_url", f"the judge's host is refused: {reason}"
+            return field, f"the judge's host is refused: {reason}", "judge_url_refused"
     return None
 
 
@@ -216,6 +242,16 @@ def stats(session: Session, run: Run) -> RunStats:
     )
 
 
+def shown_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config as API answers show it: the webhook URL without its user:password and
+    query (protocol/outbound.py redacted_url); deliveries use the stored URL."""
+    url = (config.get("alarms") or {}).get("webhook_url")
+    if not isinstance(url, str):
+        return config
+    return {**config, "alarms": {**config["alarms"], "webhook_url": redacted_url(url)}}
+
+
 def detail(session: Session, run: Run) -> RunDetail:
     out = RunOut.model_validate(run)
-    return RunDetail(**out.model_dump(), config=run.config, stats=stats(session, run))
+    shown = shown_config(run.config)
+    return RunDetail(**out.model_dump(), config=shown, stats=stats(session, run))

@@ -95,7 +95,7 @@ def test_secret_fields_and_values_are_redacted_and_the_rest_kept() -> None:
     assert out["sampling"] == {"max_new_tokens": 32}  # "tokens" is not "token"
     assert out["grpo"] == {"micro_batch_tokens": 4096}
     kwargs = out["rewards"][0]["kwargs"]
-    assert kwargs["url"] == f"https://{REDACTED}@judge.example.com/v1/chat?{REDACTED}"
+    assert kwargs["url"] == "https://redacted@judge.example.com/v1/chat?redacted"
     assert kwargs["api_key_env"] == REDACTED and kwargs["headers"] == REDACTED
     assert kwargs["note"] == REDACTED and kwargs["apiKey"] == REDACTED
     assert kwargs["model"] == "judge-1"

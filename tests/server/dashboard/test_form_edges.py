@@ -73,3 +73,16 @@ def test_nul_in_a_registration_token_name_is_422(client: TestClient, app, admin_
     with transaction(app.state.sessionmaker) as session:
         kinds = session.execute(select(Token.kind)).scalars().all()
     assert "registration" not in kinds
+
+
+@pytest.mark.parametrize("host", ["0177.0.0.1", "127.1", "2130706433"])
+def test_a_non_canonical_webhook_host_is_an_error_on_that_field(
+    client: TestClient, app, admin_token: str, host: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 25: the form takes the API's URL rule (one home: server/runs/service.py)."""
+    csrf = login(client, admin_token)
+    url = f"http://{host}:8080/hook"
+    r = client.post("/runs/new", data={**_form(**{"alarms.webhook_url": url}), "csrf_token": csrf})
+    assert r.status_code == 422, r.text
+    assert re.search(r'data-error-for="alarms\.webhook_url">[^<]*not a canonical IPv4', r.text)
+    assert _nothing_created(app)

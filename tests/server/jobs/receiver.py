@@ -15,6 +15,7 @@ class Receiver:
     url: str
     statuses: list[int]
     requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -28,6 +29,7 @@ def webhook_receiver(statuses: list[int]) -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             with state.lock:
                 state.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                state.paths.append(self.path)
                 status = state.statuses.pop(0) if state.statuses else 200
             self.send_response(status)
             self.send_header("Content-Length", "2")

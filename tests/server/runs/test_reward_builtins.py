@@ -53,6 +53,16 @@ def test_runs_with_the_new_builtins_are_created(runs_client, admin) -> None:  # 
             "rewards.0.kwargs.base_url",
             "ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE",
         ),
+        (  # httpx cannot parse it: the learner's calls would raise httpx.InvalidURL
+            _judge(base_url="http://0177.0.0.1:8000/v1"),
+            "rewards.0.kwargs.base_url",
+            "host '0177.0.0.1' is not a canonical IPv4 address",
+        ),
+        (  # resolvers read it as 127.0.0.1
+            _judge(base_url="http://127.1:8000/v1"),
+            "rewards.0.kwargs.base_url",
+            "host '127.1' is not a canonical IPv4 address",
+        ),
     ],
 )
 def test_bad_reward_kwargs_are_422_with_the_reason(  # type: ignore[no-untyped-def]
