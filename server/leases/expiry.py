@@ -8,14 +8,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import ColumnElement, Row, select, update
 from sqlalchemy.orm import Session
 
 from server.db import is_postgres
 from server.db_types import db_now
 from server.evals import service as evals
 from server.leases import queue
-from server.models import Lease, PromptRow
+from server.models import Lease, PromptRow, Worker
 
 REVOKED = "revoked"  # the end reason of a revoked worker's leases, and its rows' re-queue reason
 
@@ -62,9 +62,30 @@ def end_revoked_worker_leases(session: Session, worker_id: uuid.UUID) -> int:
 
     Called before the worker row is updated, so that the locks are taken in the grant's order
     (lease and prompt rows, run row, worker row)."""
+    return _end_revoked(session, Lease.worker_id == worker_id)
+
+
+def sweep_revoked(session: Session, *, limit: int = 500) -> int:
+    """End as `end_revoked_worker_leases` does the active leases of workers already revoked: a
+    grant that committed while its worker was being revoked (it read the worker active). The
+    sweep job runs it; leases another sweep holds are skipped, as in `sweep_expired`."""
+    stmt = (
+        select(Lease.id)
+        .join(Worker, Worker.id == Lease.worker_id)
+        .where(Lease.state == "active", Worker.status == "revoked")
+        .order_by(Lease.id)
+        .limit(limit)
+    )
+    if is_postgres(session):
+        stmt = stmt.with_for_update(of=Lease, skip_locked=True)
+    candidates = list(session.execute(stmt).scalars())
+    return _end_revoked(session, Lease.id.in_(candidates)) if candidates else 0
+
+
+def _end_revoked(session: Session, which: ColumnElement[bool]) -> int:
     ended = session.execute(
         update(Lease)
-        .where(Lease.worker_id == worker_id, Lease.state == "active")
+        .where(which, Lease.state == "active")
         .values(state="aborted", ended_at=db_now(), end_reason=REVOKED)
         .returning(Lease.id, Lease.run_id)
         .execution_options(synchronize_session=False)

@@ -10,10 +10,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from server.models import Lease, PromptRow, Run
+from server.models import Lease, PromptRow, Run, Worker
 from tests.conftest import mint_token
 from tests.server.leases.helpers import acquire_lease, bearer, make_run, make_worker
 
@@ -114,3 +114,32 @@ def test_revoking_a_worker_with_no_lease_or_twice_changes_no_lease(
     assert {state for state, _, _ in rows.values()} == {"leased"}
     missing = lease_client.post(f"/api/v1/workers/{uuid.uuid4()}/revoke", headers=admin)
     assert missing.status_code == 404
+
+
+def test_the_sweep_job_ends_a_lease_granted_while_its_worker_was_revoked(
+    lease_app: FastAPI, lease_client: TestClient, db: Session
+) -> None:
+    """A grant that read the worker active and committed after the revoke ended the worker's
+    leases: the sweep job ends it `revoked` too, with no attempt counted."""
+    from server.jobs.runner import JobContext, sweep
+
+    run = make_run(db, n_rows=4, lease_ttl_s=600.0)
+    worker, token = make_worker(db, name="late")
+    _, other_token = make_worker(db, name="other")
+    worker_id, run_id = worker.id, run.id
+    db.commit()
+    late = acquire_lease(lease_client, token)
+    kept = acquire_lease(lease_client, other_token)
+    before = _rows(db, _row_ids(late))
+    db.execute(update(Worker).where(Worker.id == worker_id).values(status="revoked"))
+    db.commit()
+
+    context = JobContext(lease_app.state.settings, lease_app.state.sessionmaker, lambda: None)  # type: ignore[arg-type,return-value]
+    assert sweep(context) == 1
+
+    db.expire_all()
+    ends = dict(db.execute(select(Lease.id, Lease.end_reason).where(Lease.run_id == run_id)).all())
+    db.commit()
+    assert ends == {uuid.UUID(late["lease_id"]): "revoked", uuid.UUID(kept["lease_id"]): None}
+    assert _rows(db, _row_ids(late)) == {r: ("queued", a, None) for r, (_, a, _) in before.items()}
+    assert sweep(context) == 0
