@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import ColumnElement, Row, select, update
 from sqlalchemy.orm import Session
@@ -95,7 +94,11 @@ def _end_revoked(session: Session, which: ColumnElement[bool]) -> int:
 
 
 def _requeue_ended(
-    session: Session, ended: Sequence[Row[Any]], reason: str, *, count_attempt: bool
+    session: Session,
+    ended: Sequence[Row[uuid.UUID, uuid.UUID]],
+    reason: str,
+    *,
+    count_attempt: bool,
 ) -> None:
     """The rows still leased under these just-ended leases (lease id, run id) back to the front
     of their run's queue with `reason`; eval leases' items back to their own queue."""
