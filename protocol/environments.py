@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from protocol.config_base import Rule, _fail, _Strict
-from protocol.rewards import MODULE_PATH
+from protocol.rewards import MAX_NAME_CHARS, MODULE_PATTERN, RewardError, check_name_length
 from protocol.schemas import KIB, free_json
 
 ENTRY_POINT_GROUP = "asyncgrpo.environments"
@@ -50,14 +51,15 @@ GUESS_KWARGS = ("low", "high")
 MAX_GUESS_RANGE = 10**9
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_USER_REF = re.compile(rf"^{MODULE_PATH.pattern[1:-1]}:{_IDENT}$")
-_ENTRY_POINT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,199}$")
-_TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# Anchored with \A and \Z: `$` would also match before a trailing newline.
+_USER_REF = re.compile(rf"\A{MODULE_PATTERN}:{_IDENT}\Z")
+_ENTRY_POINT_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_.\-]{0,199}\Z")
+_TOOL_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 ANY_CLASS = "*"
 # `verifiers:<module>`: a `verifiers` environment module (its `load_environment(**kwargs)`),
 # run by worker/environments/verifiers_env.py; allowed when the operator allows <module>.
 VERIFIERS_PREFIX = "verifiers:"
-_VERIFIERS_REF = re.compile(rf"^{VERIFIERS_PREFIX}{MODULE_PATH.pattern[1:-1]}$")
+_VERIFIERS_REF = re.compile(rf"\A{VERIFIERS_PREFIX}{MODULE_PATTERN}\Z")
 
 
 def verifiers_module(name: str) -> str | None:
@@ -66,13 +68,22 @@ def verifiers_module(name: str) -> str | None:
 
 
 class EnvironmentNameError(ValueError):
-    """An environment name that is neither a built-in, an entry-point name nor `module:Class`."""
+    """An environment name that is neither a built-in, an entry-point name nor `module:Class`
+    (`code`: snake_case, as the run's 422 reports it)."""
+
+    def __init__(self, message: str, *, code: str = "config_rule") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def check_name(name: str) -> None:
     """Raise EnvironmentNameError unless `name` could name an environment (nothing imported)."""
     if name in BUILTIN_ENVIRONMENTS:
         return
+    try:
+        check_name_length("environment", name)
+    except RewardError as exc:
+        raise EnvironmentNameError(str(exc), code=exc.code) from None
     vf_module = verifiers_module(name)
     if vf_module is not None or _USER_REF.match(name):
         module = vf_module or name.partition(":")[0]
@@ -98,7 +109,7 @@ def _check_name(name: str) -> str:
     try:
         check_name(name)
     except EnvironmentNameError as exc:
-        raise _fail(str(exc)) from None
+        raise PydanticCustomError(exc.code, str(exc)) from None
     return name
 
 
@@ -110,7 +121,8 @@ class EnvironmentConfig(_Strict):
         description="single_turn (default: one completion per prompt), tool_calls, guess_number "
         "(a multi-turn test game), an entry-point name of the group asyncgrpo.environments or "
         "'module:Class' of a module the worker's operator allows, or 'verifiers:module' (a "
-        "verifiers environment module the worker's operator allows; needs the verifiers extra).",
+        "verifiers environment module the worker's operator allows; needs the verifiers extra); "
+        f"at most {MAX_NAME_CHARS} characters.",
     )
     tools: list[str] = Field(
         default_factory=list,

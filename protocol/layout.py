@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 import uuid
 
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+# \A…\Z, not ^…$ (`$` also matches before a trailing newline); ASCII digits only.
+_FILE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
 _BATCH_KEY = re.compile(
-    r"^runs/(?P<run>[0-9a-f-]{36})/batches/(?P<lease>[0-9a-f-]{36})-(?P<fencing>\d+)\.parquet$"
+    r"\Aruns/(?P<run>[0-9a-f-]{36})/batches/(?P<lease>[0-9a-f-]{36})-(?P<fencing>[0-9]+)\.parquet\Z"
 )
 
 

@@ -10,7 +10,8 @@ Built-ins: `numeric_match`, `answer_format`, `length_limit`, `hash_score` (no si
 checks with random weights, bench/gpu_check.py), `math_verify` and `think_format`
 (protocol/rewards_math.py), `llm_judge` (protocol/rewards_judge.py), `worker_score` (a trusted
 worker's environment score; runs requiring trusted workers only); this module is the one list of
-them (`BUILTINS`; `KWARG_CHECKS` for their kwargs at run creation). User code comes only from what
+them (`BUILTINS`; `KWARG_MODELS`, each one's keyword parameters as a strict pydantic model read off
+its signature, and `KWARG_CHECKS`, for their kwargs at run creation). User code comes only from what
 the learner's operator allows where the learner runs (`RewardAllowlist`): an entry point of the
 group `asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a
 module listed with `--reward-module`. Run validation checks the syntax only (the server cannot know
@@ -30,7 +31,9 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from protocol.rewards_base import RewardError, last_number, text_of, to_decimal
 from protocol.rewards_judge import check_llm_judge, llm_judge
@@ -45,10 +48,12 @@ RewardFn = Callable[..., list[float | None]]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_MODULE = rf"{_IDENT}(?:\.{_IDENT})*"
-MODULE_PATH = re.compile(rf"^{_MODULE}$")  # a dotted module path, as `--reward-module` takes
-_USER_REF = re.compile(rf"^{_MODULE}:{_IDENT}$")
-_ENTRY_POINT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,199}$")
+# Patterns are anchored with \A and \Z (`$` also matches before a trailing newline).
+MODULE_PATTERN = rf"{_IDENT}(?:\.{_IDENT})*"  # a dotted module path, unanchored
+MODULE_PATH = re.compile(rf"\A{MODULE_PATTERN}\Z")  # as `--reward-module` takes it
+_USER_REF = re.compile(rf"\A{MODULE_PATTERN}:{_IDENT}\Z")
+_ENTRY_POINT_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_.\-]{0,199}\Z")
+MAX_NAME_CHARS = 200  # a reward's or an environment's name (protocol/environments.py)
 ENTRY_POINT_GROUP = "asyncgrpo.rewards"
 ANY_FUNCTION = "*"  # `module:*` in a learner's reported names: any function of an allowed module
 
@@ -78,7 +83,10 @@ def answer_format(
 
 
 def length_limit(
-    prompts: Sequence[Any], completions: Sequence[Any], max_chars: int = 200, **_: Any
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    max_chars: Annotated[int, Field(ge=1)] = 200,
+    **_: Any,
 ) -> list[float | None]:
     """1.0 up to `max_chars` characters, then falling linearly to 0.0 at twice the limit."""
     if max_chars < 1:
@@ -136,8 +144,27 @@ BUILTINS: dict[str, RewardFn] = {
     "llm_judge": llm_judge,
     WORKER_SCORE: worker_score,
 }
-# Built-ins whose kwargs need more than known names (types, ranges, no secrets): checked at
-# run creation, so that a run never starts with a reward that cannot work.
+
+
+def _kwargs_model(name: str, fn: RewardFn) -> type[BaseModel]:
+    """The built-in's keyword parameters (names, types, constraints and defaults, as its
+    signature declares them) as a strict model: `max_chars` "x" or [1] is refused, not cast."""
+    params = inspect.signature(fn, eval_str=True).parameters.values()
+    fields: dict[str, Any] = {
+        p.name: (p.annotation, p.default)
+        for p in params
+        if p.name not in ("prompts", "completions") and p.kind is not p.VAR_KEYWORD
+    }
+    config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    return create_model(f"{name}_kwargs", __config__=config, **fields)
+
+
+# Each built-in's kwargs, typed: checked at run creation (`check_kwargs`).
+KWARG_MODELS: dict[str, type[BaseModel]] = {
+    name: _kwargs_model(name, fn) for name, fn in BUILTINS.items()
+}
+# Built-ins whose kwargs need more than their types (ranges, no secrets), with their own
+# messages: checked at run creation, so that a run never starts with a reward that cannot work.
 KWARG_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "math_verify": check_math_verify,
     "think_format": check_think_format,
@@ -151,6 +178,7 @@ def check_name(name: str) -> None:
     where the learner runs, and only its operator's allowlist decides which load."""
     if name in BUILTINS:
         return
+    check_name_length("reward", name)
     if _USER_REF.match(name):
         _refuse_stdlib(name)
         return
@@ -166,6 +194,15 @@ def check_name(name: str) -> None:
     )
 
 
+def check_name_length(kind: str, name: str) -> None:
+    """Refuse a reward's or an environment's name over MAX_NAME_CHARS (the name not echoed)."""
+    if len(name) > MAX_NAME_CHARS:
+        raise RewardError(
+            f"the {kind} name is {len(name):,} characters long; at most {MAX_NAME_CHARS}",
+            code="name_too_long",
+        )
+
+
 def _refuse_stdlib(name: str) -> None:
     module_name = name.partition(":")[0]
     if module_name.split(".")[0] in sys.stdlib_module_names:
@@ -177,16 +214,12 @@ def _refuse_stdlib(name: str) -> None:
 
 def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
     """For built-ins, refuse keyword arguments the function does not take, then values the
-    built-in's own check (`KWARG_CHECKS`) refuses."""
-    fn = BUILTINS.get(name)
-    if fn is None:
+    built-in's own check (`KWARG_CHECKS`) refuses, then values not of the declared type
+    (`KWARG_MODELS`: RewardError naming the kwarg)."""
+    model = KWARG_MODELS.get(name)
+    if model is None:
         return
-    params = inspect.signature(fn).parameters.values()
-    allowed = [
-        p.name
-        for p in params
-        if p.name not in ("prompts", "completions") and p.kind is not p.VAR_KEYWORD
-    ]
+    allowed = list(model.model_fields)
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown and name in KWARG_CHECKS:
         KWARG_CHECKS[name](kwargs)  # a precise refusal first (a key given as `api_key`)
@@ -195,6 +228,16 @@ def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
         raise RewardError(f"{name} takes no argument {', '.join(unknown)} (it takes: {hint})")
     if name in KWARG_CHECKS:
         KWARG_CHECKS[name](kwargs)
+    try:
+        model.model_validate(kwargs)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        kwarg = str(first["loc"][0])
+        raise RewardError(
+            f"{name}: kwargs.{kwarg}: {first['msg']} (got {kwargs[kwarg]!r:.80})",
+            code="reward_kwarg_invalid",
+            kwarg=kwarg,
+        ) from None
 
 
 def columns_read(name: str, kwargs: Mapping[str, Any]) -> set[str] | None:

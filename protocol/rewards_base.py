@@ -11,7 +11,13 @@ NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 
 
 class RewardError(ValueError):
-    """A reward that cannot be resolved or returned something unusable."""
+    """A reward that cannot be resolved or returned something unusable. `code` (snake_case)
+    and `kwarg` (the keyword argument at fault) let run validation say where and what."""
+
+    def __init__(self, message: str, *, code: str = "config_rule", kwarg: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.kwarg = kwarg
 
 
 def text_of(completion: Any) -> str:

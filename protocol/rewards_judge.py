@@ -40,7 +40,7 @@ DEFAULT_TEMPLATE = (
     "from 0 to 10."
 )
 FIXED_FIELDS = ("prompt", "completion", "reference")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,127}\Z")  # \Z: no trailing newline
 KEY_LIKE = re.compile(r"^(sk|pk|rk)[-_]|^(hf|gh[pousr]|xox[abp])_|^eyJ|^AIza|^Bearer\b", re.I)
 KEY_KWARGS = ("api_key", "key", "token", "authorization", "headers", "bearer", "secret")
 _SCALE = re.compile(r"(?:/|\bout of\b)\s*\d+(?:\.\d+)?", re.IGNORECASE)

@@ -23,7 +23,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from protocol import datasets, rewards
 from protocol.config_base import Rule, _fail, _Strict
@@ -56,7 +56,10 @@ MAX_ADMISSION_BOUND = INT_MAX
 class RewardSpec(_Strict):
     """One reward function and its weight in the total reward."""
 
-    name: str = Field(description="A built-in reward name, or 'module:function' for user code.")
+    name: str = Field(
+        description="A built-in reward name, an entry-point name or 'module:function' for user "
+        f"code (at most {rewards.MAX_NAME_CHARS} characters)."
+    )
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
     kwargs: Annotated[dict[str, Any], AfterValidator(free_json(64 * KIB))] = Field(
         default_factory=dict,
@@ -70,7 +73,7 @@ class RewardSpec(_Strict):
         try:
             rewards.check_name(name)
         except rewards.RewardError as exc:
-            raise _fail(str(exc)) from None
+            raise PydanticCustomError(exc.code, str(exc)) from None
         return name
 
     @field_validator("kwargs")
@@ -81,7 +84,15 @@ class RewardSpec(_Strict):
             try:
                 rewards.check_kwargs(name, kwargs)
             except rewards.RewardError as exc:
-                raise _fail(str(exc)) from None
+                if exc.kwarg is None:
+                    raise PydanticCustomError(exc.code, str(exc)) from None
+                # the error's path names the kwarg: rewards.0.kwargs.max_chars
+                at_kwarg = InitErrorDetails(
+                    type=PydanticCustomError(exc.code, str(exc)),
+                    loc=(exc.kwarg,),
+                    input=kwargs[exc.kwarg],
+                )
+                raise ValidationError.from_exception_data(cls.__name__, [at_kwarg]) from None
         return kwargs
 
 

@@ -31,7 +31,7 @@ def get_adapter(
     version: Annotated[
         str,
         Path(
-            pattern=r"^(\d{1,9}|latest|final)$",
+            pattern=r"^([0-9]{1,9}|latest|final)$",  # \d would take other scripts' digits
             description="A version number, `latest` or `final`.",
         ),
     ],

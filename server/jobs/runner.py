@@ -39,10 +39,10 @@ class JobContext:
 
 
 def sweep(ctx: JobContext) -> int:
-    from server.leases.expiry import sweep_expired
+    from server.leases.expiry import sweep_expired, sweep_revoked
 
     with transaction(ctx.factory) as session:
-        return sweep_expired(session)
+        return sweep_expired(session) + sweep_revoked(session)
 
 
 def accrue(ctx: JobContext) -> float:

@@ -1,18 +1,22 @@
-"""Lease expiry (invariants 3 and 4): decided by the database's clock alone."""
+"""Leases the server ends without their worker: expiry (invariants 3 and 4), decided by the
+database's clock alone, and the revocation of their worker."""
 
 from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, Row, select, update
 from sqlalchemy.orm import Session
 
 from server.db import is_postgres
 from server.db_types import db_now
 from server.evals import service as evals
 from server.leases import queue
-from server.models import Lease, PromptRow
+from server.models import Lease, PromptRow, Worker
+
+REVOKED = "revoked"  # the end reason of a revoked worker's leases, and its rows' re-queue reason
 
 
 def sweep_expired(session: Session, *, limit: int = 500) -> int:
@@ -45,12 +49,66 @@ def sweep_expired(session: Session, *, limit: int = 500) -> int:
         .returning(Lease.id, Lease.run_id)
         .execution_options(synchronize_session=False)
     ).all()
-    # eval leases' items go back to their own queue (an attempt counted)
-    evals.requeue_leases(session, [lease_id for lease_id, _run in expired], count_attempt=True)
+    _requeue_ended(session, expired, "expired", count_attempt=True)
+    return len(expired)
+
+
+def end_revoked_worker_leases(session: Session, worker_id: uuid.UUID) -> int:
+    """End every active lease of a worker being revoked `aborted` (end_reason `revoked`) and
+    put their prompt rows (and eval items) back at the front of their queues at once, no
+    attempt counted: the prompts did nothing wrong, and another worker may lease them now
+    rather than when the TTL runs out. Returns the number of leases ended.
+
+    Called before the worker row is updated, so that the locks are taken in the grant's order
+    (lease and prompt rows, run row, worker row)."""
+    return _end_revoked(session, Lease.worker_id == worker_id)
+
+
+def sweep_revoked(session: Session, *, limit: int = 500) -> int:
+    """End as `end_revoked_worker_leases` does the active leases of workers already revoked: a
+    grant that committed while its worker was being revoked (it read the worker active). The
+    sweep job runs it; leases another sweep holds are skipped, as in `sweep_expired`."""
+    stmt = (
+        select(Lease.id)
+        .join(Worker, Worker.id == Lease.worker_id)
+        .where(Lease.state == "active", Worker.status == "revoked")
+        .order_by(Lease.id)
+        .limit(limit)
+    )
+    if is_postgres(session):
+        stmt = stmt.with_for_update(of=Lease, skip_locked=True)
+    candidates = list(session.execute(stmt).scalars())
+    return _end_revoked(session, Lease.id.in_(candidates)) if candidates else 0
+
+
+def _end_revoked(session: Session, which: ColumnElement[bool]) -> int:
+    ended = session.execute(
+        update(Lease)
+        .where(which, Lease.state == "active")
+        .values(state="aborted", ended_at=db_now(), end_reason=REVOKED)
+        .returning(Lease.id, Lease.run_id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    _requeue_ended(session, ended, REVOKED, count_attempt=False)
+    return len(ended)
+
+
+def _requeue_ended(
+    session: Session,
+    ended: Sequence[Row[uuid.UUID, uuid.UUID]],
+    reason: str,
+    *,
+    count_attempt: bool,
+) -> None:
+    """The rows still leased under these just-ended leases (lease id, run id) back to the front
+    of their run's queue with `reason`; eval leases' items back to their own queue."""
+    evals.requeue_leases(
+        session, [lease_id for lease_id, _run in ended], count_attempt=count_attempt
+    )
     by_run: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
-    for lease_id, run_id in expired:
+    for lease_id, run_id in ended:
         by_run[run_id].append(lease_id)
-    for run_id in sorted(by_run):
+    for run_id in sorted(by_run):  # in id order: two callers never wait on each other's runs
         row_ids = list(
             session.execute(
                 select(PromptRow.id).where(
@@ -58,5 +116,4 @@ def sweep_expired(session: Session, *, limit: int = 500) -> int:
                 )
             ).scalars()
         )
-        queue.requeue(session, run_id, row_ids, "expired", count_attempt=True)
-    return len(expired)
+        queue.requeue(session, run_id, row_ids, reason, count_attempt=count_attempt)

@@ -3,6 +3,7 @@ server process (built from the app's database access)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
@@ -19,6 +20,11 @@ from server.errors import Unprocessable
 from server.leases.service import adapter_ref
 from server.versions import repository as repo
 from server.versions.watch import RunVersion, VersionWatch
+
+_HEX = "[0-9a-fA-F]"
+_AFTER_ENTRY = re.compile(
+    rf"(?P<run_id>{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}):(?P<version>[0-9]{{1,10}})"
+)
 
 
 def make_watch(state: Any) -> VersionWatch:
@@ -70,19 +76,23 @@ def parse_after(after: list[str]) -> dict[uuid.UUID, int]:
 
 
 def _entry(entry: str) -> tuple[uuid.UUID, int]:
-    run_part, sep, version_part = entry.partition(":")
-    try:
-        run_id, version = uuid.UUID(run_part), int(version_part)
-    except ValueError:
-        version = -1
-    if not sep or not 0 <= version <= INT_MAX:
-        _refuse(f"{entry[:80]!r} is not '<run_id>:<version>' (a UUID and 0 … {INT_MAX})")
-    return run_id, version
+    # A pattern, not uuid.UUID() and int() alone: int() takes "+1", " 1", "1_0" and other
+    # scripts' digits ("١"), uuid.UUID() braces and underscores.
+    found = _AFTER_ENTRY.fullmatch(entry)
+    version = int(found["version"]) if found else -1
+    if found is None or version > INT_MAX:
+        _refuse(
+            f"{entry[:80]!r} is not '<run_id>:<version>' (a UUID, a colon and ASCII digits "
+            f"0 … {INT_MAX})"
+        )
+    return uuid.UUID(found["run_id"]), version
 
 
 def _refuse(message: str) -> NoReturn:
     raise Unprocessable(
-        "invalid request", errors=[{"field": "after", "message": message, "type": "value_error"}]
+        "invalid request",
+        errors=[{"field": "after", "message": message, "type": "value_error"}],
+        code="after_invalid",
     )
 
 

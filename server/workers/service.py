@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from server.errors import NotFound, Unauthorized
 from server.jobs.common import db_time
+from server.leases import expiry
 from server.models import Token, Worker
 from server.tokens import service as tokens
 from server.workers import repository
@@ -56,6 +57,9 @@ def list_workers(session: Session, silent_s: float) -> list[WorkerOut]:
 
 
 def revoke(session: Session, worker_id: uuid.UUID, silent_s: float) -> WorkerOut:
+    """The worker `revoked`, its tokens revoked (its next call answers 401) and its active
+    leases ended `revoked`, their prompts back in the queue at once (no attempt counted)."""
+    expiry.end_revoked_worker_leases(session, worker_id)  # first: the grant's lock order
     if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
         raise NotFound("worker not found")
     tokens.revoke_scope(session, "worker", worker_id)

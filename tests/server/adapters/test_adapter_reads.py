@@ -145,7 +145,7 @@ def test_missing_deleted_and_invalid_versions(adapters_app, client, admin) -> No
     assert client.get(f"{url}/7", headers=admin).status_code == 404
     gone = client.get(f"{url}/1", headers=admin)
     assert gone.status_code == 410 and "deleted by retention" in gone.json()["detail"]
-    for bad in ("newest", "-1", "1.5"):
+    for bad in ("newest", "-1", "1.5", "\u0661", "+1"):  # ASCII digits only (not "١")
         resp = client.get(f"{url}/{bad}", headers=admin)
         assert resp.status_code == 422, bad
         assert resp.json()["errors"][0]["field"] == "path.version"

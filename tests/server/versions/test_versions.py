@@ -145,6 +145,15 @@ def test_bad_after_and_wait_s_are_422_naming_the_field(
         response = http.get(VERSIONS, params={"after": after}, headers=headers)
         assert response.status_code == 422, (after, response.text)
         assert [e["field"] for e in response.json()["errors"]] == ["after"], response.text
+    for version in ("+1", " 1", "1_0", "\u0661", "1\n", "0x1", ""):  # int() took the first four
+        response = http.get(VERSIONS, params={"after": f"{run_id}:{version}"}, headers=headers)
+        assert response.status_code == 422, (version, response.text)
+        assert [e["field"] for e in response.json()["errors"]] == ["after"], response.text
+        assert response.json()["code"] == "after_invalid", response.text
+    for run_part in (f"{{{run_id}}}", run_id.hex, f" {run_id}"):  # uuid.UUID() took the first two
+        response = http.get(VERSIONS, params={"after": f"{run_part}:1"}, headers=headers)
+        assert response.status_code == 422, (run_part, response.text)
+        assert [e["field"] for e in response.json()["errors"]] == ["after"], response.text
     for wait_s in ("-1", "601", "soon"):
         response = http.get(VERSIONS, params={"wait_s": wait_s}, headers=headers)
         assert response.status_code == 422, response.text
