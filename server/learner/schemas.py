@@ -114,3 +114,11 @@ class TrajectorySampleOut(BaseModel):
     spans: list[SampleSpan] = Field(description="Turn boundaries in token order.")
     messages: list[SampleMessage] = Field(description="The transcript in order.")
     info: dict[str, Any] = Field(description="The environment's outcome (never trained).")
+    transcript_bytes: int = Field(description="The stored transcript's size in bytes.")
+    transcript_truncated: bool = Field(
+        description="Whether the transcript was over the sample's per-transcript bound (1 MiB): "
+        "only the messages wholly within its first MiB are in `messages`."
+    )
+    info_truncated: bool = Field(
+        description="Whether `info` was over the same bound: then it is left empty."
+    )
