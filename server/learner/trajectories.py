@@ -36,12 +36,17 @@ from server.models import RolloutBatch
 # far below it); one message's text is cut at MAX_MESSAGE_CHARS.
 MAX_SAMPLE_BATCH_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_CHARS = 8000
-# Only the row shown is kept: the batch is decoded in record batches of about SAMPLE_READ_BYTES
-# (sized from the footer's uncompressed sizes), and of its transcript and info at most
-# MAX_TRANSCRIPT_BYTES are parsed (the messages that fit; the answer says it was cut).
+# Only the row shown is kept, and what is decoded is bounded as the footer describes it (the
+# learner's reader trusts the same sizes): a column of a row group is decoded only when its
+# uncompressed size is at most MAX_DECODED_BYTES (Parquet decompresses whole pages, and one page
+# may hold every value of the row group), in record batches of about SAMPLE_READ_BYTES; a
+# transcript or info over that bound is not decoded, and of a decoded one at most
+# MAX_TRANSCRIPT_BYTES is parsed (the messages that fit). The answer says what was cut.
+MAX_DECODED_BYTES = 64 * 1024 * 1024
 SAMPLE_READ_BYTES = 16 * 1024 * 1024
 READ_BUFFER_BYTES = 1024 * 1024
 MAX_TRANSCRIPT_BYTES = 1024 * 1024
+TEXT_COLUMNS = ("transcript", "info")
 KEY_COLUMNS = ("prompt_row_id", "group_index")
 COLUMNS = [
     "prompt_row_id",
@@ -142,10 +147,12 @@ def _open_v2(path: Path) -> pq.ParquetFile:
 
 
 def _keys(pf: pq.ParquetFile) -> list[tuple[int, int]]:
-    columns = [[], []]  # type: list[list[Any]]
-    for part in _batches(pf, list(KEY_COLUMNS), range(pf.metadata.num_row_groups)):
-        for values, name in zip(columns, KEY_COLUMNS, strict=True):
-            values.extend(part[name].to_pylist())
+    columns: list[list[Any]] = [[], []]
+    for group in range(pf.metadata.num_row_groups):
+        _check_decodable(pf, group, list(KEY_COLUMNS))
+        for part in _batches(pf, group, list(KEY_COLUMNS)):
+            for values, name in zip(columns, KEY_COLUMNS, strict=True):
+                values.extend(part[name].to_pylist())
     keys = list(zip(*columns, strict=True))
     if any(None in key or not all(isinstance(k, int) for k in key) for key in keys):
         raise Unprocessable(
@@ -155,56 +162,94 @@ def _keys(pf: pq.ParquetFile) -> list[tuple[int, int]]:
 
 
 def _values_at(pf: pq.ParquetFile, index: int) -> dict[str, Any]:
-    """The values of the index-th row in file order: only its row group is read, in record
-    batches, and every batch but the one holding the row is dropped as soon as it is read."""
-    metadata = pf.metadata
+    """The values of the index-th row in file order, from its row group only."""
+    group, offset = _locate(pf, index)
+    plain = [name for name in COLUMNS if name not in TEXT_COLUMNS]
+    _check_decodable(pf, group, plain)
+    values = _row_values(_row_of(pf, group, offset, plain))
+    sizes = _column_bytes(pf, group)
+    for name in TEXT_COLUMNS:
+        if sizes.get(name, 0) > MAX_DECODED_BYTES:
+            values.update({name: "", f"{name}_bytes": None, f"{name}_cut": True})
+        else:
+            values.update(_text_value(_row_of(pf, group, offset, [name]), name))
+    return values
+
+
+def _locate(pf: pq.ParquetFile, index: int) -> tuple[int, int]:
+    """(row group, row within it) of the index-th row in file order."""
     first = 0
-    for group in range(metadata.num_row_groups):
-        rows = metadata.row_group(group).num_rows
+    for group in range(pf.metadata.num_row_groups):
+        rows = pf.metadata.row_group(group).num_rows
         if index < first + rows:
-            break
+            return group, index - first
         first += rows
-    else:  # the footer's row groups hold fewer rows than the key columns read
-        raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
-    for part in _batches(pf, COLUMNS, [group]):
-        if index < first + part.num_rows:
-            return _row_values(part.slice(index - first, 1))
+    raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
+
+
+def _column_bytes(pf: pq.ParquetFile, group: int) -> dict[str, int]:
+    """Uncompressed bytes of each top-level column in the row group, from the footer."""
+    meta = pf.metadata.row_group(group)
+    sizes: dict[str, int] = {}
+    for c in range(meta.num_columns):
+        chunk = meta.column(c)
+        name = chunk.path_in_schema.split(".")[0]
+        sizes[name] = sizes.get(name, 0) + max(chunk.total_uncompressed_size, 0)
+    return sizes
+
+
+def _check_decodable(pf: pq.ParquetFile, group: int, columns: list[str]) -> None:
+    sizes = _column_bytes(pf, group)
+    size = sum(sizes.get(name, 0) for name in columns)
+    if size > MAX_DECODED_BYTES:
+        raise Unprocessable(
+            f"the batch's {', '.join(columns)} take {size:,} bytes decoded in row group {group}, "
+            f"over the view's bound of {MAX_DECODED_BYTES:,}",
+            field="batch_id",
+            code="batch_too_large_to_show",
+        )
+
+
+def _row_of(pf: pq.ParquetFile, group: int, offset: int, columns: list[str]) -> pa.RecordBatch:
+    """Row `offset` of the row group, of `columns`: the row group is read in record batches,
+    and each batch but the one holding the row is dropped as soon as it is read."""
+    first = 0
+    for part in _batches(pf, group, columns):
+        if offset < first + part.num_rows:
+            return part.slice(offset - first, 1)
         first += part.num_rows
     raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
 
 
-def _batches(pf: pq.ParquetFile, columns: list[str], groups: Any) -> Any:
-    """Record batches of `columns` over row groups `groups`, each about SAMPLE_READ_BYTES
-    decoded as the footer's uncompressed sizes say."""
-    metadata = pf.metadata
-    for group in groups:
-        meta = metadata.row_group(group)
-        size = sum(
-            max(meta.column(c).total_uncompressed_size, 0)
-            for c in range(meta.num_columns)
-            if meta.column(c).path_in_schema.split(".")[0] in columns
-        )
-        rows = max(1, min(65_536, SAMPLE_READ_BYTES * meta.num_rows // max(size, 1)))
-        yield from pf.iter_batches(
-            batch_size=rows, row_groups=[group], columns=columns, use_threads=False
-        )
+def _batches(pf: pq.ParquetFile, group: int, columns: list[str]) -> Any:
+    """Record batches of `columns` in the row group, each about SAMPLE_READ_BYTES decoded."""
+    meta = pf.metadata.row_group(group)
+    sizes = _column_bytes(pf, group)
+    size = sum(sizes.get(name, 0) for name in columns)
+    rows = max(1, min(65_536, SAMPLE_READ_BYTES * meta.num_rows // max(size, 1)))
+    return pf.iter_batches(batch_size=rows, row_groups=[group], columns=columns, use_threads=False)
 
 
 def _row_values(one: pa.RecordBatch) -> dict[str, Any]:
-    """The row's values, its long text columns cut at MAX_TRANSCRIPT_BYTES before they become
-    Python strings, and token_ids as its length (the server shows counts, not tokens)."""
+    """The row's values, token_ids as its length (the server shows counts, not tokens)."""
     values: dict[str, Any] = {}
-    for name in COLUMNS:
+    for name in one.schema.names:
         column = one.column(name)
         if name == "token_ids":
             values[name] = pc.list_value_length(column)[0].as_py()
-        elif name in ("transcript", "info") and pa.types.is_string(column.type):
-            size = pc.binary_length(column)[0].as_py()
-            values[name] = _cut(column, MAX_TRANSCRIPT_BYTES) if size is not None else None
-            values[f"{name}_bytes"] = size or 0
         else:
             values[name] = column[0].as_py()
     return values
+
+
+def _text_value(one: pa.RecordBatch, name: str) -> dict[str, Any]:
+    """A text column's value cut at MAX_TRANSCRIPT_BYTES before it becomes a Python string."""
+    column = one.column(name)
+    if not pa.types.is_string(column.type):
+        return {name: column[0].as_py(), f"{name}_bytes": None, f"{name}_cut": False}
+    size = pc.binary_length(column)[0].as_py()
+    text = None if size is None else _cut(column, MAX_TRANSCRIPT_BYTES)
+    return {name: text, f"{name}_bytes": size, f"{name}_cut": (size or 0) > MAX_TRANSCRIPT_BYTES}
 
 
 def _cut(column: pa.Array, max_bytes: int) -> str:
@@ -219,6 +264,8 @@ def _messages(text: str, truncated: bool) -> list[TranscriptMessage]:
     """The transcript's messages; of a cut transcript, the messages wholly within the cut."""
     if not truncated:
         return _MESSAGES.validate_json(text)
+    if not text:  # not decoded
+        return []
     decoder = json.JSONDecoder()
     at = _past_space(text, 0)
     if not text.startswith("[", at):
@@ -246,7 +293,7 @@ def _past_space(text: str, at: int) -> int:
 def _sample_out(
     batch: RolloutBatch, row: int, rows: int, values: dict[str, Any]
 ) -> TrajectorySampleOut:
-    empty = [name for name, value in values.items() if value is None]
+    empty = [name for name in COLUMNS if values.get(name) is None]
     if empty:
         raise Unprocessable(f"the row has no {', '.join(empty)}", field="row")
     try:
@@ -265,7 +312,7 @@ def _sample_out(
 
 
 def _cut_off(values: dict[str, Any], name: str) -> bool:
-    return bool(values.get(f"{name}_bytes", 0) > MAX_TRANSCRIPT_BYTES)
+    return bool(values.get(f"{name}_cut"))
 
 
 def _info(text: Any) -> Any:
@@ -311,7 +358,7 @@ def _out(
         ],
         messages=[_message(m) for m in messages],
         info=info if isinstance(info, dict) else {"value": info},
-        transcript_bytes=values.get("transcript_bytes", 0),
+        transcript_bytes=values.get("transcript_bytes"),
         transcript_truncated=_cut_off(values, "transcript"),
         info_truncated=_cut_off(values, "info"),
     )
