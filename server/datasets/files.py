@@ -9,18 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from protocol import parquet_pages
 from protocol.datasets import DatasetError
 from protocol.schemas import MAX_JSON_DEPTH, JsonTooLarge, check_free_json
 
 MAX_COLUMNS = 1_000
 BATCH_ROWS = 10_000
 # Decoded bytes of one Parquet record batch. A compressed file may hold far more row bytes than
-# its size, so a batch is bounded by bytes, not rows only: by max_row_bytes per row and by the
-# footer's uncompressed size of the row group read, whatever the compression ratio. A batch
-# is held twice at most (Arrow, then Python objects), so reading stays within MAX_READ_BYTES.
+# its size, so a batch is bounded by bytes, not rows only: by max_row_bytes per row, and by the
+# row group's pages (page headers, read before any page is decompressed: pyarrow decompresses a
+# whole page at a time, the pages of every column read at once). What reading holds at most:
+# MAX_PAGE_BYTES of pages, a batch of BATCH_BYTES in Arrow and its rows as Python objects.
 BATCH_BYTES = 32 * 1024 * 1024
-MAX_READ_BYTES = 256 * 1024 * 1024
-# The file is read in buffers of this size, not a whole column chunk of a row group at once.
+MAX_PAGE_BYTES = 128 * 1024 * 1024
+SMALL_PAGES = "pyarrow: pq.write_table(table, path, data_page_size=1 << 20, write_batch_size=16)"
 READ_BUFFER_BYTES = 1024 * 1024
 
 
@@ -206,34 +208,60 @@ def parquet_rows_read(path: Path, max_row_bytes: int, footer_rows: int) -> int:
     return rows
 
 
-def batch_rows(max_row_bytes: int, group_rows: int = 0, group_bytes: int = 0) -> int:
-    """Rows per Parquet batch: at most BATCH_ROWS, at most BATCH_BYTES of rows of
-    max_row_bytes each (a bigger row is refused by check_row), at most BATCH_BYTES of the row
-    group's uncompressed bytes (`group_bytes` over `group_rows`, from the footer), at least
-    one."""
+def batch_rows(
+    max_row_bytes: int, group_rows: int = 0, group_bytes: int = 0, row_bound: int = 0
+) -> int:
+    """Rows per Parquet batch: at most BATCH_ROWS; at most BATCH_BYTES of rows of max_row_bytes
+    each (a bigger row is refused by check_row), of the row group's decoded bytes
+    (`group_bytes` over `group_rows`) and of rows of `row_bound` bytes (what one row can take
+    decoded: a page or dictionary entry per column); at least one."""
     rows = min(BATCH_ROWS, BATCH_BYTES // max_row_bytes)
     if group_rows > 0 and group_bytes > 0:
         rows = min(rows, BATCH_BYTES * group_rows // group_bytes)
+    if row_bound > 0:
+        rows = min(rows, BATCH_BYTES // row_bound)
     return max(1, rows)
 
 
-def _group_batches(pf: Any, max_row_bytes: int, columns: list[str] | None) -> Iterator[Any]:
+def _group_batches(
+    path: Path, pf: Any, max_row_bytes: int, columns: list[str] | None
+) -> Iterator[Any]:
     """The file's record batches, one row group after another, each sized by batch_rows from
-    that row group's uncompressed size (only the columns read count)."""
+    that row group's pages (only the columns read count); a row group whose pages decoded at
+    once would be over MAX_PAGE_BYTES is refused before any is decompressed."""
     metadata = pf.metadata
     wanted = None if columns is None else set(columns)
+    budget = [parquet_pages.MAX_PAGES]
     for group in range(metadata.num_row_groups):
-        meta = metadata.row_group(group)
-        size = sum(
-            max(meta.column(c).total_uncompressed_size, 0)
-            for c in range(meta.num_columns)
-            if wanted is None or meta.column(c).path_in_schema.split(".")[0] in wanted
-        )
+        with open(path, "rb") as raw:
+            try:
+                pages = parquet_pages.row_group_pages(raw, metadata, group, wanted, budget)
+            except parquet_pages.PageError as exc:
+                raise DatasetError(f"row group {group}: {exc}", code="page_unreadable") from None
+        _check_pages(pages, group)
         yield from pf.iter_batches(
-            batch_size=batch_rows(max_row_bytes, meta.num_rows, size),
+            batch_size=batch_rows(
+                max_row_bytes,
+                metadata.row_group(group).num_rows,
+                sum(p.total for p in pages),
+                sum(p.largest_page + p.dictionary_page for p in pages),
+            ),
             row_groups=[group],
             columns=columns,
             use_threads=False,
+        )
+
+
+def _check_pages(pages: list[parquet_pages.ChunkPages], group: int) -> None:
+    at_once = sum(p.largest_page + p.dictionary_page for p in pages)
+    if at_once > MAX_PAGE_BYTES:
+        big = max(pages, key=lambda p: p.largest_page + p.dictionary_page)
+        raise DatasetError(
+            f"row group {group}: its pages take {at_once:,} bytes decoded at once (column "
+            f"{big.column!r}: a page of {max(big.largest_page, big.dictionary_page):,}), over "
+            f"the {MAX_PAGE_BYTES:,}-byte bound; write the file with smaller pages "
+            f"({SMALL_PAGES})",
+            code="page_too_large",
         )
 
 
@@ -246,7 +274,7 @@ def _parquet_rows(
     index = 0
     try:
         pf = pq.ParquetFile(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
-        for batch in _group_batches(pf, max_row_bytes, columns):
+        for batch in _group_batches(path, pf, max_row_bytes, columns):
             for row in _python_rows(batch, index):
                 yield check_row(_json_values(row, index), f"row {index}", max_row_bytes)
                 index += 1

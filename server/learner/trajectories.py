@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from protocol import parquet_pages
 from protocol.batch_format import FORMAT_VERSION_V2, METADATA_KEY
 from protocol.schemas import check_free_json
 from protocol.storage import ObjectNotFound, ObjectStore
@@ -36,12 +37,12 @@ from server.models import RolloutBatch
 # far below it); one message's text is cut at MAX_MESSAGE_CHARS.
 MAX_SAMPLE_BATCH_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_CHARS = 8000
-# Only the row shown is kept, and what is decoded is bounded as the footer describes it (the
-# learner's reader trusts the same sizes): a column of a row group is decoded only when its
-# uncompressed size is at most MAX_DECODED_BYTES (Parquet decompresses whole pages, and one page
-# may hold every value of the row group), in record batches of about SAMPLE_READ_BYTES; a
-# transcript or info over that bound is not decoded, and of a decoded one at most
-# MAX_TRANSCRIPT_BYTES is parsed (the messages that fit). The answer says what was cut.
+# Only the row shown is kept, and what is decoded is bounded as the page headers describe it
+# (pyarrow decompresses whole pages, and one page may hold every value of the row group): a
+# column of a row group is decoded only when its pages take at most MAX_DECODED_BYTES, in record
+# batches of about SAMPLE_READ_BYTES; a transcript or info over that bound is not decoded, and of
+# a decoded one at most MAX_TRANSCRIPT_BYTES is parsed (the messages that fit). The answer says
+# what was cut.
 MAX_DECODED_BYTES = 64 * 1024 * 1024
 SAMPLE_READ_BYTES = 16 * 1024 * 1024
 READ_BUFFER_BYTES = 1024 * 1024
@@ -131,8 +132,8 @@ def _read_row(path: Path, row: int) -> tuple[int, dict[str, Any]]:
         raise Unprocessable("the batch's footer is nested too deeply", field="batch_id") from None
 
 
-def _open_v2(path: Path) -> pq.ParquetFile:
-    pf = pq.ParquetFile(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
+def _open_v2(path: Path) -> _Batch:
+    pf = _Batch(path)
     meta = json.loads((pf.metadata.metadata or {}).get(METADATA_KEY, b"{}"))
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION_V2:
         raise Unprocessable(
@@ -146,7 +147,7 @@ def _open_v2(path: Path) -> pq.ParquetFile:
     return pf
 
 
-def _keys(pf: pq.ParquetFile) -> list[tuple[int, int]]:
+def _keys(pf: _Batch) -> list[tuple[int, int]]:
     columns: list[list[Any]] = [[], []]
     for group in range(pf.metadata.num_row_groups):
         _check_decodable(pf, group, list(KEY_COLUMNS))
@@ -161,13 +162,13 @@ def _keys(pf: pq.ParquetFile) -> list[tuple[int, int]]:
     return keys
 
 
-def _values_at(pf: pq.ParquetFile, index: int) -> dict[str, Any]:
+def _values_at(pf: _Batch, index: int) -> dict[str, Any]:
     """The values of the index-th row in file order, from its row group only."""
     group, offset = _locate(pf, index)
     plain = [name for name in COLUMNS if name not in TEXT_COLUMNS]
     _check_decodable(pf, group, plain)
     values = _row_values(_row_of(pf, group, offset, plain))
-    sizes = _column_bytes(pf, group)
+    sizes = pf.column_bytes(group)
     for name in TEXT_COLUMNS:
         if sizes.get(name, 0) > MAX_DECODED_BYTES:
             values.update({name: "", f"{name}_bytes": None, f"{name}_cut": True})
@@ -176,7 +177,7 @@ def _values_at(pf: pq.ParquetFile, index: int) -> dict[str, Any]:
     return values
 
 
-def _locate(pf: pq.ParquetFile, index: int) -> tuple[int, int]:
+def _locate(pf: _Batch, index: int) -> tuple[int, int]:
     """(row group, row within it) of the index-th row in file order."""
     first = 0
     for group in range(pf.metadata.num_row_groups):
@@ -187,19 +188,32 @@ def _locate(pf: pq.ParquetFile, index: int) -> tuple[int, int]:
     raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
 
 
-def _column_bytes(pf: pq.ParquetFile, group: int) -> dict[str, int]:
-    """Uncompressed bytes of each top-level column in the row group, from the footer."""
-    meta = pf.metadata.row_group(group)
-    sizes: dict[str, int] = {}
-    for c in range(meta.num_columns):
-        chunk = meta.column(c)
-        name = chunk.path_in_schema.split(".")[0]
-        sizes[name] = sizes.get(name, 0) + max(chunk.total_uncompressed_size, 0)
-    return sizes
+class _Batch(pq.ParquetFile):
+    """The batch file, and the decoded bytes of each top-level column of a row group as its
+    page headers say (pyarrow decompresses exactly that; the footer's totals are not
+    trusted)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
+        self.path = path
+        self.sizes: dict[int, dict[str, int]] = {}
+
+    def column_bytes(self, group: int) -> dict[str, int]:
+        if group not in self.sizes:
+            with open(self.path, "rb") as raw:
+                chunks = parquet_pages.row_group_pages(
+                    raw, self.metadata, group, None, [parquet_pages.MAX_PAGES]
+                )
+            sizes: dict[str, int] = {}
+            for chunk in chunks:
+                name = chunk.column.split(".")[0]
+                sizes[name] = sizes.get(name, 0) + chunk.total
+            self.sizes[group] = sizes
+        return self.sizes[group]
 
 
-def _check_decodable(pf: pq.ParquetFile, group: int, columns: list[str]) -> None:
-    sizes = _column_bytes(pf, group)
+def _check_decodable(pf: _Batch, group: int, columns: list[str]) -> None:
+    sizes = pf.column_bytes(group)
     size = sum(sizes.get(name, 0) for name in columns)
     if size > MAX_DECODED_BYTES:
         raise Unprocessable(
@@ -210,7 +224,7 @@ def _check_decodable(pf: pq.ParquetFile, group: int, columns: list[str]) -> None
         )
 
 
-def _row_of(pf: pq.ParquetFile, group: int, offset: int, columns: list[str]) -> pa.RecordBatch:
+def _row_of(pf: _Batch, group: int, offset: int, columns: list[str]) -> pa.RecordBatch:
     """Row `offset` of the row group, of `columns`: the row group is read in record batches,
     and each batch but the one holding the row is dropped as soon as it is read."""
     first = 0
@@ -221,10 +235,10 @@ def _row_of(pf: pq.ParquetFile, group: int, offset: int, columns: list[str]) -> 
     raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
 
 
-def _batches(pf: pq.ParquetFile, group: int, columns: list[str]) -> Any:
+def _batches(pf: _Batch, group: int, columns: list[str]) -> Any:
     """Record batches of `columns` in the row group, each about SAMPLE_READ_BYTES decoded."""
     meta = pf.metadata.row_group(group)
-    sizes = _column_bytes(pf, group)
+    sizes = pf.column_bytes(group)
     size = sum(sizes.get(name, 0) for name in columns)
     rows = max(1, min(65_536, SAMPLE_READ_BYTES * meta.num_rows // max(size, 1)))
     return pf.iter_batches(batch_size=rows, row_groups=[group], columns=columns, use_threads=False)
