@@ -22,6 +22,8 @@ BATCH_ROWS = 10_000
 # MAX_PAGE_BYTES of pages, a batch of BATCH_BYTES in Arrow and its rows as Python objects.
 BATCH_BYTES = 32 * 1024 * 1024
 MAX_PAGE_BYTES = 128 * 1024 * 1024
+# How a file is written with pages of about 1 MiB plus 16 rows (the datasets job writes so too).
+SMALL_PAGE_WRITE = {"data_page_size": 1 << 20, "write_batch_size": 16}
 SMALL_PAGES = "pyarrow: pq.write_table(table, path, data_page_size=1 << 20, write_batch_size=16)"
 READ_BUFFER_BYTES = 1024 * 1024
 

@@ -17,8 +17,14 @@ from server.models import Dataset
 from tests.server.datasets.files import (
     QUESTIONS,
     empty_parquet,
+    footer_claims,
     jsonl,
+    not_utf8_column_name_parquet,
+    not_utf8_metadata_parquet,
+    not_utf8_nested_parquet,
+    not_utf8_parquet,
     parquet,
+    prompts_parquet,
     typed_parquet,
     upload,
 )
@@ -108,6 +114,54 @@ def test_hostile_parquet_is_refused(ds_app, ds_client, admin, db, data, reason):
     assert resp.status_code == 422, resp.text
     assert reason in resp.json()["detail"]
     _nothing_left(db, ds_app)
+
+
+NOT_UTF8 = {
+    "string column": (not_utf8_parquet(), "row_invalid_utf8", ["row 1", "column 'note'"]),
+    "string in a list of structs": (
+        not_utf8_nested_parquet(),
+        "row_invalid_utf8",
+        ["row 1", "column 'messages'"],
+    ),
+    "column name": (not_utf8_column_name_parquet(), "column_invalid_utf8", ["column name"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_UTF8))
+def test_text_that_is_not_utf8_is_422_naming_row_and_column(ds_app, ds_client, admin, db, case):  # type: ignore[no-untyped-def]
+    data, code, named = NOT_UTF8[case]
+    resp = upload(ds_client, admin, data, "bad.parquet")
+    assert resp.status_code == 422, resp.text
+    body = resp.json()
+    assert (body["field"], body["code"]) == ("file", code), body
+    assert all(n in body["detail"] for n in named), body
+    _nothing_left(db, ds_app)
+
+
+def test_metadata_that_is_not_utf8_is_not_read(ds_client, admin) -> None:  # type: ignore[no-untyped-def]
+    """Key-value metadata is no part of a dataset: its bytes do not matter."""
+    resp = upload(ds_client, admin, not_utf8_metadata_parquet(), "meta.parquet")
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["row_count"] == 2
+
+
+@pytest.mark.parametrize(("real", "claimed"), [(12_345, 1_000_000), (3_000, 1)])
+def test_a_footer_whose_row_count_is_not_the_rows_is_refused(
+    ds_app, ds_client, admin, db, real, claimed
+):  # type: ignore[no-untyped-def]
+    data = footer_claims(prompts_parquet(real), real, claimed)
+    resp = upload(ds_client, admin, data, "lying.parquet")
+    assert resp.status_code == 422, resp.text
+    body = resp.json()
+    assert body["code"] == "row_count_mismatch", body
+    assert f"{claimed:,}" in body["detail"] and f"{real:,}" in body["detail"], body
+    _nothing_left(db, ds_app)
+
+
+def test_the_row_count_stored_is_the_rows_read(ds_client, admin) -> None:  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, prompts_parquet(12_345, row_group_size=1_000), "p.parquet")
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["row_count"] == 12_345
 
 
 def test_declared_size_over_the_limit_is_413_before_reading(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
