@@ -203,11 +203,15 @@ def parquet_rows_read(path: Path, max_row_bytes: int, footer_rows: int) -> int:
     rows = sum(1 for _row in _parquet_rows(path, max_row_bytes, None))
     if rows != footer_rows:
         raise DatasetError(
-            f"the file's footer says {footer_rows:,} rows but it holds {rows:,}: a file whose "
-            "footer disagrees with its rows is refused (write it again)",
+            f"the file's footer says {_rows(footer_rows)} but it holds {_rows(rows)}: a file "
+            "whose footer disagrees with its rows is refused (write it again)",
             code="row_count_mismatch",
         )
     return rows
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row" if n == 1 else f"{n:,} rows"
 
 
 def batch_rows(
