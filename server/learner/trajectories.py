@@ -197,12 +197,13 @@ class _Batch(pq.ParquetFile):
         super().__init__(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
         self.path = path
         self.sizes: dict[int, dict[str, int]] = {}
+        self.pages_left = [parquet_pages.MAX_PAGES]  # for the whole file, however many groups
 
     def column_bytes(self, group: int) -> dict[str, int]:
         if group not in self.sizes:
             with open(self.path, "rb") as raw:
                 chunks = parquet_pages.row_group_pages(
-                    raw, self.metadata, group, None, [parquet_pages.MAX_PAGES]
+                    raw, self.metadata, group, None, self.pages_left
                 )
             sizes: dict[str, int] = {}
             for chunk in chunks:
