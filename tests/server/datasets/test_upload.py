@@ -100,7 +100,8 @@ def test_hostile_jsonl_is_refused_and_nothing_is_kept(ds_app, ds_client, admin, 
 HOSTILE_PARQUET = [
     (b"PAR1 not really parquet", "not a readable Parquet file"),
     (empty_parquet(), "no rows"),
-    # text that is not UTF-8 can only be a bytes column: refused from the footer's schema
+    # a bytes column is refused from the footer's schema (a string column whose bytes are not
+    # UTF-8: test_text_that_is_not_utf8_is_422_naming_row_and_column)
     (typed_parquet(prompt=pa.array([b"caf\xe9"], pa.binary())), "column 'prompt' is binary"),
     (typed_parquet(prompt=["a"], t=pa.array([datetime(2020, 1, 1)])), "column 't' is timestamp"),
     (typed_parquet(prompt=["a"], d=pa.array([Decimal("1.5")])), "column 'd' is decimal128"),
