@@ -98,7 +98,9 @@ class JsonlCheck:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+            raise DatasetError(
+                f"{where}: not UTF-8 (byte {exc.start} of the line)", code="row_invalid_utf8"
+            ) from None
         row = _loads(text, where)
         self.columns.add(check_row(row, where, self.max_row_bytes), where)
         self.rows += 1
@@ -113,7 +115,9 @@ def _loads(text: str | bytes, where: str) -> Any:
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
     except UnicodeDecodeError as exc:
-        raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+        raise DatasetError(
+            f"{where}: not UTF-8 (byte {exc.start} of the line)", code="row_invalid_utf8"
+        ) from None
     except ValueError:
         raise DatasetError(f"{where}: invalid JSON (a number with too many digits)") from None
     except RecursionError:

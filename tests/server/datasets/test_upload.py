@@ -128,10 +128,18 @@ NOT_UTF8 = {
 }
 
 
+NOT_UTF8["jsonl line"] = (
+    b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n',
+    "row_invalid_utf8",
+    ["line 2", "not UTF-8"],
+)
+
+
 @pytest.mark.parametrize("case", sorted(NOT_UTF8))
 def test_text_that_is_not_utf8_is_422_naming_row_and_column(ds_app, ds_client, admin, db, case):  # type: ignore[no-untyped-def]
     data, code, named = NOT_UTF8[case]
-    resp = upload(ds_client, admin, data, "bad.parquet")
+    name = "bad.jsonl" if case == "jsonl line" else "bad.parquet"
+    resp = upload(ds_client, admin, data, name)
     assert resp.status_code == 422, resp.text
     body = resp.json()
     assert (body["field"], body["code"]) == ("file", code), body
@@ -196,6 +204,7 @@ def test_a_parquet_row_over_the_row_limit_is_refused_at_upload(ds_app, ds_client
     assert resp.json()["field"] == "file"
     detail = resp.json()["detail"]
     assert "row 1" in detail and "1048576" in detail.replace(",", ""), detail
+    assert resp.json()["code"] == "row_too_large"
     _nothing_left(db, ds_app)
 
 
