@@ -125,11 +125,23 @@ def _messages_json(t: Any) -> str:
     return json.dumps([m.model_dump(mode="json") for m in t.messages], ensure_ascii=False)
 
 
+# Row groups of about this many decoded bytes (at most MAX_ROW_GROUPS of them): a reader that
+# shows one row (the server's trajectory view) decodes its row group only.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
+MAX_ROW_GROUPS = 32
+
+
 def _write(path: Path, table: pa.Table) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd", row_group_size=_group_rows(table))
     os.replace(tmp, path)
+
+
+def _group_rows(table: pa.Table) -> int:
+    rows = table.num_rows
+    by_bytes = rows * ROW_GROUP_BYTES // max(table.nbytes, 1)
+    return max(1, -(-rows // MAX_ROW_GROUPS), by_bytes)
 
 
 def _info(path: Path, n_samples: int, n_groups: int, n_tokens: int) -> BatchFileInfo:

@@ -25,7 +25,12 @@ Prompt = str | list[dict[str, str]]
 
 
 class DatasetError(ValueError):
-    """A dataset row, file or generator request that cannot be used."""
+    """A dataset row, file or generator request that cannot be used; `code` names the check
+    (the API's error code), None for the generic one."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)

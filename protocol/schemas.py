@@ -42,6 +42,10 @@ MAX_JSON_DEPTH = 32
 KIB = 1024
 
 
+class JsonTooLarge(ValueError):
+    """A value over check_free_json's byte bound."""
+
+
 def check_free_json(value: Any, max_bytes: int) -> Any:
     """Raise ValueError (the path and the reason) unless `value` nests at most MAX_JSON_DEPTH
     levels, holds only finite numbers and strings without NUL or unpaired surrogates (neither
@@ -68,7 +72,7 @@ def check_free_json(value: Any, max_bytes: int) -> Any:
         else:
             size += 8
         if size > max_bytes:
-            raise ValueError(f"larger than {max_bytes:,} bytes as JSON")
+            raise JsonTooLarge(f"larger than {max_bytes:,} bytes as JSON")
     return value
 
 

@@ -1,16 +1,24 @@
-"""Serve an app with uvicorn on 127.0.0.1 in a thread, for tests that need real HTTP."""
+"""Serve an app with uvicorn on 127.0.0.1 in a thread, for tests that need real HTTP; or run
+`asyncgrpo server` in a process of its own, for tests that measure the server process."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from tests.s3_fixtures import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -34,3 +42,78 @@ def serve_in_thread(
         server.should_exit = True
         thread.join(10)
         app.state.engine.dispose()
+
+
+@contextmanager
+def serve_in_process(
+    database_url: str, bucket: Path, log: Path, start_timeout_s: float = 60.0
+) -> Iterator[tuple[str, int]]:
+    """`asyncgrpo server` in a process of its own on the database and bucket given (made by
+    the test's app: migrated, its bucket recorded); yields its base URL and pid. No background
+    jobs run in it (celery mode), so what it holds is what requests hold."""
+    import httpx
+
+    from tests.conftest import TEST_SECRET
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRPO_")}
+    env.update(
+        {
+            "ASYNCGRPO_DATABASE_URL": database_url,
+            "ASYNCGRPO_BUCKET_URL": str(bucket),
+            "ASYNCGRPO_SECURITY__SECRET_KEY": TEST_SECRET,
+            "ASYNCGRPO_JOBS__MODE": "celery",
+            "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncgrpo.cli", "server", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _answers(httpx, f"{base}/healthz"):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield base, proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _answers(httpx: Any, url: str) -> bool:
+    try:
+        return bool(httpx.get(url, timeout=1).status_code == 200)
+    except httpx.HTTPError:
+        return False
+
+
+def reset_peak_rss(pid: int) -> int:
+    """Reset the process's peak resident size (VmHWM) to its current one; returns that, in
+    bytes (Linux: writing 5 to clear_refs)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return _status_bytes(pid, "VmRSS")
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident size since the last reset, in bytes."""
+    return _status_bytes(pid, "VmHWM")
+
+
+def _status_bytes(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key} in /proc/{pid}/status")

@@ -9,14 +9,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from protocol import parquet_pages
 from protocol.datasets import DatasetError
-from protocol.schemas import MAX_JSON_DEPTH, check_free_json
+from protocol.schemas import MAX_JSON_DEPTH, JsonTooLarge, check_free_json
 
 MAX_COLUMNS = 1_000
 BATCH_ROWS = 10_000
-# Rows of a Parquet file held at once, in bytes at max_row_bytes each: a compressed file may
-# hold far more row bytes than its size, so the batch is bounded by bytes, not rows only.
-BATCH_BYTES = 256 * 1024 * 1024
+# Decoded bytes of one Parquet record batch. A compressed file may hold far more row bytes than
+# its size, so a batch is bounded by bytes, not rows only: by max_row_bytes per row, and by the
+# row group's pages (page headers, read before any page is decompressed: pyarrow decompresses a
+# whole page at a time, the pages of every column read at once). What reading holds at most:
+# MAX_PAGE_BYTES of pages, a batch of BATCH_BYTES in Arrow and its rows as Python objects.
+BATCH_BYTES = 32 * 1024 * 1024
+MAX_PAGE_BYTES = 128 * 1024 * 1024
+# How a file is written with pages of about 1 MiB plus 16 rows (the datasets job writes so too).
+SMALL_PAGE_WRITE = {"data_page_size": 1 << 20, "write_batch_size": 16}
+SMALL_PAGES = "pyarrow: pq.write_table(table, path, data_page_size=1 << 20, write_batch_size=16)"
+READ_BUFFER_BYTES = 1024 * 1024
 
 
 def check_row(row: Any, where: str, max_row_bytes: int) -> dict[str, Any]:
@@ -25,6 +34,8 @@ def check_row(row: Any, where: str, max_row_bytes: int) -> dict[str, Any]:
         raise DatasetError(f"{where}: a row must be a non-empty JSON object")
     try:
         check_free_json(row, max_row_bytes)
+    except JsonTooLarge as exc:
+        raise DatasetError(f"{where}: {exc}", code="row_too_large") from None
     except ValueError as exc:
         raise DatasetError(f"{where}: {exc}") from None
     return row
@@ -73,7 +84,9 @@ class JsonlCheck:
             raise DatasetError("the file holds no rows (a dataset needs at least one)")
 
     def _too_long(self, number: int) -> DatasetError:
-        return DatasetError(f"line {number}: longer than {self.max_row_bytes:,} bytes")
+        return DatasetError(
+            f"line {number}: longer than {self.max_row_bytes:,} bytes", code="row_too_large"
+        )
 
     def _line(self, raw: bytes) -> None:
         self.line += 1
@@ -85,7 +98,9 @@ class JsonlCheck:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+            raise DatasetError(
+                f"{where}: not UTF-8 (byte {exc.start} of the line)", code="row_invalid_utf8"
+            ) from None
         row = _loads(text, where)
         self.columns.add(check_row(row, where, self.max_row_bytes), where)
         self.rows += 1
@@ -100,7 +115,9 @@ def _loads(text: str | bytes, where: str) -> Any:
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
     except UnicodeDecodeError as exc:
-        raise DatasetError(f"{where}: not UTF-8 (byte {exc.start} of the line)") from None
+        raise DatasetError(
+            f"{where}: not UTF-8 (byte {exc.start} of the line)", code="row_invalid_utf8"
+        ) from None
     except ValueError:
         raise DatasetError(f"{where}: invalid JSON (a number with too many digits)") from None
     except RecursionError:
@@ -108,7 +125,8 @@ def _loads(text: str | bytes, where: str) -> Any:
 
 
 def parquet_shape(path: Path) -> tuple[int, list[str]]:
-    """Rows and columns from a Parquet file's footer (no row is read)."""
+    """Rows and columns from a Parquet file's footer (no row is read): the row count is what
+    the footer claims, checked against the rows read by `parquet_rows_read`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -117,6 +135,11 @@ def parquet_shape(path: Path) -> tuple[int, list[str]]:
         rows, columns = meta.metadata.num_rows, list(meta.schema_arrow.names)
     except (pa.ArrowException, OSError) as exc:
         raise DatasetError(f"not a readable Parquet file ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"the file's schema or a column name is not UTF-8 (byte {exc.start})",
+            code="column_invalid_utf8",
+        ) from None
     if rows == 0:
         raise DatasetError("the file holds no rows (a dataset needs at least one)")
     if not columns or len(columns) > MAX_COLUMNS:
@@ -177,10 +200,79 @@ def iter_rows(
             yield check_row(_loads(raw, where), where, max_row_bytes)
 
 
-def batch_rows(max_row_bytes: int) -> int:
-    """Rows per Parquet batch: at most BATCH_ROWS, at most BATCH_BYTES of rows of
-    max_row_bytes each (a bigger row is refused by check_row), at least one."""
-    return max(1, min(BATCH_ROWS, BATCH_BYTES // max_row_bytes))
+def parquet_rows_read(path: Path, max_row_bytes: int, footer_rows: int) -> int:
+    """Read and check every row of a Parquet file; how many there are. A footer whose row
+    count is not the rows read is refused: the stored row count, and the bounds computed from
+    it, are the real ones."""
+    rows = sum(1 for _row in _parquet_rows(path, max_row_bytes, None))
+    if rows != footer_rows:
+        raise DatasetError(
+            f"the file's footer says {_rows(footer_rows)} but it holds {_rows(rows)}: a file "
+            "whose footer disagrees with its rows is refused (write it again)",
+            code="row_count_mismatch",
+        )
+    return rows
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row" if n == 1 else f"{n:,} rows"
+
+
+def batch_rows(
+    max_row_bytes: int, group_rows: int = 0, group_bytes: int = 0, row_bound: int = 0
+) -> int:
+    """Rows per Parquet batch: at most BATCH_ROWS; at most BATCH_BYTES of rows of max_row_bytes
+    each (a bigger row is refused by check_row), of the row group's decoded bytes
+    (`group_bytes` over `group_rows`) and of rows of `row_bound` bytes (what one row can take
+    decoded: a page or dictionary entry per column); at least one."""
+    rows = min(BATCH_ROWS, BATCH_BYTES // max_row_bytes)
+    if group_rows > 0 and group_bytes > 0:
+        rows = min(rows, BATCH_BYTES * group_rows // group_bytes)
+    if row_bound > 0:
+        rows = min(rows, BATCH_BYTES // row_bound)
+    return max(1, rows)
+
+
+def _group_batches(
+    path: Path, pf: Any, max_row_bytes: int, columns: list[str] | None
+) -> Iterator[Any]:
+    """The file's record batches, one row group after another, each sized by batch_rows from
+    that row group's pages (only the columns read count); a row group whose pages decoded at
+    once would be over MAX_PAGE_BYTES is refused before any is decompressed."""
+    metadata = pf.metadata
+    wanted = None if columns is None else set(columns)
+    budget = [parquet_pages.MAX_PAGES]
+    for group in range(metadata.num_row_groups):
+        with open(path, "rb") as raw:
+            try:
+                pages = parquet_pages.row_group_pages(raw, metadata, group, wanted, budget)
+            except parquet_pages.PageError as exc:
+                raise DatasetError(f"row group {group}: {exc}", code="page_unreadable") from None
+        _check_pages(pages, group)
+        yield from pf.iter_batches(
+            batch_size=batch_rows(
+                max_row_bytes,
+                metadata.row_group(group).num_rows,
+                sum(p.total for p in pages),
+                sum(p.largest_page + p.dictionary_page for p in pages),
+            ),
+            row_groups=[group],
+            columns=columns,
+            use_threads=False,
+        )
+
+
+def _check_pages(pages: list[parquet_pages.ChunkPages], group: int) -> None:
+    at_once = sum(p.largest_page + p.dictionary_page for p in pages)
+    if at_once > MAX_PAGE_BYTES:
+        big = max(pages, key=lambda p: p.largest_page + p.dictionary_page)
+        raise DatasetError(
+            f"row group {group}: its pages take {at_once:,} bytes decoded at once (column "
+            f"{big.column!r}: a page of {max(big.largest_page, big.dictionary_page):,}), over "
+            f"the {MAX_PAGE_BYTES:,}-byte bound; write the file with smaller pages "
+            f"({SMALL_PAGES})",
+            code="page_too_large",
+        )
 
 
 def _parquet_rows(
@@ -191,15 +283,42 @@ def _parquet_rows(
 
     index = 0
     try:
-        batches = pq.ParquetFile(path).iter_batches(
-            batch_size=batch_rows(max_row_bytes), columns=columns
-        )
-        for batch in batches:
-            for row in batch.to_pylist():
+        pf = pq.ParquetFile(path, buffer_size=READ_BUFFER_BYTES, pre_buffer=False)
+        for batch in _group_batches(path, pf, max_row_bytes, columns):
+            for row in _python_rows(batch, index):
                 yield check_row(_json_values(row, index), f"row {index}", max_row_bytes)
                 index += 1
     except (pa.ArrowException, OSError) as exc:
         raise DatasetError(f"row {index}: the Parquet file cannot be read ({exc})") from None
+    except UnicodeDecodeError as exc:  # a column name, as the footer's schema is decoded
+        raise DatasetError(
+            f"row {index}: a column name is not UTF-8 (byte {exc.start})",
+            code="column_invalid_utf8",
+        ) from None
+
+
+def _python_rows(batch: Any, first: int) -> list[dict[str, Any]]:
+    """The batch as Python rows; text that is not UTF-8 is refused naming its row and column
+    (pyarrow does not check a string column's bytes when it reads them)."""
+    try:
+        rows: list[dict[str, Any]] = batch.to_pylist()
+    except UnicodeDecodeError:
+        raise _not_utf8(batch, first) from None
+    return rows
+
+
+def _not_utf8(batch: Any, first: int) -> DatasetError:
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        for offset in range(len(column)):
+            try:
+                column[offset].as_py()
+            except UnicodeDecodeError as exc:
+                return DatasetError(
+                    f"row {first + offset}: column {name!r} holds text that is not UTF-8 "
+                    f"(byte {exc.start} of the value)",
+                    code="row_invalid_utf8",
+                )
+    return DatasetError(f"rows from {first}: text that is not UTF-8", code="row_invalid_utf8")
 
 
 def _json_values(row: dict[str, Any], index: int) -> dict[str, Any]:

@@ -134,7 +134,7 @@ def _load_hf(
         raise DatasetError("the dataset holds no rows (a dataset needs at least one)")
     with tempfile.TemporaryDirectory(prefix="asyncgrpo-hf-") as folder:
         path = Path(folder) / "data.parquet"
-        loaded.to_parquet(str(path))
+        loaded.to_parquet(str(path), **files.SMALL_PAGE_WRITE)  # pages read back bounded
         count = _count_rows(path, limits)
         digest = sha256_file(path)
         size = path.stat().st_size

@@ -4,8 +4,9 @@ arrives, each JSONL line checked as it arrives), then put in the bucket and reco
 Checked here, in the request (a refusal is 413/422 and leaves nothing behind: no temp file, no
 object, no row): the declared and actual size, and for JSONL every line (UTF-8, one JSON object,
 finite numbers, at most `datasets.max_row_bytes`) and at least one row; for Parquet the footer
-(readable, at least one row, its columns and their types) and then every row (JSON values, row
-size), read from the temp file in bounded batches as the JSONL lines are. The `datasets` job
+(readable, at least one row, its columns and their types) and then every row (JSON values, UTF-8
+text, row size), read from the temp file in batches bounded by bytes; the row count stored is
+the rows read (a footer claiming another count is refused). The `datasets` job
 checks the stored object again before the dataset is `ready`."""
 
 from __future__ import annotations
@@ -89,10 +90,10 @@ class _Sink:
         if self.jsonl is not None:
             self.jsonl.finish()
             return self.jsonl.rows, self.jsonl.columns.as_list()
-        shape = files.parquet_shape(self.path)
-        for _ in files.iter_rows(self.path, "parquet", self.limits.max_row_bytes):
-            pass  # each row raises DatasetError naming itself, as a JSONL line does
-        return shape
+        footer_rows, columns = files.parquet_shape(self.path)
+        # each row raises DatasetError naming itself, as a JSONL line does
+        rows = files.parquet_rows_read(self.path, self.limits.max_row_bytes, footer_rows)
+        return rows, columns
 
 
 def _temp(store: ObjectStore) -> Path:
@@ -133,7 +134,7 @@ async def receive(
         key = layout.dataset_key(dataset_id, fmt)
         await to_thread.run_sync(_put, store, key, tmp)
     except DatasetError as exc:
-        raise Unprocessable(str(exc), field="file") from None
+        raise Unprocessable(str(exc), field="file", code=exc.code or "dataset_invalid") from None
     finally:
         sink.out.close()
         tmp.unlink(missing_ok=True)

@@ -114,3 +114,14 @@ class TrajectorySampleOut(BaseModel):
     spans: list[SampleSpan] = Field(description="Turn boundaries in token order.")
     messages: list[SampleMessage] = Field(description="The transcript in order.")
     info: dict[str, Any] = Field(description="The environment's outcome (never trained).")
+    transcript_bytes: int | None = Field(
+        description="The stored transcript's size in bytes; null when it was not decoded (the "
+        "transcripts of its row group are over the view's 64 MiB decode bound)."
+    )
+    transcript_truncated: bool = Field(
+        description="Whether the transcript was cut: over the view's per-transcript bound (1 MiB) "
+        "only the messages wholly within its first MiB are in `messages`; not decoded, none."
+    )
+    info_truncated: bool = Field(
+        description="Whether `info` was over the same bounds: then it is left empty."
+    )

@@ -119,3 +119,28 @@ def test_charts_carry_trajectory_figures_per_version(app, client, admin_token) -
     stops = dict(zip(charts["stops"]["labels"][1:], charts["stops"]["data"][1:], strict=True))
     assert stops["stopped: done"] == [(3 / 4 + 2 / 2) / 2]
     assert stops["stopped: max_turns"] == [(1 / 4 + 0) / 2] and stops["stopped: length"] == [0.0]
+
+
+def test_a_transcript_over_the_bound_is_shown_cut_and_said_so(
+    app, client, admin_token, tmp_path
+) -> None:
+    from protocol.batch_format import TrajectorySample
+    from protocol.batches import write_trajectory_batch
+    from protocol.trajectories import TranscriptMessage
+    from server.learner.trajectories import MAX_TRANSCRIPT_BYTES
+    from tests.protocol import trajectory_factory as tf
+    from tests.server.learner.test_trajectory_sample import _batch_with
+
+    run = make_run(app, environment=ENVIRONMENT)
+    trajectory = tf.make_samples(seed=3)[0].trajectory
+    long = TranscriptMessage(role="assistant", content="b" * MAX_TRANSCRIPT_BYTES, kind="model")
+    cut = trajectory.model_copy(update={"messages": [trajectory.messages[0], long]})
+    path = tmp_path / "long.parquet"
+    write_trajectory_batch(path, tf.make_meta(run_id=str(run.id)), [TrajectorySample(0, 0, cut)])
+    batch_id = _batch_with(app, run.id, path)
+    login(client, admin_token)
+    fragment = client.get(f"/runs/{run.id}/trajectory", params={"batch_id": str(batch_id)})
+    assert fragment.status_code == 200
+    assert "over the view&#39;s bound" in fragment.text or "over the view's bound" in fragment.text
+    kinds = re.findall(r'<li class="msg ([a-z_]+)">', fragment.text)
+    assert kinds == [trajectory.messages[0].kind]  # the cut message is not shown

@@ -17,8 +17,14 @@ from server.models import Dataset
 from tests.server.datasets.files import (
     QUESTIONS,
     empty_parquet,
+    footer_claims,
     jsonl,
+    not_utf8_column_name_parquet,
+    not_utf8_metadata_parquet,
+    not_utf8_nested_parquet,
+    not_utf8_parquet,
     parquet,
+    prompts_parquet,
     typed_parquet,
     upload,
 )
@@ -94,7 +100,8 @@ def test_hostile_jsonl_is_refused_and_nothing_is_kept(ds_app, ds_client, admin, 
 HOSTILE_PARQUET = [
     (b"PAR1 not really parquet", "not a readable Parquet file"),
     (empty_parquet(), "no rows"),
-    # text that is not UTF-8 can only be a bytes column: refused from the footer's schema
+    # a bytes column is refused from the footer's schema (a string column whose bytes are not
+    # UTF-8: test_text_that_is_not_utf8_is_422_naming_row_and_column)
     (typed_parquet(prompt=pa.array([b"caf\xe9"], pa.binary())), "column 'prompt' is binary"),
     (typed_parquet(prompt=["a"], t=pa.array([datetime(2020, 1, 1)])), "column 't' is timestamp"),
     (typed_parquet(prompt=["a"], d=pa.array([Decimal("1.5")])), "column 'd' is decimal128"),
@@ -108,6 +115,62 @@ def test_hostile_parquet_is_refused(ds_app, ds_client, admin, db, data, reason):
     assert resp.status_code == 422, resp.text
     assert reason in resp.json()["detail"]
     _nothing_left(db, ds_app)
+
+
+NOT_UTF8 = {
+    "string column": (not_utf8_parquet(), "row_invalid_utf8", ["row 1", "column 'note'"]),
+    "string in a list of structs": (
+        not_utf8_nested_parquet(),
+        "row_invalid_utf8",
+        ["row 1", "column 'messages'"],
+    ),
+    "column name": (not_utf8_column_name_parquet(), "column_invalid_utf8", ["column name"]),
+}
+
+
+NOT_UTF8["jsonl line"] = (
+    b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n',
+    "row_invalid_utf8",
+    ["line 2", "not UTF-8"],
+)
+
+
+@pytest.mark.parametrize("case", sorted(NOT_UTF8))
+def test_text_that_is_not_utf8_is_422_naming_row_and_column(ds_app, ds_client, admin, db, case):  # type: ignore[no-untyped-def]
+    data, code, named = NOT_UTF8[case]
+    name = "bad.jsonl" if case == "jsonl line" else "bad.parquet"
+    resp = upload(ds_client, admin, data, name)
+    assert resp.status_code == 422, resp.text
+    body = resp.json()
+    assert (body["field"], body["code"]) == ("file", code), body
+    assert all(n in body["detail"] for n in named), body
+    _nothing_left(db, ds_app)
+
+
+def test_metadata_that_is_not_utf8_is_not_read(ds_client, admin) -> None:  # type: ignore[no-untyped-def]
+    """Key-value metadata is no part of a dataset: its bytes do not matter."""
+    resp = upload(ds_client, admin, not_utf8_metadata_parquet(), "meta.parquet")
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["row_count"] == 2
+
+
+@pytest.mark.parametrize(("real", "claimed"), [(12_345, 1_000_000), (3_000, 1)])
+def test_a_footer_whose_row_count_is_not_the_rows_is_refused(
+    ds_app, ds_client, admin, db, real, claimed
+):  # type: ignore[no-untyped-def]
+    data = footer_claims(prompts_parquet(real), real, claimed)
+    resp = upload(ds_client, admin, data, "lying.parquet")
+    assert resp.status_code == 422, resp.text
+    body = resp.json()
+    assert body["code"] == "row_count_mismatch", body
+    assert f"{claimed:,}" in body["detail"] and f"{real:,}" in body["detail"], body
+    _nothing_left(db, ds_app)
+
+
+def test_the_row_count_stored_is_the_rows_read(ds_client, admin) -> None:  # type: ignore[no-untyped-def]
+    resp = upload(ds_client, admin, prompts_parquet(12_345, row_group_size=1_000), "p.parquet")
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["row_count"] == 12_345
 
 
 def test_declared_size_over_the_limit_is_413_before_reading(ds_app, ds_client, admin, db):  # type: ignore[no-untyped-def]
@@ -141,6 +204,7 @@ def test_a_parquet_row_over_the_row_limit_is_refused_at_upload(ds_app, ds_client
     assert resp.json()["field"] == "file"
     detail = resp.json()["detail"]
     assert "row 1" in detail and "1048576" in detail.replace(",", ""), detail
+    assert resp.json()["code"] == "row_too_large"
     _nothing_left(db, ds_app)
 
 

@@ -43,6 +43,13 @@ def _set(table: pa.Table, name: str, values: list[Any], type_: Any = None) -> pa
     return table.set_column(at, pa.field(name, column.type, nullable=True), column)
 
 
+def _bytes(table: pa.Table, name: str, raw: bytes) -> pa.Table:
+    """The string column `name` holding `raw` in every row, unchecked (not UTF-8)."""
+    column = pa.array([raw] * table.num_rows, pa.binary()).view(pa.string())
+    at = table.schema.get_field_index(name)
+    return table.set_column(at, pa.field(name, pa.string(), nullable=True), column)
+
+
 def _doctored(table: pa.Table, name: str, value: Any, type_: Any = None) -> pa.Table:
     return _set(table, name, [value] * table.num_rows, type_)
 
@@ -65,6 +72,8 @@ CASES = {
     "a column missing": lambda t: t.drop_columns(["stop_reason"]),
     "info nested past the parser's stack": lambda t: _doctored(t, "info", "[" * 100_000),
     "info with an unpaired surrogate": lambda t: _doctored(t, "info", '{"a": "\\ud800"}'),
+    "transcript not UTF-8": lambda t: _bytes(t, "transcript", b"\xff\xfe\xfd\xfc"),
+    "info not UTF-8": lambda t: _bytes(t, "info", b'{"a": "\xc3("}'),
     "transcript with an unpaired surrogate": lambda t: _set(
         t,
         "transcript",
