@@ -10,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import Table, delete, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
+from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now
 from server.models import EvalItem, EvalResult, EvalRow, Lease, RolloutBatch, Run
@@ -102,11 +103,18 @@ def lock_queued_items(session: Session, run_id: uuid.UUID, n: int) -> list[Any]:
     return list(session.execute(stmt).all())
 
 
+def lock_leasing_run(session: Session, run_id: uuid.UUID) -> bool:
+    """Lock the run's row if it hands out leases (serialises the eval bound's count before
+    anything is written). False when it does not."""
+    stmt = select(Run.id).where(Run.id == run_id, Run.status.in_(LEASING_RUN_STATUSES))
+    return session.execute(stmt.with_for_update()).first() is not None
+
+
 def take_fencing(session: Session, run_id: uuid.UUID) -> Any:
     """The next fencing token of a run that runs or evaluates (never the admission counter)."""
     return session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.status.in_(("running", "evaluating")))
+        .where(Run.id == run_id, Run.status.in_(LEASING_RUN_STATUSES))
         .values(fencing_seq=Run.fencing_seq + 1, last_lease_at=db_now())
         .returning(Run.fencing_seq, Run.tokenizer_fingerprint)
         .execution_options(**_NO_SYNC)

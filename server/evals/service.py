@@ -143,8 +143,14 @@ def grant(
     adapter = leases_repo.adapter_version(session, run_id, version) if version > 0 else None
     if version > 0 and (adapter is None or adapter.deleted):
         return None  # retention keeps a pending version; a deleted one cannot be served
+    # Count under the run row's lock, and write nothing (fencing, last_lease_at) when refused.
+    if (
+        not repo.lock_leasing_run(session, run_id)
+        or repo.active_eval_leases(session, run_id) >= ev.max_leases_in_flight
+    ):
+        return None
     taken = repo.take_fencing(session, run_id)
-    if taken is None or repo.active_eval_leases(session, run_id) >= ev.max_leases_in_flight:
+    if taken is None:
         return None
     fencing, fingerprint = taken
     seed = seed_of(fencing)

@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import bindparam, literal_column
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 
+from protocol.schemas import LEASING_RUN_STATUSES
 from protocol.staleness import outside_window
 from server.leases.queue import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
 
@@ -27,6 +28,8 @@ _AUTHENTICATED = """
     AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())
     AND w.id = t.scope_id AND w.status = 'active'
 """
+
+_LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
 
 # Touching the worker first is safe here: this statement is its own transaction and locks
 # nothing else. A quarantined or revoked worker matches nothing (the portable path answers).
@@ -47,7 +50,7 @@ RETURNING w.id AS worker_id, w.environments, w.trusted,
                               ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id),
                      '[]')
      FROM runs r
-     WHERE r.status IN ('running', 'evaluating')
+     WHERE r.status IN ({_LEASING})
        AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
 """
 

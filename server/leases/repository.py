@@ -14,12 +14,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, defer
 
+from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
-
-# A run hands out leases while running (training and eval) and while evaluating (eval only).
-LEASING_STATUSES = ("running", "evaluating")
 
 
 def candidate_runs(session: Session, models: list[str]) -> list[Run]:
@@ -31,7 +29,7 @@ def candidate_runs(session: Session, models: list[str]) -> list[Run]:
         session.execute(
             select(Run)
             .options(defer(Run.config))
-            .where(Run.status.in_(LEASING_STATUSES), Run.base_model.in_(models))
+            .where(Run.status.in_(LEASING_RUN_STATUSES), Run.base_model.in_(models))
             .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
         ).scalars()
     )

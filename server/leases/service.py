@@ -20,6 +20,7 @@ from protocol.schemas import (
     ATTEMPT_COUNTING_RELEASES,
     BIGINT_MAX,
     INT_MAX,
+    LEASING_RUN_STATUSES,
     AdapterFile,
     AdapterRef,
     BatchManifest,
@@ -437,7 +438,7 @@ def _beat(session: Session, worker: Worker, lease_id: uuid.UUID, fencing: int) -
     ttl_s = config.lease_ttl_s
     reason = None
     if lease.kind == "eval":  # pinned to its version: never stale
-        if lease.status not in ("running", "evaluating"):
+        if lease.status not in LEASING_RUN_STATUSES:
             reason = f"run_{lease.status}"
     elif lease.status != "running":
         reason = f"run_{lease.status}"
