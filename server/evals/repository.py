@@ -14,7 +14,7 @@ from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now
 from server.models import EvalItem, EvalResult, EvalRow, Lease, RolloutBatch, Run
-from server.runs.repository import insert_row_pairs
+from server.runs.repository import NEXT_FENCING, insert_row_pairs
 
 _NO_SYNC = {"synchronize_session": False}
 _ROW_INSERT = insert(cast(Table, EvalRow.__table__))
@@ -115,7 +115,7 @@ def take_fencing(session: Session, run_id: uuid.UUID) -> Any:
     return session.execute(
         update(Run)
         .where(Run.id == run_id, Run.status.in_(LEASING_RUN_STATUSES))
-        .values(fencing_seq=Run.fencing_seq + 1, last_lease_at=db_now())
+        .values(fencing_seq=NEXT_FENCING, last_lease_at=db_now())
         .returning(Run.fencing_seq, Run.tokenizer_fingerprint)
         .execution_options(**_NO_SYNC)
     ).first()

@@ -6,7 +6,6 @@ nothing the call answers 409 and has changed nothing before it.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,6 @@ from protocol.environments import SINGLE_TURN, worker_can_run
 from protocol.run_config import RunConfig
 from protocol.schemas import (
     ATTEMPT_COUNTING_RELEASES,
-    BIGINT_MAX,
     INT_MAX,
     LEASING_RUN_STATUSES,
     AdapterFile,
@@ -39,6 +37,7 @@ from protocol.schemas import (
     UploadRequest,
     UploadResponse,
 )
+from protocol.seeds import derived_seed
 from protocol.staleness import outside_window
 from protocol.storage import ObjectStore
 from server.config import Settings
@@ -61,9 +60,9 @@ def admission_bound(config: RunConfig) -> int:
 
 
 def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
-    """Deterministic per grant: the run's seed and the grant's fencing token."""
-    digest = hashlib.sha256(f"{run_seed}:{run_id}:{fencing}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & BIGINT_MAX
+    """Deterministic per grant: the run's seed and the grant's fencing token (the one-statement
+    grant computes the same in SQL: server/leases/queue.py, protocol/seeds.py)."""
+    return derived_seed(run_seed, run_id, fencing)
 
 
 # -- acquire -----------------------------------------------------------------------------------

@@ -20,6 +20,11 @@ INSERT_CHUNK = 5_000
 _DATASET_INSERT = insert(cast(Table, DatasetRow.__table__))
 
 
+# The run's next fencing token: every lease grant (training and eval) and every learner attach
+# takes one, as `UPDATE runs SET fencing_seq = NEXT_FENCING ... RETURNING fencing_seq`.
+NEXT_FENCING = Run.fencing_seq + 1
+
+
 def insert_run(session: Session, **fields: Any) -> Run:
     run = Run(**fields)
     session.add(run)

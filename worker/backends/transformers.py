@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import logging
 import threading
@@ -42,6 +41,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from lm.adapter_io import read_adapter_weights, same_adapter_shape, write_adapter_weights
 from lm.models import load_model, load_tokenizer
 from protocol.adapters import AdapterMismatch
+from protocol.seeds import derived_seed
 from worker.backends.base import (
     Backend,
     Completion,
@@ -74,9 +74,10 @@ class _StopRows(StoppingCriteria):
 
 def shared_seed(batch: Batch) -> int:
     """A seed for a batch of several calls: a function of their seeds and row ranges."""
-    parts = [(call.sampling.seed, start, stop) for call, start, stop in batch.segments]
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    parts = [
+        part for call, start, stop in batch.segments for part in (call.sampling.seed, start, stop)
+    ]
+    return derived_seed(*parts)
 
 
 def _same(exc: Exception) -> Exception:
