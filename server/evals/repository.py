@@ -85,14 +85,21 @@ def active_eval_leases(session: Session, run_id: uuid.UUID) -> int:
 
 
 def lock_queued_items(session: Session, run_id: uuid.UUID, n: int) -> list[Any]:
-    """Up to n queued items of the oldest version that has any, with their prompts, locked."""
+    """Up to n queued items of the oldest version that has any, with their prompts, locked; in
+    a lease's prompt shape (id, dataset_row_id: the eval row, prompt, epoch 0)."""
     oldest = (
         select(func.min(EvalItem.version))
         .where(EvalItem.run_id == run_id, EvalItem.state == "queued")
         .scalar_subquery()
     )
     stmt = (
-        select(EvalItem.id, EvalItem.eval_row_id, EvalItem.version, EvalRow.prompt)
+        select(
+            EvalItem.id,
+            EvalItem.eval_row_id.label("dataset_row_id"),
+            EvalItem.version,
+            EvalRow.prompt,
+            literal(0).label("epoch"),
+        )
         .join(EvalRow, EvalRow.id == EvalItem.eval_row_id)
         .where(EvalItem.run_id == run_id, EvalItem.state == "queued", EvalItem.version == oldest)
         .order_by(EvalRow.row_index)

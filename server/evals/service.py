@@ -16,7 +16,6 @@ import itertools
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row
@@ -29,7 +28,8 @@ from server.errors import Conflict, NotFound, Unprocessable
 from server.evals import repository as repo
 from server.events.service import raise_event
 from server.leases import repository as leases_repo
-from server.models import AdapterVersion, EvalResult
+from server.leases.queue import Granted
+from server.models import EvalResult
 from server.runs import lifecycle
 from server.runs import service as runs
 
@@ -112,16 +112,6 @@ def eval_first(fencing_seq: int) -> bool:
     return (fencing_seq + 1) % EVAL_TURN == 0
 
 
-@dataclass(frozen=True)
-class EvalGrant:
-    fencing: int
-    seed: int
-    version: int
-    fingerprint: str | None
-    items: list[Row[Any]]
-    adapter: AdapterVersion | None
-
-
 def grant(
     session: Session,
     run_id: uuid.UUID,
@@ -129,7 +119,7 @@ def grant(
     lease_id: uuid.UUID,
     config: RunConfig,
     seed_of: Callable[[int], int],
-) -> EvalGrant | None:
+) -> Granted | None:
     """An eval lease of up to prompts_per_lease queued items of the oldest version with any,
     if the run's eval leases are under their bound; None otherwise. Lock order as training's
     grant: items, then the run row (which serialises the bound's count)."""
@@ -169,7 +159,14 @@ def grant(
         kind="eval",
     )
     repo.mark_items(session, [i.id for i in items], "queued", state="leased", lease_id=lease_id)
-    return EvalGrant(fencing, seed, version, fingerprint, items, adapter)
+    return Granted(
+        fencing=fencing,
+        seed=seed,
+        version=version,
+        fingerprint=fingerprint,
+        rows=items,
+        adapter=None if adapter is None else (adapter.sha256, adapter.files),
+    )
 
 
 def accept(

@@ -31,6 +31,7 @@ from protocol.schemas import (
     Lease,
     LeaseAcquireRequest,
     LeaseBeatAnswer,
+    LeaseKind,
     LeasePrompt,
     ReleaseRequest,
     ReleaseResponse,
@@ -186,42 +187,8 @@ def _grant_eval(
     )
     if granted is None:
         return None
-    assert config.eval is not None
-    ev = config.eval
-    max_new = ev.max_new_tokens or config.sampling.max_new_tokens
-    adapter = granted.adapter
-    return Lease(
-        lease_id=lease_id,
-        kind="eval",
-        run_id=run.id,
-        base_model=run.base_model,
-        tokenizer_fingerprint=granted.fingerprint,
-        sampling={
-            **config.sampling.model_dump(mode="json"),
-            "temperature": ev.temperature,
-            "max_new_tokens": max_new,
-        },
-        max_new_tokens=max_new,
-        system_prompt=config.grpo.system_prompt,
-        group_size=ev.n,
-        prompts=[
-            LeasePrompt(prompt_row_id=i.id, dataset_row_id=i.eval_row_id, prompt=i.prompt, epoch=0)
-            for i in granted.items
-        ],
-        seed=granted.seed,
-        adapter_version=granted.version,
-        adapter=adapter_ref(
-            store,
-            settings,
-            run.id,
-            granted.version,
-            None if adapter is None else (adapter.sha256, adapter.files),
-        ),
-        fencing=granted.fencing,
-        ttl_s=config.lease_ttl_s,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        batch_key=layout.batch_key(run.id, lease_id, granted.fencing),
-        environment=config.environment.model_dump(mode="json"),
+    return lease_response(
+        store, settings, run.id, run.base_model, config, lease_id, granted, kind="eval"
     )
 
 
@@ -265,17 +232,20 @@ def lease_response(
     config: RunConfig,
     lease_id: uuid.UUID,
     granted: queue.Granted,
+    kind: LeaseKind = "train",
 ) -> Lease:
-    """What the worker is told about a lease it was just granted."""
+    """What the worker is told about a lease it was just granted (training or eval)."""
+    sampling, group_size = _sampling_of(config, kind)
     return Lease(
         lease_id=lease_id,
+        kind=kind,
         run_id=run_id,
         base_model=base_model,
         tokenizer_fingerprint=granted.fingerprint,
-        sampling=config.sampling.model_dump(mode="json"),
-        max_new_tokens=config.sampling.max_new_tokens,
+        sampling=sampling,
+        max_new_tokens=sampling["max_new_tokens"],
         system_prompt=config.grpo.system_prompt,
-        group_size=config.group_size,
+        group_size=group_size,
         prompts=[
             LeasePrompt(
                 prompt_row_id=r.id,
@@ -294,6 +264,18 @@ def lease_response(
         batch_key=layout.batch_key(run_id, lease_id, granted.fencing),
         environment=config.environment.model_dump(mode="json"),
     )
+
+
+def _sampling_of(config: RunConfig, kind: LeaseKind) -> tuple[dict[str, Any], int]:
+    """A lease's sampling and group size: the run's, or for eval its own temperature,
+    max_new_tokens (else the run's) and n."""
+    sampling = config.sampling.model_dump(mode="json")
+    if kind == "train":
+        return sampling, config.group_size
+    ev = config.eval
+    assert ev is not None
+    max_new = ev.max_new_tokens or config.sampling.max_new_tokens
+    return {**sampling, "temperature": ev.temperature, "max_new_tokens": max_new}, ev.n
 
 
 def _grant_portable(
