@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from protocol.schemas import LEASING_RUN_STATUSES
 from protocol.staleness import outside_window
 from server.leases.queue import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
+from server.workers.repository import touch_sql
 
 Conn = AsyncConnection[Any]
 
@@ -36,9 +37,7 @@ _LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
 # The worker is waiting from its first try until a grant clears it (queue._GRANT), so after the
 # try waiting_since is set exactly when it granted nothing, as on the portable path.
 _SEEN_FOR_ACQUIRE = f"""
-UPDATE workers w SET last_seen_at = clock_timestamp(),
-                     waiting_since = coalesce(w.waiting_since, clock_timestamp()),
-                     environments = coalesce(%(environments)s, w.environments)
+UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
 FROM tokens t
 WHERE {_AUTHENTICATED} AND w.models @> %(asked)s
 RETURNING w.id AS worker_id, w.environments, w.trusted,
@@ -83,7 +82,7 @@ WITH extended AS (
       AND NOT (%(admission)s AND {_OUTSIDE_WINDOW})
     RETURNING l.worker_id, r.current_version
 ), touched AS (
-    UPDATE workers SET last_seen_at = clock_timestamp()
+    UPDATE workers SET {touch_sql()}
     WHERE id = (SELECT worker_id FROM extended)
 )
 SELECT current_version FROM extended
@@ -122,7 +121,7 @@ WITH completed AS (
     UPDATE prompt_rows SET state = 'accepted', batch_id = %(batch_id)s
     WHERE lease_id = %(lease_id)s AND state = 'leased' AND EXISTS (SELECT 1 FROM batch)
 ), touched AS (
-    UPDATE workers SET last_seen_at = clock_timestamp(), accepted_batches = accepted_batches + 1
+    UPDATE workers SET {touch_sql(counters=("accepted_batches",))}
     WHERE id = (SELECT worker_id FROM completed)
 )
 SELECT id FROM batch

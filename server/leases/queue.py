@@ -39,6 +39,7 @@ from server.db_types import JSONType, db_now
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
 from server.runs.repository import NEXT_FENCING
+from server.workers.repository import touch_sql
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
 
@@ -299,7 +300,7 @@ WITH picked AS (
     UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
     WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
 ), granted AS (
-    UPDATE workers SET waiting_since = NULL
+    UPDATE workers SET {granted_worker}
     WHERE id = :worker_id AND EXISTS (SELECT 1 FROM lease)
 )
 SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
@@ -316,6 +317,7 @@ ORDER BY picked.queue_pos
         .replace("{no_cap}", str(INT_MAX))
         .replace("{next_fencing}", _sql(NEXT_FENCING))
         .replace("{seed}", seed_sql(":seed_prefix || fencing_seq::text"))
+        .replace("{granted_worker}", touch_sql(seen=False, waiting=False))
     )
     .bindparams(
         bindparam("run_id", type_=Uuid),

@@ -50,6 +50,7 @@ from server.leases import expiry, fair_share, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
 from server.runs import service as runs
+from server.workers import repository as workers_repo
 
 UNLIMITED_GROUPS = INT_MAX  # the admission bound of a run with admission_control off
 
@@ -106,7 +107,7 @@ def acquire(
             break
     # Lock order everywhere: lease -> prompt rows -> run -> worker (the worker row last), so
     # an acquire and a sweep or fenced call never wait on each other in a cycle.
-    repo.touch_worker(session, worker.id, waiting=lease is None, environments=body.environments)
+    workers_repo.touch(session, worker.id, waiting=lease is None, environments=body.environments)
     return Acquired(lease, {run.id: run.current_version for run in candidates})
 
 
@@ -385,7 +386,7 @@ def heartbeat(
     """Extend the lease by the run's TTL, or abort it (and re-queue its rows) when its batch can
     no longer be admissible or the run no longer runs."""
     answer = _beat(session, worker, lease_id, body.fencing)
-    repo.touch_worker(session, worker.id)
+    workers_repo.touch(session, worker.id)
     return answer
 
 
@@ -404,7 +405,7 @@ def heartbeats(session: Session, worker: Worker, body: HeartbeatsRequest) -> Hea
             )
         except (NotFound, FencingLost) as refused:
             answers[beat.lease_id] = refused_beat(beat.lease_id, refused)
-    repo.touch_worker(session, worker.id)
+    workers_repo.touch(session, worker.id)
     return HeartbeatsResponse(results=[answers[b.lease_id] for b in body.leases])
 
 
@@ -522,10 +523,10 @@ def complete(
     )
     if reject is None:
         repo.accept_rows(session, rows, batch_id)
-        repo.touch_worker(session, worker.id, accepted_batches=1)
+        workers_repo.touch(session, worker.id, accepted_batches=1)
     else:
         queue.requeue(session, lease.run_id, rows, "invalid", count_attempt=True)
-        repo.touch_worker(session, worker.id, rejected_batches=1)
+        workers_repo.touch(session, worker.id, rejected_batches=1)
     return CompleteResponse(
         batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
     )
@@ -555,9 +556,9 @@ def _complete_eval(
         reject,
     )
     if reject:
-        repo.touch_worker(session, worker.id, rejected_batches=1)
+        workers_repo.touch(session, worker.id, rejected_batches=1)
     else:
-        repo.touch_worker(session, worker.id, accepted_batches=1)
+        workers_repo.touch(session, worker.id, accepted_batches=1)
     return CompleteResponse(
         batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
     )
@@ -574,7 +575,7 @@ def release(
     counted = reason in ATTEMPT_COUNTING_RELEASES
     if lease.kind == "eval":
         released = evals.requeue_leases(session, [lease_id], count_attempt=counted)
-        repo.touch_worker(session, worker.id)
+        workers_repo.touch(session, worker.id)
         return ReleaseResponse(released=released)
     rows = repo.leased_rows(session, lease_id)
     named = set(body.prompt_row_ids or ()) if reason == "prompt_too_long" else set()
@@ -582,5 +583,5 @@ def release(
     innocent = [r for r in rows if r not in guilty]
     result = queue.requeue(session, lease.run_id, guilty, reason, count_attempt=counted)
     back = queue.requeue(session, lease.run_id, innocent, reason, count_attempt=False)
-    repo.touch_worker(session, worker.id)
+    workers_repo.touch(session, worker.id)
     return ReleaseResponse(released=len(result.requeued) + len(back.requeued))
