@@ -14,19 +14,25 @@ from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 from sqlalchemy import bindparam, literal_column
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.orm import aliased
 
 from protocol.schemas import LEASING_RUN_STATUSES
 from protocol.staleness import outside_window
+from server.db_types import postgres_text
 from server.leases.queue import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
+from server.models import Token
+from server.tokens.repository import usable
 from server.workers.repository import touch_sql
 
 Conn = AsyncConnection[Any]
 
-# A live worker token (t) of an active worker (w); tokens.service._check and
+
+# A usable worker token (t: tokens.repository.usable, rendered) of an active worker (w; the
+# portable path answers for a quarantined one); tokens.service._check and
 # workers.service._active on the portable path say which of these failed.
-_AUTHENTICATED = """
-    t.digest = %(digest)s AND t.kind = 'worker' AND t.revoked_at IS NULL
-    AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())
+_USABLE = postgres_text(usable(aliased(Token, name="t")))
+_AUTHENTICATED = f"""
+    t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE}
     AND w.id = t.scope_id AND w.status = 'active'
 """
 

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from protocol.schemas import INT_MAX
 from protocol.seeds import seed_prefix, seed_sql
-from server.db_types import JSONType, db_now
+from server.db_types import JSONType, db_now, postgres_text
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
 from server.runs.repository import NEXT_FENCING
@@ -256,13 +256,6 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # lease seed is leases.service.lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
-def _sql(expression: Any) -> str:
-    """A column expression as this statement's Postgres text (its constants inlined)."""
-    return str(
-        expression.compile(dialect=psycopg_dialect(), compile_kwargs={"literal_binds": True})
-    )
-
-
 _GRANT = (
     text(
         """
@@ -315,7 +308,7 @@ ORDER BY picked.queue_pos
 """
         # no fair share: the count is never read
         .replace("{no_cap}", str(INT_MAX))
-        .replace("{next_fencing}", _sql(NEXT_FENCING))
+        .replace("{next_fencing}", postgres_text(NEXT_FENCING))
         .replace("{seed}", seed_sql(":seed_prefix || fencing_seq::text"))
         .replace("{granted_worker}", touch_sql(seen=False, waiting=False))
     )
