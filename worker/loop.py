@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from protocol.client import AsyncGrpoClient
 from protocol.environments import EnvironmentAllowlist
+from protocol.retrying import Backoff
 from protocol.schemas import Lease, ReleaseReason
 from worker import credentials
 from worker.adapters import AdapterCache
@@ -33,7 +34,7 @@ from worker.heartbeat import HeartbeatPump
 from worker.held import HeldLease, HeldLeases
 from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
-from worker.retry import Backoff, Stopping, retry, sleep_unless_stopped
+from worker.retry import Stopping, retry, sleep_unless_stopped
 from worker.rollouts import EnvironmentRollouts, environment_of, is_multi_turn
 from worker.versions import AdapterLoads, VersionFeed
 

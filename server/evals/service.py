@@ -15,14 +15,13 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from protocol import datasets
-from protocol.run_config import EvalConfig, GeneratorDataset, InlineDataset, RunConfig
+from protocol.run_config import EvalConfig, RunConfig
 from server.db_types import db_now_plus
 from server.errors import Conflict, NotFound, Unprocessable
 from server.evals import repository as repo
@@ -41,18 +40,6 @@ EVAL_EVENT = "eval.scored"
 
 
 # -- rows and due versions ---------------------------------------------------------------------
-
-
-def dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """(prompt, reference) pairs of a generator or inline eval dataset."""
-    rows = (
-        datasets.generate(ds.generator, ds.size, ds.seed)
-        if isinstance(ds, GeneratorDataset)
-        else ds.rows
-    )
-    for row in rows:
-        record = datasets.split_row(row)
-        yield record.prompt, record.reference
 
 
 def insert_eval_rows(

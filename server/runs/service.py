@@ -33,7 +33,8 @@ from server.tokens import service as tokens
 # -- creation and config ------------------------------------------------------------------------
 
 
-def _dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
+def dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """(prompt, reference) pairs of a generator or inline dataset (training or eval)."""
     rows = (
         datasets.generate(ds.generator, ds.size, ds.seed)
         if isinstance(ds, GeneratorDataset)
@@ -94,13 +95,13 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
         eval_dataset_id=eval_dataset_id,
     )
     if isinstance(ds, GeneratorDataset | InlineDataset):
-        n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(ds))
+        n_rows = repository.insert_dataset_rows(session, run.id, dataset_rows(ds))
         repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
     if isinstance(eval_ds, GeneratorDataset | InlineDataset):
-        from server.evals.service import dataset_rows, insert_eval_rows
+        from server.evals.service import insert_eval_rows
 
         insert_eval_rows(session, run.id, dataset_rows(eval_ds))
     return run, minted.plaintext
