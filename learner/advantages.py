@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
+
+from protocol.run_config import ScaleRewards
 
 STD_EPS = 1e-4
 
 
-def group_advantages(
-    rewards: torch.Tensor, scale_rewards: Literal["group", "none"] = "group"
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, scale_rewards: ScaleRewards = "group") -> torch.Tensor:
     """Advantages of rewards (N, G) — N groups of G completions — as (N, G).
 
     `group`: A_i = (r_i − mean(r)) / (std(r) + 1e-4), sample std (Bessel-corrected, torch's

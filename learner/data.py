@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from learner.advantages import group_advantages, zero_advantage_groups
-from learner.loss import LossType
 from lm.logprobs import PackedBatch, pack
 from protocol.batch_reader import TrajectoryRecord
+from protocol.run_config import LossType, ScaleRewards
 from protocol.trajectories import Trajectory
 
 
@@ -101,7 +101,7 @@ def plan_step(
     groups: Sequence[Group],
     *,
     loss_type: LossType,
-    scale_rewards: str,
+    scale_rewards: ScaleRewards,
     max_completion_tokens: int,
     skip_zero_advantage: bool,
     max_total_tokens: int | None = None,
@@ -118,7 +118,7 @@ def plan_step(
     if len(sizes) != 1 or any(len(g.rewards) != len(g.completions) for g in groups):
         raise ValueError("every group needs the same size and one reward per completion")
     rewards = torch.tensor([list(g.rewards) for g in groups], dtype=torch.float64)  # (N, G)
-    adv = group_advantages(rewards, scale_rewards)  # type: ignore[arg-type]
+    adv = group_advantages(rewards, scale_rewards)
     zero = zero_advantage_groups(rewards)  # (N,)
     sequences = [
         TrainSequence(c, float(adv[i, j]))

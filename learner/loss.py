@@ -3,22 +3,17 @@ Pure: tensors in, a scalar loss and its metrics out; no model, no I/O."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import get_args
 
 import torch
 
-from protocol.run_config import loss_combination_errors
-
-LossType = Literal["dapo", "grpo", "dr_grpo", "cispo"]
-Correction = Literal["none", "tis"]
-ImportanceLevel = Literal["token", "sequence"]
+from protocol.run_config import Correction, ImportanceLevel, LossType, loss_combination_errors
 
 
-def step_normaliser(
-    mask: torch.Tensor, loss_type: LossType, max_completion_tokens: int | None = None
-) -> float:
+def step_normaliser(mask: torch.Tensor, loss_type: LossType) -> float:
     """The normaliser of `loss_type` over the completions in `mask` (B, T): completion tokens
-    (`dapo`, `cispo`), sequences (`grpo`), or sequences × max completion tokens (`dr_grpo`).
+    (`dapo`, `cispo`) or sequences (`grpo`). `dr_grpo`'s depends on the run's token bounds:
+    training computes it (learner/data.py `plan_step`) and passes it.
 
     Compute it once over every completion of an optimizer step (skipped all-equal groups
     included) and pass it to each micro-batch's `grpo_loss` call."""
@@ -27,9 +22,7 @@ def step_normaliser(
     if loss_type == "grpo":
         return float(mask.shape[0])
     if loss_type == "dr_grpo":
-        if max_completion_tokens is None:
-            raise ValueError("dr_grpo needs max_completion_tokens")
-        return float(mask.shape[0] * max_completion_tokens)
+        raise ValueError("dr_grpo needs the step's normaliser (learner.data.plan_step)")
     raise ValueError(f"unknown loss_type {loss_type!r}")
 
 
@@ -47,7 +40,6 @@ def grpo_loss(
     tis_cap: float = 2.0,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
-    max_completion_tokens: int | None = None,
     normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-surrogate GRPO loss against the behaviour policy (PPO-style two-sided clip with
@@ -71,7 +63,7 @@ def grpo_loss(
     Aggregation:
       dapo, cispo: Σ_{i,t} ℓ_t / normaliser, default normaliser = this call's completion tokens
       grpo:    Σ_i (Σ_t ℓ_t / |o_i|) / normaliser, default normaliser = this call's sequences
-      dr_grpo: Σ_{i,t} ℓ_t / normaliser, default normaliser = sequences × max_completion_tokens
+      dr_grpo: Σ_{i,t} ℓ_t / normaliser, no default (learner/data.py `plan_step` computes it)
     Micro-batches of one optimizer step pass the step's normaliser (`step_normaliser`), so
     their losses (and gradients) sum to the full step's (a sequence is never split).
 
@@ -111,7 +103,7 @@ def grpo_loss(
         per_token = per_token + beta * kl_ref
     per_token = per_token * m
     if normaliser is None:
-        normaliser = step_normaliser(m, loss_type, max_completion_tokens)
+        normaliser = step_normaliser(m, loss_type)
     if loss_type == "grpo":
         lengths = m.sum(dim=1).clamp(min=1.0)  # (B,)
         total = (per_token.sum(dim=1) / lengths).sum()
@@ -126,9 +118,9 @@ def grpo_loss(
 def _check_options(
     loss_type: str, importance_level: str, correction: str, epsilon_low: float
 ) -> None:
-    if importance_level not in ("token", "sequence"):
+    if importance_level not in get_args(ImportanceLevel):
         raise ValueError(f"unknown importance_level {importance_level!r}")
-    if correction not in ("none", "tis"):
+    if correction not in get_args(Correction):
         raise ValueError(f"unknown correction {correction!r}")
     refused = loss_combination_errors(loss_type, importance_level, correction, epsilon_low)
     if refused:

@@ -172,7 +172,6 @@ class Trainer:
             tis_cap=g.tis_cap,
             ref_logp=ref,
             beta=g.beta,
-            max_completion_tokens=self.config.sampling.max_new_tokens,
             normaliser=normaliser,
         )
         loss.backward()

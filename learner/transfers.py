@@ -3,8 +3,8 @@
 Every transfer goes through protocol/transfer.py (`download_url`, `upload_presigned`, one
 attempt each: the retrying happens here, in one layer); a failure that an outage explains (a
 transport error, 429/5xx from the bucket, 5xx from the control plane whose own bucket calls
-fail) is retried with protocol.client.Backoff (exponential,
-full jitter, capped) for as long as the learner lease holds: `alive()` raises once the
+fail) is retried with the one retry policy, protocol/retrying.py (exponential backoff with
+full jitter, capped, on tenacity) for as long as the learner lease holds: `alive()` raises once the
 heartbeat has seen a 409, and a fenced call answering 409 raises ConflictError, both of which
 end the session (unpublished work dropped, re-attach) as before.
 
@@ -32,7 +32,8 @@ from typing import TypeVar
 import httpx
 
 from protocol import schemas_learner as sl
-from protocol.client import ApiError, AsyncGrpoClient, Backoff
+from protocol.client import ApiError, AsyncGrpoClient
+from protocol.retrying import Backoff, retry_call
 from protocol.storage import ObjectExists, PresignedPut
 from protocol.transfer import ChecksumMismatch, TransferError, is_retryable
 from protocol.transfer import download_url as _download_url
@@ -75,21 +76,25 @@ class Retrier:
         return Backoff(base_s=self.base_s, cap_s=self.cap_s)
 
     def wait(self, backoff: Backoff, what: str, exc: BaseException) -> None:
+        """One wait of an upload round (fresh URLs follow)."""
         delay = backoff.next_delay()
-        self.retries += 1
-        log.warning("%s failed (%r); retrying in %.1f s", what, exc, delay)
+        self._retrying(what, exc, delay)
         self.sleep(delay)
 
+    def _retrying(self, what: str, exc: BaseException, delay: float) -> None:
+        self.retries += 1
+        log.warning("%s failed (%r); retrying in %.1f s", what, exc, delay)
+
     def call(self, what: str, fn: Callable[[], T], transient: Callable[[BaseException], bool]) -> T:
-        backoff = self.backoff()
-        while True:
-            self.alive()
-            try:
-                return fn()
-            except Exception as exc:
-                if not transient(exc):
-                    raise
-                self.wait(backoff, what, exc)
+        return retry_call(
+            fn,
+            transient=lambda exc: isinstance(exc, Exception) and transient(exc),
+            base_s=self.base_s,
+            cap_s=self.cap_s,
+            sleep=self.sleep,
+            before_attempt=self.alive,
+            on_retry=lambda exc, delay: self._retrying(what, exc, delay),
+        )
 
     def download(self, url: str, dest: Path, expected_sha256: str | None) -> int:
         """`download_url` until it succeeds; ChecksumMismatch as is; BucketRefused on a 4xx."""

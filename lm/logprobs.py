@@ -1,6 +1,6 @@
 """Per-token log-probs of given completions: log_softmax(logits / T) of each completion token.
 
-The layout matches batched `generate` (facts.md pitfalls 1-3, 5): prompts padded on the LEFT to
+The layout matches batched `generate` (docs/architecture.md §7): prompts padded on the LEFT to
 the longest prompt, completions after them padded on the right; the attention mask is 0 on every
 pad and position ids count only real tokens, so each row sees exactly what the sampler saw.
 Completion token t of a row sits at position P + t and is predicted by the logits at P + t - 1

@@ -8,7 +8,6 @@ server, so a retried call never lands twice: at worst its retry answers 409.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +17,7 @@ import httpx
 from pydantic import BaseModel
 
 from protocol import schemas_learner as sl
+from protocol.retrying import Backoff
 from protocol.schemas import (
     VERSIONS_HEADER,
     BatchManifest,
@@ -93,23 +93,6 @@ def _raise_for(response: httpx.Response) -> None:
     except ValueError:
         body, detail = None, response.text
     raise _BY_STATUS.get(response.status_code, ApiError)(response.status_code, detail, body)
-
-
-class Backoff:
-    """Exponential backoff with full jitter."""
-
-    def __init__(self, base_s: float = 0.25, cap_s: float = 10.0) -> None:
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self.attempt = 0
-
-    def next_delay(self) -> float:
-        delay = random.uniform(0, min(self.cap_s, self.base_s * 2**self.attempt))
-        self.attempt += 1
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class AsyncGrpoClient:

@@ -42,6 +42,12 @@ MAX_LORA_RANK = 1024
 MAX_LEARNER_PRICE_PER_HOUR = 10_000.0  # USD; far above any GPU box, far below float overflow
 _SAMPLED = "behaviour log-probs must describe the distribution actually sampled"
 
+# The loss options (GrpoConfig), the learner's loss and advantages take the same types.
+LossType = Literal["dapo", "grpo", "dr_grpo", "cispo"]
+ImportanceLevel = Literal["token", "sequence"]
+Correction = Literal["none", "tis"]
+ScaleRewards = Literal["group", "none"]
+
 
 # torch.manual_seed and random.seed take it: a non-negative signed 64-bit integer.
 SEED_RULE: Rule = (lambda n: 0 <= n <= BIGINT_MAX, f"must be between 0 and {BIGINT_MAX:,}")
@@ -382,19 +388,19 @@ class GrpoConfig(_Strict):
         0.2, description="Lower clip ε_low of the ratio; ≥ 1 (no lower clip) for cispo only."
     )
     epsilon_high: float = Field(0.28, description="Upper clip ε_high of the ratio.")
-    loss_type: Literal["dapo", "grpo", "dr_grpo", "cispo"] = Field(
+    loss_type: LossType = Field(
         "dapo",
         description="Aggregation (dapo, grpo, dr_grpo), or cispo: MiniMax-M1's clipped "
         "importance-weight loss, aggregated as dapo.",
     )
-    importance_level: Literal["token", "sequence"] = Field(
+    importance_level: ImportanceLevel = Field(
         "token",
         description="Ratio of the clipped surrogate: per token, or per sequence (GSPO: "
         "exp of the mean log-ratio over the completion).",
     )
-    scale_rewards: Literal["group", "none"] = Field("group", description="Advantage scaling.")
+    scale_rewards: ScaleRewards = Field("group", description="Advantage scaling.")
     beta: float = Field(0.0, description="KL coefficient to the base model (k3 estimator).")
-    correction: Literal["none", "tis"] = Field("none", description="Off-policy correction.")
+    correction: Correction = Field("none", description="Off-policy correction.")
     tis_cap: float = Field(2.0, description="Truncation cap C of TIS.")
     micro_batch_tokens: int = Field(4096, description="Token budget of one micro-batch.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")

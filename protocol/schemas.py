@@ -33,6 +33,9 @@ RunStatus = Literal[
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 # A run in one of these never changes status again.
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
+# A run in one of these hands out leases (training while running, eval leases while evaluating)
+# and keeps its eval leases alive.
+LEASING_RUN_STATUSES: tuple[str, ...] = ("running", "evaluating")
 
 
 # Free-form JSON (metrics, reward kwargs, reference columns) is stored as JSON/JSONB and

@@ -15,7 +15,7 @@
 # server/errors.py even on SQLite; botocore/boto3 → jmespath, s3transfer, imported by
 # server/errors.py and server/storage_factory.py; itsdangerous, python-multipart), pydantic
 # with pydantic-settings (→ python-dotenv, typing-inspection, annotated-types, pydantic-core),
-# and pebble (the learner's reward processes).
+# pebble (the learner's reward processes) and tenacity (the retry policy, protocol/retrying.py).
 # typing-extensions and anyio are on the box too, at versions not known here; they travel
 # so that pydantic's and starlette's lower bounds hold. Each is pinned to the version this
 # checkout's .venv runs (the versions the tests ran with), and installed there with --no-deps.
@@ -31,7 +31,7 @@ PACKAGES=(
   itsdangerous python-multipart
   pydantic pydantic-core pydantic-settings python-dotenv typing-inspection annotated-types
   typing-extensions anyio
-  pebble
+  pebble tenacity
 )
 pins=()
 for name in "${PACKAGES[@]}"; do

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, Integer, cast, func, types
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -75,6 +76,14 @@ def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     (seconds,) = list(element.clauses)
     sec = compiler.process(seconds, **kw)
     return f"strftime('%Y-%m-%d %H:%M:%f','now', printf('%+.3f seconds', {sec}))"
+
+
+def postgres_text(expression: Any) -> str:
+    """A SQL expression as Postgres text with its constants inlined, for the statements written
+    as text (the one-statement grant, the event-loop path): one rule, rendered, not rewritten."""
+    return str(
+        expression.compile(dialect=psycopg_dialect(), compile_kwargs={"literal_binds": True})
+    )
 
 
 def new_uuid() -> uuid.UUID:

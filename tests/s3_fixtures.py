@@ -2,7 +2,7 @@
 
 One real S3 protocol server (moto's ThreadedMotoServer) on 127.0.0.1 and a free port per test
 session, and a fresh bucket per test. moto enforces IfNoneMatch (412, also on presigned PUTs and
-CompleteMultipartUpload) but not presigned-URL expiry nor a signed ChecksumSHA256 (facts.md).
+CompleteMultipartUpload) but not presigned-URL expiry nor a signed ChecksumSHA256 (moto 5).
 """
 
 from __future__ import annotations

@@ -63,3 +63,112 @@ def test_events_are_inserted_in_one_place() -> None:
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "Event"
     }
     assert inserters == {"server/events/repository.py"}
+
+
+def _sources() -> Iterator[tuple[str, str]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), path.read_text()
+
+
+def _functions_calling(*names: str) -> set[str]:
+    return {
+        f"{module}:{node.name}"
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and all(name in ast.unparse(node) for name in names)
+    }
+
+
+def test_the_leasing_statuses_are_written_once() -> None:
+    """("running", "evaluating") was spelled in four places, one of them SQL text."""
+    homes = {
+        module
+        for module, tree in _modules()
+        for strings in _string_collections(tree)
+        if strings == {"running", "evaluating"}
+    }
+    assert homes == {"protocol/schemas.py"}
+    assert [m for m, text in _sources() if "'running', 'evaluating'" in text] == []
+
+
+def test_the_fencing_increment_is_written_once() -> None:
+    """Every grant (training, eval, the one-statement grant) and attach took fencing_seq + 1."""
+    homes = {
+        module
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Add)
+        and isinstance(node.left, ast.Attribute)
+        and node.left.attr == "fencing_seq"
+    }
+    assert homes == {"server/runs/repository.py"}
+    assert [m for m, text in _sources() if "fencing_seq = fencing_seq + 1" in text] == []
+
+
+def test_one_seed_formula() -> None:
+    """Five sha256-derived seeds in two formulas (mask, shift): one, protocol/seeds.py. The
+    hash_score reward reads a score in [0, 1) off a sha256, not a seed."""
+    derivers = _functions_calling("hashlib.sha256", "int.from_bytes")
+    assert derivers == {"protocol/seeds.py:derived_seed", "protocol/rewards.py:hash_score"}
+    in_sql = [m for m, text in _sources() if "sha256(convert_to" in text]
+    assert in_sql == ["protocol/seeds.py"]
+
+
+def test_one_lease_answer() -> None:
+    """The training and the eval grant each built the worker's Lease answer."""
+    builders = {f for f in _functions_calling("Lease(", "batch_key=") if f.startswith("server/")}
+    assert builders == {"server/leases/service.py:lease_response"}
+
+
+def test_one_long_poll_loop() -> None:
+    loops = [m for m, text in _sources() if "time.monotonic() + min(" in text]
+    assert loops == ["server/long_poll.py"]
+
+
+def test_the_loss_option_types_are_written_once() -> None:
+    for options in (
+        {"dapo", "grpo", "dr_grpo", "cispo"},
+        {"token", "sequence"},
+        {"none", "tis"},
+        {"group", "none"},
+    ):
+        homes = {
+            module
+            for module, tree in _modules()
+            for strings in _string_collections(tree)
+            if strings == options
+        }
+        assert homes == {"protocol/run_config.py"}, options
+
+
+def test_worker_rows_are_written_in_one_module() -> None:
+    """Worker counters, last seen and waiting were written by the lease repositories too; the
+    event-loop statements and the one-statement grant take their SET lists from touch_sql."""
+    writers = {
+        module
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "update"
+        and [ast.unparse(a) for a in node.args] == ["Worker"]
+    }
+    assert writers == {"server/workers/repository.py"}
+    for module, text in _sources():
+        for statement in text.split("UPDATE workers")[1:]:
+            set_list = statement.split("SET", 1)[1].lstrip()
+            assert set_list.startswith("{"), (module, statement[:80])
+
+
+def test_token_authentication_is_written_once() -> None:
+    """Revoked and expired were a Python check (tokens service) and SQL text (the event-loop
+    path): server/tokens/repository.py revoked/expired/usable, read or rendered."""
+    for module, text in _sources():
+        if module.startswith("server/") and module != "server/tokens/repository.py":
+            for spelled in (
+                "t.revoked_at IS NULL",
+                "t.expires_at >",
+                "token.expires_at",
+            ):
+                assert spelled not in text, (module, spelled)

@@ -20,7 +20,7 @@ DEFAULT_STATE_DIR = Path.home() / ".cache" / "asyncgrpo" / "worker"
 
 
 class VllmSettings(BaseSettings):
-    """vLLM engine options (facts.md, "vLLM on CPU", has settings measured on CPU)."""
+    """vLLM engine options (README, "Running a real run", says how vLLM runs on CPU)."""
 
     model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_VLLM_", extra="forbid")
 

@@ -70,6 +70,7 @@ class HeartbeatPump:
         if not leases:
             return
         self.calls += 1
+        sent_at = time.monotonic()  # the server extends no earlier than this
         try:
             answer = self.client.heartbeat_leases([h.lease for h in leases])
         except (ApiError, httpx.HTTPError, RuntimeError) as exc:
@@ -82,9 +83,9 @@ class HeartbeatPump:
                     held.lose("expired (no heartbeat within the TTL)")
             return
         for held, result in zip(leases, answer.results, strict=True):
-            self._answered(held, result)
+            self._answered(held, result, sent_at)
 
-    def _answered(self, held: HeldLease, result: LeaseBeatAnswer) -> None:
+    def _answered(self, held: HeldLease, result: LeaseBeatAnswer, sent_at: float) -> None:
         if result.status != 200 or result.heartbeat is None:
             held.lose(f"lost ({result.status})")
             return
@@ -93,4 +94,4 @@ class HeartbeatPump:
         if beat.abort:
             held.lose(f"aborted ({beat.reason})")
             return
-        held.deadline = time.monotonic() + beat.ttl_s
+        held.extend(sent_at, beat.ttl_s)

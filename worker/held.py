@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -27,13 +26,16 @@ class HeldLease:
     lease: Lease
     cancel: threading.Event = field(default_factory=threading.Event)
     lost_reason: str | None = None
-    deadline: float = 0.0  # monotonic time its TTL runs out unless a heartbeat extends it
+    # Monotonic time its TTL runs out unless a heartbeat extends it: counted from when the
+    # grant (or the last heartbeat) was SENT, never later than the server's own clock starts.
+    deadline: float = 0.0
     released: bool = False
     generated: bool = False  # its generation has ended: its sequences left the engine
     release_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.lease.ttl_s
+    def extend(self, sent_at: float, ttl_s: float) -> None:
+        """A grant or heartbeat answered: the TTL runs from when its request was sent."""
+        self.deadline = sent_at + ttl_s
 
     @property
     def lease_id(self) -> uuid.UUID:
@@ -62,8 +64,10 @@ class HeldLeases:
         self._changed = threading.Condition()
         self._held: dict[uuid.UUID, HeldLease] = {}
 
-    def add(self, lease: Lease) -> HeldLease:
+    def add(self, lease: Lease, sent_at: float) -> HeldLease:
+        """A granted lease, its TTL counted from `sent_at` (when the acquire was sent)."""
         held = HeldLease(lease)
+        held.extend(sent_at, lease.ttl_s)
         with self._changed:
             self._held[lease.lease_id] = held
             self._changed.notify_all()

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from protocol.client import AsyncGrpoClient
 from protocol.environments import EnvironmentAllowlist
+from protocol.retrying import Backoff
 from protocol.schemas import Lease, ReleaseReason
 from worker import credentials
 from worker.adapters import AdapterCache
@@ -33,7 +34,7 @@ from worker.heartbeat import HeartbeatPump
 from worker.held import HeldLease, HeldLeases
 from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
-from worker.retry import Backoff, Stopping, retry, sleep_unless_stopped
+from worker.retry import Stopping, retry, sleep_unless_stopped
 from worker.rollouts import EnvironmentRollouts, environment_of, is_multi_turn
 from worker.versions import AdapterLoads, VersionFeed
 
@@ -215,29 +216,34 @@ class WorkerLoop:
             room = self.held.wait_below(self.max_inflight, CAPACITY_POLL_S)
             if not room or self.stop_event.is_set():
                 continue
-            lease, versions = self._retry(
-                "acquire",
-                lambda: client.acquire_lease_and_versions(
-                    models=[s.model],
-                    wait_s=s.acquire_wait_s,
-                    timeout_s=s.http_timeout_s,
-                    environments=self.environments,
-                ),
-            )
+            lease, versions, sent_at = self._retry("acquire", lambda: self._acquire(client))
             if self.feed is not None:
                 self.feed.notice_all(versions)
             if lease is None:
                 self._sleep(idle.next_delay())
                 continue
-            if self._take(lease):
+            if self._take(lease, sent_at):
                 idle.reset()
             else:
                 self._sleep(idle.next_delay())  # a lease we cannot serve: do not spin on it
 
-    def _take(self, lease: Lease) -> bool:
+    def _acquire(self, client: AsyncGrpoClient) -> tuple[Lease | None, dict[uuid.UUID, int], float]:
+        """One acquire call, and when it was sent: the server grants no earlier, so the lease's
+        TTL is counted from then (a slow answer must not lengthen it here)."""
+        s = self.settings
+        sent_at = time.monotonic()
+        lease, versions = client.acquire_lease_and_versions(
+            models=[s.model],
+            wait_s=s.acquire_wait_s,
+            timeout_s=s.http_timeout_s,
+            environments=self.environments,
+        )
+        return lease, versions, sent_at
+
+    def _take(self, lease: Lease, sent_at: float) -> bool:
         """Start working a granted lease in its own thread; False when it is refused here."""
         self._granted += 1
-        held = self.held.add(lease)
+        held = self.held.add(lease, sent_at)
         refusal = self._refusal(lease)
         if refusal is not None or self.stop_event.is_set():
             assert self.work is not None

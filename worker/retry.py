@@ -1,4 +1,5 @@
-"""Retrying the network: exponential backoff with full jitter until it works or the worker stops.
+"""Retrying the network until it works or the worker stops (protocol/retrying.py: the one
+retry policy, exponential backoff with full jitter on tenacity).
 
 A 409/404 on a fenced call is never retried (the lease is lost); transient failures (network,
 5xx, 429, the bucket) are. With a lease's cancel event, a lease that ended meanwhile (abort,
@@ -8,7 +9,6 @@ loss) ends the retries with LeaseLost.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,11 +16,13 @@ from typing import TypeVar
 import httpx
 
 from protocol.client import ApiError, ConflictError, NotFoundError
+from protocol.retrying import retry_call
 from protocol.storage import StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 LOST = (ConflictError, NotFoundError)
+FIRST_WAIT_S = 0.5  # the first retry's wait is at most this
 
 
 class Stopping(Exception):
@@ -31,24 +33,19 @@ class LeaseLost(Exception):
     """A fenced call answered 409/404, or the heartbeat saw the lease end."""
 
 
-class Backoff:
-    """Exponential backoff with full jitter, bounded by `cap_s`."""
-
-    def __init__(self, base_s: float, cap_s: float) -> None:
-        self.base_s, self.cap_s, self.attempt = base_s, cap_s, 0
-
-    def next_delay(self) -> float:
-        delay = random.uniform(0.5, 1.0) * min(self.cap_s, self.base_s * 2**self.attempt)
-        self.attempt += 1
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
 def sleep_unless_stopped(stop: threading.Event, seconds: float) -> None:
     if stop.wait(seconds):
         raise Stopping()
+
+
+def transient(exc: BaseException) -> bool:
+    """Network, bucket and local I/O failures, and the server's 5xx and 429; never a lost
+    lease's 409/404 nor another refusal."""
+    if isinstance(exc, LOST):
+        return False
+    if isinstance(exc, ApiError):
+        return exc.status_code >= 500 or exc.status_code == 429
+    return isinstance(exc, httpx.HTTPError | StoreError | OSError)
 
 
 def retry(
@@ -60,20 +57,21 @@ def retry(
     cancel: threading.Event | None = None,
 ) -> T:
     """`call()` until it answers, retrying transient failures with backoff."""
-    backoff = Backoff(0.5, cap_s)
-    while True:
+
+    def lease_still_held() -> None:
         if cancel is not None and cancel.is_set() and not stop.is_set():
             raise LeaseLost("lease ended while retrying " + what)
-        try:
-            return call()
-        except LOST:
-            raise
-        except (httpx.HTTPError, StoreError, OSError) as exc:
-            delay = backoff.next_delay()
-            log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
-        except ApiError as exc:
-            if exc.status_code < 500 and exc.status_code != 429:
-                raise
-            delay = backoff.next_delay()
-            log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
-        sleep_unless_stopped(stop, delay)
+
+    def warn(exc: BaseException, delay: float) -> None:
+        shown = str(exc) if isinstance(exc, ApiError) else repr(exc)
+        log.warning("%s failed (%s); retrying in %.1fs", what, shown, delay)
+
+    return retry_call(
+        call,
+        transient=transient,
+        base_s=FIRST_WAIT_S,
+        cap_s=cap_s,
+        sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
+        before_attempt=lease_still_held,
+        on_retry=warn,
+    )

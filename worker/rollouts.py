@@ -21,7 +21,6 @@ the lease's other prompts go back to the queue unpunished.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from protocol.environments import (
     EnvironmentAllowlist,
     EnvironmentConfig,
 )
+from protocol.seeds import derived_seed
 from worker.backends.base import EngineFault, GenerationCancelled
 from worker.environments.backend_engine import BackendTurnEngine
 from worker.environments.base import PromptTooLong
@@ -77,11 +77,6 @@ def environment_of(lease: Lease) -> EnvironmentConfig:
 def is_multi_turn(lease: Lease) -> bool:
     """Trajectories (batch format 2), or today's single-turn path (format 1)."""
     return lease.environment is not None and lease.environment.get("name") != SINGLE_TURN
-
-
-def _seed(*parts: int) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 class EnvironmentRollouts:
@@ -165,7 +160,7 @@ class EnvironmentRollouts:
         engine = BackendTurnEngine(
             self.backend,
             temperature=float(lease.sampling.get("temperature", 1.0)),
-            seed=_seed(lease.seed, i, g),
+            seed=derived_seed(lease.seed, i, g),
             adapter=adapter,  # the lease's version, for every turn
             cancel=cancel,
         )
@@ -173,7 +168,7 @@ class EnvironmentRollouts:
             engine,
             chat_messages(plain_prompt(prompt.prompt), lease.system_prompt),
             max_new_tokens=lease.max_new_tokens,
-            seed=_seed(lease.seed, i),
+            seed=derived_seed(lease.seed, i),
         )
         return TrajectorySample(prompt.prompt_row_id, g, trajectory)
 

@@ -1,5 +1,6 @@
-"""The cost page: spend per run and per worker, per accepted sample, wasted spend, and the
-saving against the on-demand price table (settings.dashboard.on_demand_prices)."""
+"""The cost page: spend per run and per worker, per accepted sample, wasted spend and the spend
+on leases of stopped runs (server/runs/waste.py: the latter is not waste), and the saving
+against the on-demand price table (settings.dashboard.on_demand_prices)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from sqlalchemy.orm import Session
 
 from server.dashboard import repository as repo
 from server.learner.telemetry import AFTER_ACCEPTANCE
-
-WASTE_KINDS = ("rejected", "expired", "aborted")
+from server.runs.waste import STOPPED_RUN_SPEND, WASTED_SPEND_KINDS
 
 
 @dataclass
@@ -23,7 +23,8 @@ class RunCost:
     spent_usd: float
     budget_usd: float | None
     accepted_samples: int
-    wasted: dict[str, float] = field(default_factory=dict)
+    wasted: dict[str, float] = field(default_factory=dict)  # by WASTED_SPEND_KINDS
+    stopped_run_usd: float = 0.0
 
     @property
     def per_sample(self) -> float | None:
@@ -51,7 +52,8 @@ class CostPage:
     workers: list[WorkerCost]
     learner_usd: float
     total_usd: float
-    wasted_usd: dict[str, float]
+    wasted_usd: dict[str, float]  # by WASTED_SPEND_KINDS
+    stopped_run_usd: float
     on_demand_usd: float
     compared_usd: float
 
@@ -90,11 +92,18 @@ def cost_page(session: Session, prices: dict[str, float]) -> CostPage:
         )
         for r in repo.run_spend(session)
     }
-    wasted: dict[str, float] = dict.fromkeys(WASTE_KINDS, 0.0)
-    for run_id, kind, usd in repo.wasted_spend(session):
-        wasted[kind] = wasted.get(kind, 0.0) + float(usd or 0.0)
-        if run_id in runs:
-            runs[run_id].wasted[kind] = runs[run_id].wasted.get(kind, 0.0) + float(usd or 0.0)
+    wasted: dict[str, float] = dict.fromkeys(WASTED_SPEND_KINDS, 0.0)
+    stopped = 0.0
+    for run_id, kind, usd in repo.spend_by_kind(session):
+        run, usd = runs.get(run_id), float(usd or 0.0)
+        if kind == STOPPED_RUN_SPEND:
+            stopped += usd
+            if run is not None:
+                run.stopped_run_usd += usd
+            continue
+        wasted[kind] += usd
+        if run is not None:
+            run.wasted[kind] = run.wasted.get(kind, 0.0) + usd
     workers = []
     on_demand = compared = 0.0
     for wid, name, gpu_type, count, seconds, usd, on_runs in repo.spend_by_worker(session):
@@ -122,6 +131,7 @@ def cost_page(session: Session, prices: dict[str, float]) -> CostPage:
         learner_usd=learner_usd,
         total_usd=sum(w.usd for w in workers) + learner_usd,
         wasted_usd=wasted,
+        stopped_run_usd=stopped,
         on_demand_usd=on_demand,
         compared_usd=compared,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now, epoch_bucket, epoch_seconds
@@ -22,8 +22,7 @@ from server.models import (
     Worker,
 )
 from server.runs.repository import config_number
-
-WASTED_LEASE_STATES = ("expired", "aborted")
+from server.runs.waste import spend_kind
 
 
 def learner_points(
@@ -176,14 +175,10 @@ def learner_spend(session: Session) -> tuple[float, float]:
     return float(row[0]), float(row[1])
 
 
-def wasted_spend(session: Session) -> list[Any]:
-    """(run id, category, usd): worker time spent on leases that produced nothing usable —
-    `rejected` (its batch was rejected), `expired` or `aborted` (the lease itself)."""
-    kind = case(
-        (RolloutBatch.state == "rejected", "rejected"),
-        (Lease.state.in_(WASTED_LEASE_STATES), Lease.state),
-        else_=None,
-    )
+def spend_by_kind(session: Session) -> list[Any]:
+    """(run id, category, usd): worker spend on leases by server/runs/waste.py `spend_kind` —
+    wasted (rejected, expired, aborted_stale) or on leases of a stopped run (stopped_run)."""
+    kind = spend_kind()
     return list(
         session.execute(
             select(CostRecord.run_id, kind, func.sum(CostRecord.usd))

@@ -10,10 +10,11 @@ from typing import Any, cast
 from sqlalchemy import Table, delete, func, insert, literal, select, update
 from sqlalchemy.orm import Session
 
+from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now
 from server.models import EvalItem, EvalResult, EvalRow, Lease, RolloutBatch, Run
-from server.runs.repository import insert_row_pairs
+from server.runs.repository import NEXT_FENCING, insert_row_pairs
 
 _NO_SYNC = {"synchronize_session": False}
 _ROW_INSERT = insert(cast(Table, EvalRow.__table__))
@@ -84,14 +85,21 @@ def active_eval_leases(session: Session, run_id: uuid.UUID) -> int:
 
 
 def lock_queued_items(session: Session, run_id: uuid.UUID, n: int) -> list[Any]:
-    """Up to n queued items of the oldest version that has any, with their prompts, locked."""
+    """Up to n queued items of the oldest version that has any, with their prompts, locked; in
+    a lease's prompt shape (id, dataset_row_id: the eval row, prompt, epoch 0)."""
     oldest = (
         select(func.min(EvalItem.version))
         .where(EvalItem.run_id == run_id, EvalItem.state == "queued")
         .scalar_subquery()
     )
     stmt = (
-        select(EvalItem.id, EvalItem.eval_row_id, EvalItem.version, EvalRow.prompt)
+        select(
+            EvalItem.id,
+            EvalItem.eval_row_id.label("dataset_row_id"),
+            EvalItem.version,
+            EvalRow.prompt,
+            literal(0).label("epoch"),
+        )
         .join(EvalRow, EvalRow.id == EvalItem.eval_row_id)
         .where(EvalItem.run_id == run_id, EvalItem.state == "queued", EvalItem.version == oldest)
         .order_by(EvalRow.row_index)
@@ -102,12 +110,19 @@ def lock_queued_items(session: Session, run_id: uuid.UUID, n: int) -> list[Any]:
     return list(session.execute(stmt).all())
 
 
+def lock_leasing_run(session: Session, run_id: uuid.UUID) -> bool:
+    """Lock the run's row if it hands out leases (serialises the eval bound's count before
+    anything is written). False when it does not."""
+    stmt = select(Run.id).where(Run.id == run_id, Run.status.in_(LEASING_RUN_STATUSES))
+    return session.execute(stmt.with_for_update()).first() is not None
+
+
 def take_fencing(session: Session, run_id: uuid.UUID) -> Any:
     """The next fencing token of a run that runs or evaluates (never the admission counter)."""
     return session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.status.in_(("running", "evaluating")))
-        .values(fencing_seq=Run.fencing_seq + 1, last_lease_at=db_now())
+        .where(Run.id == run_id, Run.status.in_(LEASING_RUN_STATUSES))
+        .values(fencing_seq=NEXT_FENCING, last_lease_at=db_now())
         .returning(Run.fencing_seq, Run.tokenizer_fingerprint)
         .execution_options(**_NO_SYNC)
     ).first()

@@ -3,8 +3,6 @@ admin read of the results per version."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 from fastapi import APIRouter, Request
@@ -29,11 +27,11 @@ from server.evals import service
 from server.evals.schemas import EvalsOut, EvalVersionOut
 from server.learner import repository as learner_repo
 from server.learner.service import fence, run_config
+from server.long_poll import long_poll
 from server.models import Token
 from server.routing import TransactionalRoute
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["evals"], route_class=TransactionalRoute)
-POLL_INTERVAL_S = 0.25
 
 
 def _claim_once(
@@ -88,7 +86,6 @@ async def claim(
     """The learner claims uploaded eval batches (fenced; never training batches), with their
     items' prompts and reference columns. Long-poll: each attempt is its own transaction."""
     settings: Settings = request.app.state.settings
-    deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
 
     def attempt() -> EvalClaimResponse:
         with transaction(request.app.state.sessionmaker) as session:
@@ -96,12 +93,12 @@ async def claim(
             store = request.app.state.store
             return _claim_once(session, store, settings, token, run_id, body)
 
-    while True:
-        result = await run_in_threadpool(attempt)
-        remaining = deadline - time.monotonic()
-        if result.batches or result.pending_versions == 0 or remaining <= 0:
-            return result
-        await asyncio.sleep(min(POLL_INTERVAL_S, remaining))
+    return await long_poll(
+        lambda _deadline: run_in_threadpool(attempt),
+        lambda result: bool(result.batches) or result.pending_versions == 0,
+        body.wait_s,
+        settings.lease_long_poll_s,
+    )
 
 
 @router.post("/evals", response_model=EvalResultsResponse)

@@ -15,21 +15,20 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from protocol import datasets
-from protocol.run_config import EvalConfig, GeneratorDataset, InlineDataset, RunConfig
+from protocol.run_config import EvalConfig, RunConfig
 from server.db_types import db_now_plus
 from server.errors import Conflict, NotFound, Unprocessable
 from server.evals import repository as repo
 from server.events.service import raise_event
 from server.leases import repository as leases_repo
-from server.models import AdapterVersion, EvalResult
+from server.leases.queue import Granted
+from server.models import EvalResult
 from server.runs import lifecycle
 from server.runs import service as runs
 
@@ -41,18 +40,6 @@ EVAL_EVENT = "eval.scored"
 
 
 # -- rows and due versions ---------------------------------------------------------------------
-
-
-def dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """(prompt, reference) pairs of a generator or inline eval dataset."""
-    rows = (
-        datasets.generate(ds.generator, ds.size, ds.seed)
-        if isinstance(ds, GeneratorDataset)
-        else ds.rows
-    )
-    for row in rows:
-        record = datasets.split_row(row)
-        yield record.prompt, record.reference
 
 
 def insert_eval_rows(
@@ -112,16 +99,6 @@ def eval_first(fencing_seq: int) -> bool:
     return (fencing_seq + 1) % EVAL_TURN == 0
 
 
-@dataclass(frozen=True)
-class EvalGrant:
-    fencing: int
-    seed: int
-    version: int
-    fingerprint: str | None
-    items: list[Row[Any]]
-    adapter: AdapterVersion | None
-
-
 def grant(
     session: Session,
     run_id: uuid.UUID,
@@ -129,7 +106,7 @@ def grant(
     lease_id: uuid.UUID,
     config: RunConfig,
     seed_of: Callable[[int], int],
-) -> EvalGrant | None:
+) -> Granted | None:
     """An eval lease of up to prompts_per_lease queued items of the oldest version with any,
     if the run's eval leases are under their bound; None otherwise. Lock order as training's
     grant: items, then the run row (which serialises the bound's count)."""
@@ -143,8 +120,14 @@ def grant(
     adapter = leases_repo.adapter_version(session, run_id, version) if version > 0 else None
     if version > 0 and (adapter is None or adapter.deleted):
         return None  # retention keeps a pending version; a deleted one cannot be served
+    # Count under the run row's lock, and write nothing (fencing, last_lease_at) when refused.
+    if (
+        not repo.lock_leasing_run(session, run_id)
+        or repo.active_eval_leases(session, run_id) >= ev.max_leases_in_flight
+    ):
+        return None
     taken = repo.take_fencing(session, run_id)
-    if taken is None or repo.active_eval_leases(session, run_id) >= ev.max_leases_in_flight:
+    if taken is None:
         return None
     fencing, fingerprint = taken
     seed = seed_of(fencing)
@@ -163,7 +146,14 @@ def grant(
         kind="eval",
     )
     repo.mark_items(session, [i.id for i in items], "queued", state="leased", lease_id=lease_id)
-    return EvalGrant(fencing, seed, version, fingerprint, items, adapter)
+    return Granted(
+        fencing=fencing,
+        seed=seed,
+        version=version,
+        fingerprint=fingerprint,
+        rows=items,
+        adapter=None if adapter is None else (adapter.sha256, adapter.files),
+    )
 
 
 def accept(

@@ -24,6 +24,7 @@ from server.models import (
     RolloutBatch,
     Run,
 )
+from server.runs.repository import NEXT_FENCING
 
 OPEN_ROW_STATES = ("queued", "leased", "accepted")
 _NO_SYNC = {"synchronize_session": False}
@@ -77,8 +78,8 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
             or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint),
         )
         .values(
-            fencing_seq=Run.fencing_seq + 1,
-            learner_fencing=Run.fencing_seq + 1,
+            fencing_seq=NEXT_FENCING,
+            learner_fencing=NEXT_FENCING,
             learner_expires_at=db_now_plus(ttl_s),
             learner_attached_at=db_now(),
             tokenizer_fingerprint=fingerprint,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 from fastapi import APIRouter, Query, Request
@@ -45,12 +43,11 @@ from server.learner import publish as publish_service
 from server.learner import service, telemetry, trajectories
 from server.learner.ledger import ledger_model
 from server.learner.schemas import Ledger, RunMetrics, TrajectorySampleOut
+from server.long_poll import long_poll
 from server.routing import TransactionalRoute
 from server.versions import service as versions
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["learner"], route_class=TransactionalRoute)
-
-CLAIM_POLL_INTERVAL_S = 0.25
 
 
 @router.post("/learner/attach", response_model=AttachResponse)
@@ -94,19 +91,18 @@ async def claim(
 ) -> ClaimResponse:
     """Long-poll: each attempt is its own short transaction; nothing is held while waiting."""
     settings: Settings = request.app.state.settings
-    deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
 
     def attempt() -> ClaimResponse:
         with transaction(request.app.state.sessionmaker) as session:
             token = require_learner(session, credentials)
             return service.claim(session, request.app.state.store, settings, token, run_id, body)
 
-    while True:
-        result = await run_in_threadpool(attempt)
-        remaining = deadline - time.monotonic()
-        if result.batches or result.exhausted or remaining <= 0:
-            return result
-        await asyncio.sleep(min(CLAIM_POLL_INTERVAL_S, remaining))
+    return await long_poll(
+        lambda _deadline: run_in_threadpool(attempt),
+        lambda result: bool(result.batches) or result.exhausted,
+        body.wait_s,
+        settings.lease_long_poll_s,
+    )
 
 
 @router.post("/batches/{batch_id}/reject", response_model=RejectResponse)

@@ -14,28 +14,36 @@ from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 from sqlalchemy import bindparam, literal_column
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.orm import aliased
 
+from protocol.schemas import LEASING_RUN_STATUSES
 from protocol.staleness import outside_window
+from server.db_types import postgres_text
 from server.leases.queue import GRANT_SQL_PSYCOPG, Granted, granted_from_rows
+from server.models import Token
+from server.tokens.repository import usable
+from server.workers.repository import touch_sql
 
 Conn = AsyncConnection[Any]
 
-# A live worker token (t) of an active worker (w); tokens.service._check and
+
+# A usable worker token (t: tokens.repository.usable, rendered) of an active worker (w; the
+# portable path answers for a quarantined one); tokens.service._check and
 # workers.service._active on the portable path say which of these failed.
-_AUTHENTICATED = """
-    t.digest = %(digest)s AND t.kind = 'worker' AND t.revoked_at IS NULL
-    AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())
+_USABLE = postgres_text(usable(aliased(Token, name="t")))
+_AUTHENTICATED = f"""
+    t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE}
     AND w.id = t.scope_id AND w.status = 'active'
 """
+
+_LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
 
 # Touching the worker first is safe here: this statement is its own transaction and locks
 # nothing else. A quarantined or revoked worker matches nothing (the portable path answers).
 # The worker is waiting from its first try until a grant clears it (queue._GRANT), so after the
 # try waiting_since is set exactly when it granted nothing, as on the portable path.
 _SEEN_FOR_ACQUIRE = f"""
-UPDATE workers w SET last_seen_at = clock_timestamp(),
-                     waiting_since = coalesce(w.waiting_since, clock_timestamp()),
-                     environments = coalesce(%(environments)s, w.environments)
+UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
 FROM tokens t
 WHERE {_AUTHENTICATED} AND w.models @> %(asked)s
 RETURNING w.id AS worker_id, w.environments, w.trusted,
@@ -47,7 +55,7 @@ RETURNING w.id AS worker_id, w.environments, w.trusted,
                               ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id),
                      '[]')
      FROM runs r
-     WHERE r.status IN ('running', 'evaluating')
+     WHERE r.status IN ({_LEASING})
        AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
 """
 
@@ -80,7 +88,7 @@ WITH extended AS (
       AND NOT (%(admission)s AND {_OUTSIDE_WINDOW})
     RETURNING l.worker_id, r.current_version
 ), touched AS (
-    UPDATE workers SET last_seen_at = clock_timestamp()
+    UPDATE workers SET {touch_sql()}
     WHERE id = (SELECT worker_id FROM extended)
 )
 SELECT current_version FROM extended
@@ -119,7 +127,7 @@ WITH completed AS (
     UPDATE prompt_rows SET state = 'accepted', batch_id = %(batch_id)s
     WHERE lease_id = %(lease_id)s AND state = 'leased' AND EXISTS (SELECT 1 FROM batch)
 ), touched AS (
-    UPDATE workers SET last_seen_at = clock_timestamp(), accepted_batches = accepted_batches + 1
+    UPDATE workers SET {touch_sql(counters=("accepted_batches",))}
     WHERE id = (SELECT worker_id FROM completed)
 )
 SELECT id FROM batch

@@ -34,9 +34,12 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session
 
 from protocol.schemas import INT_MAX
-from server.db_types import JSONType, db_now
+from protocol.seeds import seed_prefix, seed_sql
+from server.db_types import JSONType, db_now, postgres_text
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
+from server.runs.repository import NEXT_FENCING
+from server.workers.repository import touch_sql
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
 
@@ -167,7 +170,7 @@ def admit(
 ) -> Row[int, int, str | None] | None:
     """The admission compare-and-set, taking the grant's fencing token in the same statement.
 
-    `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = fencing_seq + 1,
+    `UPDATE runs SET groups_in_flight = groups_in_flight + n, fencing_seq = NEXT_FENCING,
     last_lease_at = now() WHERE id = :id AND status = 'running' AND groups_in_flight + n <=
     :bound AND <the run's rows in flight through the worker's leases are at most worker_cap - n> AND
     <the current version is 0 or has its adapter row> RETURNING fencing_seq, current_version,
@@ -191,7 +194,7 @@ def admit(
         .where(*conditions)
         .values(
             groups_in_flight=Run.groups_in_flight + n,
-            fencing_seq=Run.fencing_seq + 1,
+            fencing_seq=NEXT_FENCING,
             last_lease_at=db_now(),
         )
         .returning(Run.fencing_seq, Run.current_version, Run.tokenizer_fingerprint)
@@ -250,8 +253,8 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # (leases.service._grant). Every acquire on a run serialises on its run row from the admission
 # update until commit, so here they are one statement: the run row is locked for one round trip
 # and the commit; a grant also clears the worker's waiting_since (the worker row last). The
-# lease seed is leases.service.lease_seed computed in SQL (the first 8 bytes of
-# sha256("{run seed}:{run id}:{fencing}") as a non-negative bigint).
+# lease seed is leases.service.lease_seed computed in SQL (protocol/seeds.py seed_sql).
+
 
 _GRANT = (
     text(
@@ -263,7 +266,7 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), admitted AS (
     UPDATE runs SET groups_in_flight = groups_in_flight + (SELECT count(*) FROM picked),
-                    fencing_seq = fencing_seq + 1,
+                    fencing_seq = {next_fencing},
                     last_lease_at = clock_timestamp()
     WHERE id = :run_id AND status = 'running'
       AND (SELECT count(*) FROM picked) > 0
@@ -282,8 +285,7 @@ WITH picked AS (
                         seed, n_prompts, group_size, created_at)
     SELECT :lease_id, :run_id, :worker_id, current_version, fencing_seq, 'active',
            clock_timestamp() + make_interval(secs => :ttl_s),
-           ('x' || left(encode(sha256(convert_to(:seed_prefix || fencing_seq::text, 'UTF8')),
-                               'hex'), 16))::bit(64)::bigint & 9223372036854775807,
+           {seed},
            n_rows, :group_size, clock_timestamp()
     FROM admitted
     RETURNING fencing, seed, adapter_version
@@ -291,7 +293,7 @@ WITH picked AS (
     UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
     WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
 ), granted AS (
-    UPDATE workers SET waiting_since = NULL
+    UPDATE workers SET {granted_worker}
     WHERE id = :worker_id AND EXISTS (SELECT 1 FROM lease)
 )
 SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
@@ -303,7 +305,12 @@ CROSS JOIN lease CROSS JOIN admitted
 LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
                           AND adapter_versions.version = lease.adapter_version
 ORDER BY picked.queue_pos
-""".replace("{no_cap}", str(INT_MAX))  # no fair share: the count is never read
+"""
+        # no fair share: the count is never read
+        .replace("{no_cap}", str(INT_MAX))
+        .replace("{next_fencing}", postgres_text(NEXT_FENCING))
+        .replace("{seed}", seed_sql(":seed_prefix || fencing_seq::text"))
+        .replace("{granted_worker}", touch_sql(seen=False, waiting=False))
     )
     .bindparams(
         bindparam("run_id", type_=Uuid),
@@ -386,7 +393,7 @@ def grant_params(
         "bound": bound,
         "ttl_s": ttl_s,
         "group_size": group_size,
-        "seed_prefix": f"{run_seed}:{run_id}:",
+        "seed_prefix": seed_prefix(run_seed, run_id),
     }
 
 

@@ -7,19 +7,16 @@ from typing import Any
 
 from sqlalchemy import (
     Row,
-    func,
     insert,
     select,
     update,
 )
 from sqlalchemy.orm import Session, defer
 
+from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
-from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
-
-# A run hands out leases while running (training and eval) and while evaluating (eval only).
-LEASING_STATUSES = ("running", "evaluating")
+from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run
 
 
 def candidate_runs(session: Session, models: list[str]) -> list[Run]:
@@ -31,7 +28,7 @@ def candidate_runs(session: Session, models: list[str]) -> list[Run]:
         session.execute(
             select(Run)
             .options(defer(Run.config))
-            .where(Run.status.in_(LEASING_STATUSES), Run.base_model.in_(models))
+            .where(Run.status.in_(LEASING_RUN_STATUSES), Run.base_model.in_(models))
             .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
         ).scalars()
     )
@@ -144,32 +141,6 @@ def accept_rows(session: Session, row_ids: list[int], batch_id: uuid.UUID) -> No
         update(PromptRow)
         .where(PromptRow.id.in_(row_ids), PromptRow.state == "leased")
         .values(state="accepted", batch_id=batch_id)
-        .execution_options(synchronize_session=False)
-    )
-
-
-def touch_worker(
-    session: Session,
-    worker_id: uuid.UUID,
-    *,
-    waiting: bool | None = None,
-    environments: list[str] | None = None,
-    **counters: int,
-) -> None:
-    """Mark the worker seen, add to its counters; `waiting` (an acquire try): whether it was
-    granted nothing, which starts (or keeps) its waiting_since, or a lease, which clears it;
-    `environments`: what it declares now."""
-    values: dict[str, Any] = {"last_seen_at": db_now()}
-    if environments is not None:
-        values["environments"] = environments
-    if waiting is not None:
-        values["waiting_since"] = func.coalesce(Worker.waiting_since, db_now()) if waiting else None
-    for name, delta in counters.items():
-        values[name] = getattr(Worker, name) + delta
-    session.execute(
-        update(Worker)
-        .where(Worker.id == worker_id)
-        .values(**values)
         .execution_options(synchronize_session=False)
     )
 

@@ -7,8 +7,6 @@ while a request waits for a thread)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 from fastapi import APIRouter, Request, Response, status
@@ -32,11 +30,10 @@ from protocol.schemas import (
 from server.config import Settings
 from server.deps import Credentials, as_worker
 from server.leases import paths, service
+from server.long_poll import long_poll
 from server.routing import TransactionalRoute
 
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=TransactionalRoute)
-
-POLL_INTERVAL_S = 0.25
 
 
 _VERSIONS_HEADER_DOC = {
@@ -66,13 +63,12 @@ async def acquire(
     between tries is on the event loop, so idle workers hold no thread, no connection and no
     lock (nor SQLite's write lock). Both answers carry the versions the last try read."""
     settings: Settings = request.app.state.settings
-    deadline = time.monotonic() + min(body.wait_s, settings.lease_long_poll_s)
-    while True:
-        acquired, active = await paths.acquire_once(request, credentials, body)
-        remaining = deadline - time.monotonic()
-        if acquired.lease is not None or not active or remaining <= 0:
-            break
-        await asyncio.sleep(min(POLL_INTERVAL_S, remaining))
+    acquired, _active = await long_poll(
+        lambda _deadline: paths.acquire_once(request, credentials, body),
+        lambda tried: tried[0].lease is not None or not tried[1],
+        body.wait_s,
+        settings.lease_long_poll_s,
+    )
     versions = format_versions_header(acquired.versions)
     if acquired.lease is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT, headers={VERSIONS_HEADER: versions})

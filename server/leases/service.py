@@ -6,7 +6,6 @@ nothing the call answers 409 and has changed nothing before it.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +17,8 @@ from protocol.environments import SINGLE_TURN, worker_can_run
 from protocol.run_config import RunConfig
 from protocol.schemas import (
     ATTEMPT_COUNTING_RELEASES,
-    BIGINT_MAX,
     INT_MAX,
+    LEASING_RUN_STATUSES,
     AdapterFile,
     AdapterRef,
     BatchManifest,
@@ -32,12 +31,14 @@ from protocol.schemas import (
     Lease,
     LeaseAcquireRequest,
     LeaseBeatAnswer,
+    LeaseKind,
     LeasePrompt,
     ReleaseRequest,
     ReleaseResponse,
     UploadRequest,
     UploadResponse,
 )
+from protocol.seeds import derived_seed
 from protocol.staleness import outside_window
 from protocol.storage import ObjectStore
 from server.config import Settings
@@ -49,6 +50,7 @@ from server.leases import expiry, fair_share, queue
 from server.leases import repository as repo
 from server.models import Run, Worker
 from server.runs import service as runs
+from server.workers import repository as workers_repo
 
 UNLIMITED_GROUPS = INT_MAX  # the admission bound of a run with admission_control off
 
@@ -60,9 +62,9 @@ def admission_bound(config: RunConfig) -> int:
 
 
 def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
-    """Deterministic per grant: the run's seed and the grant's fencing token."""
-    digest = hashlib.sha256(f"{run_seed}:{run_id}:{fencing}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & BIGINT_MAX
+    """Deterministic per grant: the run's seed and the grant's fencing token (the one-statement
+    grant computes the same in SQL: server/leases/queue.py, protocol/seeds.py)."""
+    return derived_seed(run_seed, run_id, fencing)
 
 
 # -- acquire -----------------------------------------------------------------------------------
@@ -105,7 +107,7 @@ def acquire(
             break
     # Lock order everywhere: lease -> prompt rows -> run -> worker (the worker row last), so
     # an acquire and a sweep or fenced call never wait on each other in a cycle.
-    repo.touch_worker(session, worker.id, waiting=lease is None, environments=body.environments)
+    workers_repo.touch(session, worker.id, waiting=lease is None, environments=body.environments)
     return Acquired(lease, {run.id: run.current_version for run in candidates})
 
 
@@ -186,42 +188,8 @@ def _grant_eval(
     )
     if granted is None:
         return None
-    assert config.eval is not None
-    ev = config.eval
-    max_new = ev.max_new_tokens or config.sampling.max_new_tokens
-    adapter = granted.adapter
-    return Lease(
-        lease_id=lease_id,
-        kind="eval",
-        run_id=run.id,
-        base_model=run.base_model,
-        tokenizer_fingerprint=granted.fingerprint,
-        sampling={
-            **config.sampling.model_dump(mode="json"),
-            "temperature": ev.temperature,
-            "max_new_tokens": max_new,
-        },
-        max_new_tokens=max_new,
-        system_prompt=config.grpo.system_prompt,
-        group_size=ev.n,
-        prompts=[
-            LeasePrompt(prompt_row_id=i.id, dataset_row_id=i.eval_row_id, prompt=i.prompt, epoch=0)
-            for i in granted.items
-        ],
-        seed=granted.seed,
-        adapter_version=granted.version,
-        adapter=adapter_ref(
-            store,
-            settings,
-            run.id,
-            granted.version,
-            None if adapter is None else (adapter.sha256, adapter.files),
-        ),
-        fencing=granted.fencing,
-        ttl_s=config.lease_ttl_s,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        batch_key=layout.batch_key(run.id, lease_id, granted.fencing),
-        environment=config.environment.model_dump(mode="json"),
+    return lease_response(
+        store, settings, run.id, run.base_model, config, lease_id, granted, kind="eval"
     )
 
 
@@ -265,17 +233,20 @@ def lease_response(
     config: RunConfig,
     lease_id: uuid.UUID,
     granted: queue.Granted,
+    kind: LeaseKind = "train",
 ) -> Lease:
-    """What the worker is told about a lease it was just granted."""
+    """What the worker is told about a lease it was just granted (training or eval)."""
+    sampling, group_size = _sampling_of(config, kind)
     return Lease(
         lease_id=lease_id,
+        kind=kind,
         run_id=run_id,
         base_model=base_model,
         tokenizer_fingerprint=granted.fingerprint,
-        sampling=config.sampling.model_dump(mode="json"),
-        max_new_tokens=config.sampling.max_new_tokens,
+        sampling=sampling,
+        max_new_tokens=sampling["max_new_tokens"],
         system_prompt=config.grpo.system_prompt,
-        group_size=config.group_size,
+        group_size=group_size,
         prompts=[
             LeasePrompt(
                 prompt_row_id=r.id,
@@ -294,6 +265,18 @@ def lease_response(
         batch_key=layout.batch_key(run_id, lease_id, granted.fencing),
         environment=config.environment.model_dump(mode="json"),
     )
+
+
+def _sampling_of(config: RunConfig, kind: LeaseKind) -> tuple[dict[str, Any], int]:
+    """A lease's sampling and group size: the run's, or for eval its own temperature,
+    max_new_tokens (else the run's) and n."""
+    sampling = config.sampling.model_dump(mode="json")
+    if kind == "train":
+        return sampling, config.group_size
+    ev = config.eval
+    assert ev is not None
+    max_new = ev.max_new_tokens or config.sampling.max_new_tokens
+    return {**sampling, "temperature": ev.temperature, "max_new_tokens": max_new}, ev.n
 
 
 def _grant_portable(
@@ -403,7 +386,7 @@ def heartbeat(
     """Extend the lease by the run's TTL, or abort it (and re-queue its rows) when its batch can
     no longer be admissible or the run no longer runs."""
     answer = _beat(session, worker, lease_id, body.fencing)
-    repo.touch_worker(session, worker.id)
+    workers_repo.touch(session, worker.id)
     return answer
 
 
@@ -422,7 +405,7 @@ def heartbeats(session: Session, worker: Worker, body: HeartbeatsRequest) -> Hea
             )
         except (NotFound, FencingLost) as refused:
             answers[beat.lease_id] = refused_beat(beat.lease_id, refused)
-    repo.touch_worker(session, worker.id)
+    workers_repo.touch(session, worker.id)
     return HeartbeatsResponse(results=[answers[b.lease_id] for b in body.leases])
 
 
@@ -437,7 +420,7 @@ def _beat(session: Session, worker: Worker, lease_id: uuid.UUID, fencing: int) -
     ttl_s = config.lease_ttl_s
     reason = None
     if lease.kind == "eval":  # pinned to its version: never stale
-        if lease.status not in ("running", "evaluating"):
+        if lease.status not in LEASING_RUN_STATUSES:
             reason = f"run_{lease.status}"
     elif lease.status != "running":
         reason = f"run_{lease.status}"
@@ -540,10 +523,10 @@ def complete(
     )
     if reject is None:
         repo.accept_rows(session, rows, batch_id)
-        repo.touch_worker(session, worker.id, accepted_batches=1)
+        workers_repo.touch(session, worker.id, accepted_batches=1)
     else:
         queue.requeue(session, lease.run_id, rows, "invalid", count_attempt=True)
-        repo.touch_worker(session, worker.id, rejected_batches=1)
+        workers_repo.touch(session, worker.id, rejected_batches=1)
     return CompleteResponse(
         batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
     )
@@ -573,9 +556,9 @@ def _complete_eval(
         reject,
     )
     if reject:
-        repo.touch_worker(session, worker.id, rejected_batches=1)
+        workers_repo.touch(session, worker.id, rejected_batches=1)
     else:
-        repo.touch_worker(session, worker.id, accepted_batches=1)
+        workers_repo.touch(session, worker.id, accepted_batches=1)
     return CompleteResponse(
         batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
     )
@@ -592,7 +575,7 @@ def release(
     counted = reason in ATTEMPT_COUNTING_RELEASES
     if lease.kind == "eval":
         released = evals.requeue_leases(session, [lease_id], count_attempt=counted)
-        repo.touch_worker(session, worker.id)
+        workers_repo.touch(session, worker.id)
         return ReleaseResponse(released=released)
     rows = repo.leased_rows(session, lease_id)
     named = set(body.prompt_row_ids or ()) if reason == "prompt_too_long" else set()
@@ -600,5 +583,5 @@ def release(
     innocent = [r for r in rows if r not in guilty]
     result = queue.requeue(session, lease.run_id, guilty, reason, count_attempt=counted)
     back = queue.requeue(session, lease.run_id, innocent, reason, count_attempt=False)
-    repo.touch_worker(session, worker.id)
+    workers_repo.touch(session, worker.id)
     return ReleaseResponse(released=len(result.requeued) + len(back.requeued))

@@ -10,6 +10,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, delete, func, insert, literal, select
 from sqlalchemy.orm import Session
 
+from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now
 from server.models import CostRecord, DatasetRow, Lease, PromptRow, RolloutBatch, Run
@@ -17,6 +18,11 @@ from server.models import CostRecord, DatasetRow, Lease, PromptRow, RolloutBatch
 INSERT_CHUNK = 5_000
 # Core (not ORM) executemany: about 2.5× faster for bulk rows.
 _DATASET_INSERT = insert(cast(Table, DatasetRow.__table__))
+
+
+# The run's next fencing token: every lease grant (training and eval) and every learner attach
+# takes one, as `UPDATE runs SET fencing_seq = NEXT_FENCING ... RETURNING fencing_seq`.
+NEXT_FENCING = Run.fencing_seq + 1
 
 
 def insert_run(session: Session, **fields: Any) -> Run:
@@ -112,6 +118,17 @@ def config_json(session: Session, run_id: uuid.UUID) -> dict[str, Any] | None:
     return cast(
         "dict[str, Any] | None",
         session.execute(select(Run.config).where(Run.id == run_id)).scalar_one_or_none(),
+    )
+
+
+def live_run_count(session: Session) -> int:
+    """Runs not in a terminal status."""
+    return int(
+        session.execute(
+            select(func.count())
+            .select_from(Run)
+            .where(Run.status.not_in(sorted(TERMINAL_RUN_STATUSES)))
+        ).scalar_one()
     )
 
 

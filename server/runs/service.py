@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from protocol import datasets
 from protocol.outbound import OutboundPolicy, normalised_url, redacted_url
@@ -33,7 +33,8 @@ from server.tokens import service as tokens
 # -- creation and config ------------------------------------------------------------------------
 
 
-def _dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
+def dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """(prompt, reference) pairs of a generator or inline dataset (training or eval)."""
     rows = (
         datasets.generate(ds.generator, ds.size, ds.seed)
         if isinstance(ds, GeneratorDataset)
@@ -120,13 +121,13 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
         eval_dataset_id=eval_dataset_id,
     )
     if isinstance(ds, GeneratorDataset | InlineDataset):
-        n_rows = repository.insert_dataset_rows(session, run.id, _dataset_rows(ds))
+        n_rows = repository.insert_dataset_rows(session, run.id, dataset_rows(ds))
         repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
     if isinstance(eval_ds, GeneratorDataset | InlineDataset):
-        from server.evals.service import dataset_rows, insert_eval_rows
+        from server.evals.service import insert_eval_rows
 
         insert_eval_rows(session, run.id, dataset_rows(eval_ds))
     return run, minted.plaintext
@@ -151,17 +152,30 @@ def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
 
 
 _CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
-_CACHE_SIZE = 64
+_CACHE_MIN = 64  # configs kept even with fewer live runs
 _CACHE_LOCK = threading.Lock()
 _LOADING: dict[uuid.UUID, threading.Lock] = {}
+_capacity = _CACHE_MIN  # at least every live (not terminal) run's config, counted on a miss
 
 
-def _remember(run_id: uuid.UUID, config: RunConfig) -> None:
+def _remember(run_id: uuid.UUID, config: RunConfig, live_runs: int | None = None) -> None:
+    global _capacity
     with _CACHE_LOCK:
+        if live_runs is not None:
+            _capacity = max(_CACHE_MIN, live_runs)
         _CACHE[run_id] = config
         _CACHE.move_to_end(run_id)
-        while len(_CACHE) > _CACHE_SIZE:
+        while len(_CACHE) > _capacity:
             _CACHE.popitem(last=False)
+
+
+def _parse(session: Session | None, run_id: uuid.UUID, raw: dict[str, Any]) -> RunConfig:
+    """Validate a config read from its row and keep it, the cache sized to the live runs (a
+    sweep of more runs than a fixed size would re-validate every config on every lease)."""
+    config = RunConfig.model_validate(raw)
+    live = None if session is None else repository.live_run_count(session)
+    _remember(run_id, config, live)
+    return config
 
 
 def get_config(run: Run) -> RunConfig:
@@ -171,9 +185,7 @@ def get_config(run: Run) -> RunConfig:
         cached = _CACHE.get(run.id)
     if cached is not None:
         return cached
-    config = RunConfig.model_validate(run.config)
-    _remember(run.id, config)
-    return config
+    return _parse(object_session(run), run.id, run.config)
 
 
 def cached_config(run_id: uuid.UUID) -> RunConfig | None:
@@ -191,19 +203,19 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
         if cached is not None:
             return cached
         loading = _LOADING.setdefault(run_id, threading.Lock())
-    with loading:
+    try:
+        with loading:
+            with _CACHE_LOCK:
+                cached = _CACHE.get(run_id)
+            if cached is not None:
+                return cached
+            raw = repository.config_json(session, run_id)
+            if raw is None:
+                raise NotFound(f"run {run_id} not found")
+            return _parse(session, run_id, raw)
+    finally:  # a missing run or an invalid config leaves no lock behind
         with _CACHE_LOCK:
-            cached = _CACHE.get(run_id)
-        if cached is not None:
-            return cached
-        raw = repository.config_json(session, run_id)
-        if raw is None:
-            raise NotFound(f"run {run_id} not found")
-        config = RunConfig.model_validate(raw)
-        _remember(run_id, config)
-    with _CACHE_LOCK:
-        _LOADING.pop(run_id, None)
-    return config
+            _LOADING.pop(run_id, None)
 
 
 # -- reads ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Stale waste: the one definition of the drift alarm's figure (docs/architecture.md,
-invariant 16), used by the alarm job, Prometheus, the dashboard's banner and chart, the API's
-proxy stats and the benchmarks.
+"""The waste vocabulary (docs/architecture.md, invariant 16, "Waste"): stale waste, the drift
+alarm's figure, used by the alarm job, Prometheus, the dashboard's banner and chart, the API's
+proxy stats and the benchmarks; and the cost page's spend categories (`spend_kind`).
 
     stale waste = (samples in batches rejected `stale` + samples of leases aborted as stale)
                   ÷ (samples in every uploaded batch + samples of those stale-aborted leases)
@@ -8,7 +8,12 @@ proxy stats and the benchmarks.
 A lease aborted because its run paused, was cancelled or completed produced nothing that was
 too old: it is not waste. The same figure in worker-seconds: generation time of the
 stale-rejected batches plus the lifetime of the stale-aborted leases, over the generation time
-of every batch plus that lifetime. Windows and buckets are in database time."""
+of every batch plus that lifetime. Windows and buckets are in database time.
+
+Spend (the cost page): worker spend on a lease whose work was lost is *wasted spend*, by cause —
+`rejected` (its batch was rejected), `expired` (the lease ran out of TTL) or `aborted_stale`
+(aborted as stale). Spend on a lease aborted because its run stopped (paused, out of budget,
+cancelled, completed) is not waste: it is *stopped-run spend*, a separate figure."""
 
 from __future__ import annotations
 
@@ -17,15 +22,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now_plus, epoch_bucket, epoch_seconds
 from server.models import Lease, RolloutBatch
 
 STALE = "stale"
-# How a stale-aborted lease shows among the rejection reasons of the dashboard's chart.
+# How a stale-aborted lease shows among the rejection reasons of the dashboard's chart and
+# among the wasted spend's causes.
 ABORTED_STALE = "aborted_stale"
+WASTED_SPEND_KINDS = ("rejected", "expired", ABORTED_STALE)
+STOPPED_RUN_SPEND = "stopped_run"  # spend on leases aborted because their run stopped
 
 
 def _stale_aborted(run_id: uuid.UUID) -> ColumnElement[bool]:
@@ -142,3 +150,16 @@ def stale_waste_series(session: Session, run_id: uuid.UUID, bucket_s: int) -> Wa
         series.wasted[at] += int(samples or 0)
         series.rejected[ABORTED_STALE][at] += int(samples or 0)
     return series
+
+
+def spend_kind() -> ColumnElement[str | None]:
+    """The spend category of a lease's cost (over leases outer-joined to their batch): one of
+    WASTED_SPEND_KINDS, STOPPED_RUN_SPEND, or None (the spend produced a usable batch, or the
+    lease was released or is still active)."""
+    return case(
+        (RolloutBatch.state == "rejected", "rejected"),
+        (Lease.state == "expired", "expired"),
+        (and_(Lease.state == "aborted", Lease.end_reason == STALE), ABORTED_STALE),
+        (Lease.state == "aborted", STOPPED_RUN_SPEND),
+        else_=None,
+    )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -22,18 +22,51 @@ def insert(session: Session, **fields: Any) -> Token:
     return token
 
 
-def by_digest(session: Session, digest: str) -> Token | None:
-    return session.execute(select(Token).where(Token.digest == digest)).scalar_one_or_none()
+# Bearer authentication's rule, one definition: a token authenticates unless it is revoked or
+# expired (in database time). The portable path reads both flags with the token (to say which
+# failed); the event-loop path renders them into its statements (server/leases/fast_repository.py).
 
 
-def by_digest_with_worker(session: Session, digest: str) -> tuple[Token, Worker | None] | None:
+def revoked(tokens: Any = Token) -> ColumnElement[bool]:
+    """`tokens`: the Token model or an alias of it."""
+    return tokens.revoked_at.is_not(None)  # type: ignore[no-any-return]
+
+
+def expired(tokens: Any = Token) -> ColumnElement[bool]:
+    return and_(tokens.expires_at.is_not(None), tokens.expires_at <= db_now())
+
+
+def usable(tokens: Any = Token) -> ColumnElement[bool]:
+    """Neither revoked nor expired."""
+    return and_(~revoked(tokens), ~expired(tokens))
+
+
+class Found(NamedTuple):
+    """A token looked up by digest, with the rule's verdicts."""
+
+    token: Token
+    revoked: bool
+    expired: bool
+    worker: Worker | None = None
+
+
+def by_digest(session: Session, digest: str) -> Found | None:
+    row = session.execute(
+        select(Token, revoked().label("revoked"), expired().label("expired")).where(
+            Token.digest == digest
+        )
+    ).first()
+    return None if row is None else Found(row[0], bool(row[1]), bool(row[2]))
+
+
+def by_digest_with_worker(session: Session, digest: str) -> Found | None:
     """The token and the worker it belongs to, in one round trip (every worker call's auth)."""
     row = session.execute(
-        select(Token, Worker)
+        select(Token, revoked().label("revoked"), expired().label("expired"), Worker)
         .outerjoin(Worker, Worker.id == Token.scope_id)
         .where(Token.digest == digest)
     ).first()
-    return None if row is None else (row[0], row[1])
+    return None if row is None else Found(row[0], bool(row[1]), bool(row[2]), row[3])
 
 
 def increment_uses(session: Session, token_id: uuid.UUID) -> bool:
@@ -94,11 +127,7 @@ def revoke_id(session: Session, token_id: uuid.UUID) -> bool:
 
 def _live_admin() -> ColumnElement[bool]:
     """An admin token neither revoked nor expired (database time)."""
-    return and_(
-        Token.kind == "admin",
-        Token.revoked_at.is_(None),
-        or_(Token.expires_at.is_(None), Token.expires_at > db_now()),
-    )
+    return and_(Token.kind == "admin", usable())
 
 
 def live_admin_ids(session: Session) -> list[uuid.UUID]:

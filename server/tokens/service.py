@@ -64,16 +64,16 @@ def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> 
     """Resolve a bearer token. 401 when unknown, revoked or expired; 403 when valid but of a
     kind this endpoint does not take."""
     wanted = digest_of_bearer(plaintext)
-    return _check(session, repository.by_digest(session, wanted), wanted, allowed)
+    return _check(repository.by_digest(session, wanted), wanted, allowed)
 
 
 def authenticate_worker(session: Session, plaintext: str) -> tuple[Token, Worker | None]:
     """authenticate() for worker tokens, loading the token's worker in the same query."""
     wanted = digest_of_bearer(plaintext)
     found = repository.by_digest_with_worker(session, wanted)
-    token = _check(session, found[0] if found else None, wanted, ("worker",))
+    token = _check(found, wanted, ("worker",))
     assert found is not None
-    return token, found[1]
+    return token, found.worker
 
 
 def digest_of_bearer(plaintext: str) -> str:
@@ -83,12 +83,14 @@ def digest_of_bearer(plaintext: str) -> str:
     return digest(plaintext)
 
 
-def _check(session: Session, token: Token | None, wanted: str, allowed: tuple[str, ...]) -> Token:
-    if token is None or not hmac.compare_digest(token.digest, wanted):
+def _check(found: repository.Found | None, wanted: str, allowed: tuple[str, ...]) -> Token:
+    """The rule's verdicts come with the token (repository.revoked, repository.expired)."""
+    token = None if found is None else found.token
+    if found is None or token is None or not hmac.compare_digest(token.digest, wanted):
         raise Unauthorized("invalid token")
-    if token.revoked_at is not None:
+    if found.revoked:
         raise Unauthorized("token revoked")
-    if token.expires_at is not None and token.expires_at <= repository.db_time(session):
+    if found.expired:
         raise Unauthorized("token expired")
     if token.kind not in allowed:
         raise Forbidden(f"a {token.kind} token cannot call this endpoint")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
@@ -12,8 +12,12 @@ from fastapi import APIRouter, Query, Request, Response, status
 from protocol.schemas import MAX_VERSIONS_AFTER, VersionsResponse
 from server.config import Settings
 from server.deps import Credentials, as_worker
+from server.long_poll import long_poll
 from server.versions import service
-from server.versions.watch import VersionWatch
+from server.versions.watch import RunVersion, VersionWatch
+
+# One try: the change event taken before reading, and the newer versions read.
+_Tried = tuple[asyncio.Event, dict[uuid.UUID, RunVersion]]
 
 router = APIRouter(prefix="/api/v1", tags=["versions"])
 
@@ -45,17 +49,20 @@ async def versions(
     named = service.parse_after(after)  # after authentication: a stranger learns nothing (401)
     settings: Settings = request.app.state.settings
     watch: VersionWatch = request.app.state.version_watch
-    deadline = time.monotonic() + min(wait_s, settings.lease_long_poll_s)
-    while True:
-        changed = watch.change()
-        found = service.newer(await watch.current(wanted_until=deadline), models, named)
-        remaining = deadline - time.monotonic()
-        if found or remaining <= 0:
-            break
+
+    async def attempt(deadline: float) -> _Tried:
+        changed = watch.change()  # taken before reading: a change after the read wakes us
+        return changed, service.newer(await watch.current(wanted_until=deadline), models, named)
+
+    async def until_changed(tried: _Tried, remaining: float) -> None:
         try:
-            await asyncio.wait_for(changed.wait(), remaining)
+            await asyncio.wait_for(tried[0].wait(), remaining)
         except TimeoutError:
             pass
+
+    _changed, found = await long_poll(
+        attempt, lambda tried: bool(tried[1]), wait_s, settings.lease_long_poll_s, until_changed
+    )
     if not found:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return VersionsResponse(versions=service.notices(request.app.state.store, settings, found))

@@ -43,6 +43,54 @@ def set_trusted(session: Session, worker_id: uuid.UUID, trusted: bool) -> bool:
     return result.first() is not None
 
 
+def touch(
+    session: Session,
+    worker_id: uuid.UUID,
+    *,
+    waiting: bool | None = None,
+    environments: list[str] | None = None,
+    **counters: int,
+) -> None:
+    """Mark the worker seen (every authenticated worker call), add to its counters;
+    `waiting` (an acquire try): whether it was granted nothing, which starts (or keeps) its
+    waiting_since, or a lease, which clears it; `environments`: what it declares now."""
+    values: dict[str, Any] = {"last_seen_at": db_now()}
+    if environments is not None:
+        values["environments"] = environments
+    if waiting is not None:
+        values["waiting_since"] = func.coalesce(Worker.waiting_since, db_now()) if waiting else None
+    for name, delta in counters.items():
+        values[name] = getattr(Worker, name) + delta
+    session.execute(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def touch_sql(
+    target: str = "workers",
+    *,
+    seen: bool = True,
+    waiting: bool | None = None,
+    environments: str | None = None,
+    counters: tuple[str, ...] = (),
+) -> str:
+    """`touch`'s SET list in Postgres text, for the one-statement calls of the event-loop path
+    (server/leases/fast_repository.py) and the one-statement grant (server/leases/queue.py):
+    `target` names the workers row, `environments` is a SQL expression (NULL: keep them), each
+    counter one more."""
+    items = ["last_seen_at = clock_timestamp()"] if seen else []
+    if environments is not None:
+        items.append(f"environments = coalesce({environments}, {target}.environments)")
+    if waiting is not None:
+        started = f"coalesce({target}.waiting_since, clock_timestamp())"
+        items.append(f"waiting_since = {started if waiting else 'NULL'}")
+    items += [f"{name} = {target}.{name} + 1" for name in counters]
+    return ", ".join(items)
+
+
 def price_table(session: Session) -> dict[str, float]:
     return {p.gpu_type: p.price_per_hour for p in session.execute(select(GpuPrice)).scalars()}
 

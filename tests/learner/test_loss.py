@@ -39,7 +39,8 @@ L00, L01, L10 = -1.28, -0.5, 1.6
     [
         ("dapo", {}, (L00 + L01 + L10) / 3, 3.0),
         ("grpo", {}, ((L00 + L01) / 2 + L10 / 1) / 2, None),
-        ("dr_grpo", {"max_completion_tokens": 4}, (L00 + L01 + L10) / (2 * 4), 8.0),
+        # dr_grpo: the step's normaliser from plan_step (2 sequences × 4 max tokens here)
+        ("dr_grpo", {"normaliser": 8.0}, (L00 + L01 + L10) / (2 * 4), None),
     ],
 )
 def test_clipped_surrogate_by_hand(loss_type, kw, expected, norm) -> None:  # type: ignore[no-untyped-def]
@@ -53,7 +54,7 @@ def test_clipped_surrogate_by_hand(loss_type, kw, expected, norm) -> None:  # ty
     want = torch.tensor([[0.0, -0.5 * scale], [0.0, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(logp.grad, want)
     if norm is not None:
-        assert step_normaliser(MASK, loss_type, kw.get("max_completion_tokens")) == norm
+        assert step_normaliser(MASK, loss_type) == norm
 
 
 def test_metrics_by_hand() -> None:
@@ -117,12 +118,13 @@ def test_micro_batches_sum_to_the_full_batch(loss_type, correction) -> None:  # 
         "epsilon_high": EPS_HIGH,
         "loss_type": loss_type,
         "correction": correction,
-        "max_completion_tokens": t,
     }
+    # dr_grpo has no default normaliser: plan_step's (sequences × max tokens, here b × t)
+    given = {"normaliser": float(b * t)} if loss_type == "dr_grpo" else {}
     full_in = logp0.clone().requires_grad_(True)
-    full, full_m = grpo_loss(full_in, behaviour, adv, mask, **opts)  # type: ignore[arg-type]
+    full, full_m = grpo_loss(full_in, behaviour, adv, mask, **opts, **given)  # type: ignore[arg-type]
     full.backward()
-    norm = step_normaliser(mask, loss_type, t)
+    norm = given["normaliser"] if given else step_normaliser(mask, loss_type)
     micro_in = logp0.clone().requires_grad_(True)
     total = torch.zeros((), dtype=torch.float64)
     parts = []
@@ -143,6 +145,16 @@ def test_micro_batches_sum_to_the_full_batch(loss_type, correction) -> None:  # 
     merged = merge_metrics(parts)
     for key in ("tokens", "ratio_mean", "ratio_min", "ratio_max", "clip_low", "clip_high"):
         assert merged[key] == pytest.approx(full_m[key])
+
+
+def test_dr_grpo_has_no_default_normaliser() -> None:
+    """Its normaliser depends on the run's token bounds: only plan_step computes it (an unused
+    default, sequences × max_new_tokens, once differed from training's)."""
+    logp, behaviour = _inputs()
+    with pytest.raises(ValueError, match="plan_step"):
+        _loss(logp, behaviour, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="plan_step"):
+        step_normaliser(MASK, "dr_grpo")
 
 
 def test_empty_call_gives_zero_loss() -> None:

@@ -52,7 +52,7 @@ def _gspo(logp, adv, eps_low=0.2, eps_high=0.28, **kw):  # type: ignore[no-untyp
         # dapo: (3ℓ0 + 2ℓ1) / 5 tokens; ∂/∂logp0_u = −s0 · (1/3) · 3 / 5
         ("dapo", {}, (-3 * S0 + 2 * 0.8) / 5, -S0 / 5),
         # dr_grpo: (3ℓ0 + 2ℓ1) / (2 sequences × 4 max tokens)
-        ("dr_grpo", {"max_completion_tokens": 4}, (-3 * S0 + 2 * 0.8) / 8, -S0 * 3 / 3 / 8),
+        ("dr_grpo", {"normaliser": 8.0}, (-3 * S0 + 2 * 0.8) / 8, -S0 * 3 / 3 / 8),
     ],
 )
 def test_gspo_value_and_gradient_by_hand(loss_type, extra, value, grad0) -> None:  # type: ignore[no-untyped-def]
@@ -285,12 +285,14 @@ def test_micro_batches_sum_to_the_full_batch(options, beta) -> None:  # type: ig
     adv = torch.randn(b, generator=g, dtype=torch.float64)
     lengths = torch.tensor([5, 3, 1, 4, 2, 5])
     mask = (torch.arange(t)[None, :] < lengths[:, None]).double()
-    opts = {"epsilon_low": 0.2, "epsilon_high": 0.28, "max_completion_tokens": t, "beta": beta}
+    opts = {"epsilon_low": 0.2, "epsilon_high": 0.28, "beta": beta}
     opts.update(options)
+    # dr_grpo has no default normaliser: plan_step's (sequences × max tokens, here b × t)
+    given = {"normaliser": float(b * t)} if opts["loss_type"] == "dr_grpo" else {}
     full_in = logp0.clone().requires_grad_(True)
-    full, full_m = grpo_loss(full_in, behaviour, adv, mask, ref_logp=ref, **opts)  # type: ignore[arg-type]
+    full, full_m = grpo_loss(full_in, behaviour, adv, mask, ref_logp=ref, **opts, **given)  # type: ignore[arg-type]
     full.backward()
-    norm = step_normaliser(mask, opts["loss_type"], t)  # type: ignore[arg-type]
+    norm = given["normaliser"] if given else step_normaliser(mask, opts["loss_type"])  # type: ignore[arg-type]
     micro_in = logp0.clone().requires_grad_(True)
     total, parts = 0.0, []
     for sl in (slice(0, 2), slice(2, 5), slice(5, 6)):

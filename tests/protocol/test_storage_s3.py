@@ -1,6 +1,6 @@
 """S3Store against moto's S3 server: what the presigned URLs sign, and prefixes.
 
-moto enforces If-None-Match but not expiry nor a signed ChecksumSHA256 (facts.md), so those
+moto enforces If-None-Match but not expiry nor a signed ChecksumSHA256 (moto 5), so those
 conditions are checked here by reading the SigV4 query of the generated URLs; S3 itself refuses
 a request whose signed headers differ."""
 

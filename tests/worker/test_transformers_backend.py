@@ -1,7 +1,7 @@
 """The transformers backend on the real small model: behaviour log-probs equal a forward pass
 of the same model + adapter on the same tokens (lm.logprobs), with and without an adapter.
 
-Tolerance (fp32, CPU): mean |Δ| < 1e-4 and max |Δ| < 1e-3 (facts.md measured ~3e-6 / ~7e-5).
+Tolerance (fp32, CPU): mean |Δ| < 1e-4 and max |Δ| < 1e-3 (measured: ~3e-6 / ~7e-5).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def check_shape(
         assert len(c.token_ids) == len(c.logprobs) > 0
         assert all(lp <= 0 for lp in c.logprobs)
         if c.finish_reason == "stop":
-            assert c.token_ids[-1] in eos  # the EOS is kept (facts.md pitfall 1)
+            assert c.token_ids[-1] in eos  # the EOS is kept: part of the completion, trained
             assert not eos & set(c.token_ids[:-1])
         else:
             assert len(c.token_ids) == max_new and not eos & set(c.token_ids)

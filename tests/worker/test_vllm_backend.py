@@ -4,7 +4,7 @@ scripts/install_vllm.sh): one engine for this module, driven by tests/worker/vll
 Checks: prompt token ids and the tokenizer fingerprint in the vLLM environment equal those of
 the main environment for the same run (transformers versions differ); behaviour log-probs
 match a forward pass of the same model + adapter in transformers/PEFT (lm.logprobs) —
-tolerance for fp32 on CPU: mean |Δ| < 1e-4, max |Δ| < 1e-3 (facts.md measured ≤ 5e-6 / 3e-5);
+tolerance for fp32 on CPU: mean |Δ| < 1e-4, max |Δ| < 1e-3 (measured: ≤ 5e-6 / 3e-5);
 adapters switch per (run, version) through the engine's LRU; abort stops a request at once.
 """
 

@@ -1,6 +1,6 @@
 """Generation with transformers (+ PEFT adapters): the CPU backend, and a reference for vLLM.
 
-Sampling follows facts.md's pitfalls: pad = EOS with left padding and an attention mask,
+Sampling as docs/architecture.md §7 says: pad = EOS with left padding and an attention mask,
 `top_k = 0` and `top_p = 1.0` set explicitly (transformers' generation config has defaults),
 and the log-prob of each sampled token taken from the raw `output_logits` divided by the
 temperature — never from `output_scores` — so it describes the distribution actually sampled.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import itertools
 import logging
 import threading
@@ -42,6 +41,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from lm.adapter_io import read_adapter_weights, same_adapter_shape, write_adapter_weights
 from lm.models import load_model, load_tokenizer
 from protocol.adapters import AdapterMismatch
+from protocol.seeds import derived_seed
 from worker.backends.base import (
     Backend,
     Completion,
@@ -74,9 +74,10 @@ class _StopRows(StoppingCriteria):
 
 def shared_seed(batch: Batch) -> int:
     """A seed for a batch of several calls: a function of their seeds and row ranges."""
-    parts = [(call.sampling.seed, start, stop) for call, start, stop in batch.segments]
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    parts = [
+        part for call, start, stop in batch.segments for part in (call.sampling.seed, start, stop)
+    ]
+    return derived_seed(*parts)
 
 
 def _same(exc: Exception) -> Exception:
@@ -453,8 +454,8 @@ class TransformersBackend(Backend):
         )
         new_tokens = out.sequences[:, input_ids.shape[1] :]  # (B, S), on the device
         # One (B, V) logits tensor per step: take each sampled token's log-prob step by step
-        # instead of stacking (B, S, V) (facts.md pitfall 5), on the device: only the (B, S)
-        # result crosses to the host (a (B, V) copy and a one-thread log_softmax per step
+        # instead of stacking (B, S, V) (every step's logits held at once), on the device: only
+        # the (B, S) result crosses to the host (a (B, V) copy and a one-thread log_softmax per step
         # would cost more than the decode step on a GPU).
         logprobs = torch.empty(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
         for step, logits in enumerate(out.logits):

@@ -8,11 +8,11 @@ backend changes for its other callers.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from protocol.seeds import derived_seed
 from worker.backends.base import GenerationCancelled, SamplingSpec
 from worker.environments.base import Generated
 
@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 
 def turn_seed(seed: int, turn: int) -> int:
-    digest = hashlib.sha256(f"{seed}:{turn}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    return derived_seed(seed, turn)
 
 
 class BackendTurnEngine:

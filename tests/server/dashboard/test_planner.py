@@ -1,4 +1,5 @@
-"""The planner's arithmetic against facts.md's reference table (7B models, bf16)."""
+"""The planner's arithmetic against reference figures of 7B models in bf16 (LoRA payloads from
+the models' published shapes; transfer times at a given link speed)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from server.dashboard.planner import plan
 
-# facts.md: LoRA payload MB for Llama-2-7B / Qwen2.5-7B at rank 8 / 16 / 64.
+# Reference LoRA payload MB for Llama-2-7B / Qwen2.5-7B at rank 8 / 16 / 64.
 FACTS_MB = {
     ("llama-2-7b", "qv"): (8.4, 16.8, 67.1),
     ("qwen2.5-7b", "qv"): (5.0, 10.1, 40.4),
@@ -21,7 +22,7 @@ FACTS_MB = {
 def test_adapter_mb_matches_facts(model: str, targets: str) -> None:
     for rank, expected in zip((8, 16, 64), FACTS_MB[(model, targets)], strict=True):
         got = plan(model, rank, targets, 1.0).adapter_mb
-        # facts.md gives one decimal or whole MB: half a unit of the last digit given.
+        # The reference gives one decimal or whole MB: half a unit of the last digit given.
         tolerance = 0.5 if isinstance(expected, int) else 0.05
         assert got == pytest.approx(expected, abs=tolerance), (model, targets, rank, got)
 
@@ -36,7 +37,7 @@ def test_full_fine_tune_matches_facts(model: str, weights_gb: float, adam_gb: fl
 
 
 def test_sync_times_at_one_gigabit_match_facts() -> None:
-    # facts.md: at 1 Gb/s, 80 MB take 0.64 s and 13.5 GB take 108 s.
+    # At 1 Gb/s, 80 MB take 80 × 8 / 1000 = 0.64 s and 13.5 GB take 108 s.
     p = plan("llama-2-7b", 16, "all-linear", 1.0)
     assert p.sync_seconds == pytest.approx(0.64, abs=0.01)
     assert p.full_sync_seconds == pytest.approx(108, abs=0.5)

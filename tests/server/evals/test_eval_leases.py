@@ -261,3 +261,23 @@ def test_a_learner_reattaching_while_evaluating_is_told_so(app, client) -> None:
     )
     assert body.status_code == 200 and body.json()["pending_versions"] == 2  # 0 and 1
     assert body.json()["run_status"] == "evaluating"
+
+
+def test_a_refused_eval_grant_writes_nothing(app, client) -> None:
+    """At eval's bound (and training's), a refused grant leaves the run's fencing sequence
+    and last_lease_at as they were: a long-poll try does not push the run back in the fairness
+    order nor shift the eval cadence (it once raised both before counting)."""
+    run = make_eval_run(app, n_rows=4, prompts_per_step=2)
+    _, token = make_worker(app)
+    worker = worker_headers(token)
+    attach(client, run)
+    kinds = []
+    while (lease := acquire(client, worker)) is not None:
+        kinds.append(lease["kind"])
+    assert kinds == ["train", "train", "eval"]  # both bounds reached; eval items still queued
+    assert _items(app, run.id)["queued"] == 1
+    before = _run_row(app, run.id)
+    for _ in range(3):
+        assert acquire(client, worker) is None
+    after = _run_row(app, run.id)
+    assert (after.fencing_seq, after.last_lease_at) == (before.fencing_seq, before.last_lease_at)
