@@ -6,7 +6,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from server.db import ping, transaction
 from server.deps import SessionDep
-from server.errors import AppError, ErrorBody
+from server.errors import AppError
 from server.routing import TransactionalRoute
 
 router = APIRouter(tags=["health"], route_class=TransactionalRoute)
@@ -14,6 +14,14 @@ router = APIRouter(tags=["health"], route_class=TransactionalRoute)
 
 class Readiness(BaseModel):
     status: str = Field(description="`ready`.")
+    database: str = Field(description="`ok`, or why the database cannot be used.")
+    bucket: str = Field(description="`ok`, or why the bucket cannot be used (the last check).")
+
+
+class NotReadyBody(BaseModel):
+    detail: str = Field(description="`not ready: ` and the parts that are not, e.g. `bucket`.")
+    code: str = Field(description="`not_ready`.")
+    status: str = Field(description="`not ready`.")
     database: str = Field(description="`ok`, or why the database cannot be used.")
     bucket: str = Field(description="`ok`, or why the bucket cannot be used (the last check).")
 
@@ -30,7 +38,7 @@ def healthz(session: SessionDep) -> dict[str, str]:
 
 @router.get(
     "/readyz",
-    responses={503: {"model": ErrorBody, "description": "The database or the bucket is not "
+    responses={503: {"model": NotReadyBody, "description": "The database or the bucket is not "
                      "ready; `database` and `bucket` say which and why."}},
 )  # fmt: skip
 def readyz(request: Request) -> Readiness:

@@ -4,9 +4,13 @@ Hugging Face id of its model, which PEFT and vLLM users can resolve."""
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -61,3 +65,29 @@ def test_the_alias_is_named_by_its_hub_id_and_other_names_pass_unchanged(tmp_pat
         out = tmp_path / f"v-{len(name)}"
         save_adapter_version(model, out, base_model=name)
         assert PeftConfig.from_pretrained(str(out)).base_model_name_or_path == name
+
+
+def _readme_python_block(containing: str) -> str:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    found = [block for block in blocks if containing in block]
+    assert len(found) == 1, f"{len(found)} README python blocks hold {containing!r}"
+    return found[0]
+
+
+def test_the_readme_recipe_loads_a_final_adapter_with_peft(
+    small_model: Any, small_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's PEFT recipe, run as written on a final adapter of the real small model
+    (its base named by a local folder here: this machine has no Hub access)."""
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    save_adapter_version(
+        get_peft_model(copy.deepcopy(small_model), lora), tmp_path / "final",
+        base_model=small_model_dir,
+    )  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    exec(_readme_python_block("PeftModel.from_pretrained"), scope)
+    assert scope["base_id"] == small_model_dir
+    assert isinstance(scope["model"], PeftModel)
+    assert not any("lora_" in name for name, _ in scope["merged"].named_parameters())
