@@ -33,6 +33,7 @@ def obtain_credentials(
     s = settings
     stored = credentials.load(s.token_file, s.server_url)
     if stored is not None:
+        _check_stored(settings, stored, stop=stop, new_client=new_client)
         log.info("rejoining as worker %s (its token in %s)", stored.worker_id, s.token_file)
         return stored
     if not s.registration_token:
@@ -68,3 +69,30 @@ def obtain_credentials(
     credentials.save(s.token_file, creds)
     log.info("registered as worker %s (its token in %s)", creds.worker_id, s.token_file)
     return creds
+
+
+def _check_stored(
+    settings: WorkerSettings,
+    stored: credentials.Credentials,
+    *,
+    stop: threading.Event,
+    new_client: Callable[[str | None], AsyncGrpoClient],
+) -> None:
+    """One cheap call with the stored token (a versions read that does not wait): a worker
+    revoked, or a token the server does not know (its database replaced), is refused here."""
+    client = new_client(stored.token)
+    try:
+        retry(
+            "check the worker token",
+            lambda: client.wait_versions({}, wait_s=0),
+            stop=stop,
+            cap_s=settings.retry_max_s,
+        )
+    except ApiError as exc:
+        raise RegistrationRefused(
+            f"the server {settings.server_url} refused the worker token in {settings.token_file} "
+            f"({exc.status_code}: {exc.detail}); remove that file and start again with a new "
+            "--registration-token"
+        ) from None
+    finally:
+        client.close()

@@ -187,3 +187,29 @@ def test_a_worker_rejoining_from_its_token_file_says_so(
         assert f"rejoining as worker {answer['id']} (its token in {token_file})" in said
     finally:
         _stop(proc)
+
+
+def test_a_revoked_worker_s_stored_token_ends_the_start_in_one_line_before_the_model_loads(
+    server: ServerProcess, admin: AsyncGrpoClient, tmp_path: Path
+) -> None:
+    token = admin.create_registration_token(max_uses=1)["token"]
+    with AsyncGrpoClient(server.url) as anonymous:
+        answer: dict[str, Any] = anonymous.register_worker(token, name="revoked-later")
+    token_file = tmp_path / "state" / "token.json"
+    credentials.save(
+        token_file, credentials.Credentials(str(answer["id"]), answer["token"], server.url)
+    )
+    admin.revoke_worker(str(answer["id"]))
+    model_cache = tmp_path / "models"
+    proc = _worker(
+        tmp_path, "--server", server.url, "--token-file", str(token_file), model_cache=model_cache
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: the server {server.url} refused the worker token in {token_file} (401: token "
+        "revoked); remove that file and start again with a new --registration-token"
+    ], out
+    assert "Traceback" not in out and "rejoining" not in out
+    assert not model_cache.exists() or not any(model_cache.iterdir()), "the model loaded"
