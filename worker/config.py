@@ -115,22 +115,23 @@ class WorkerSettings(BaseSettings):
     )
     state_dir: Path | None = Field(
         None,
-        description="Folder of this worker's local state (default: "
-        "~/.cache/asyncgrpo/worker/<name>, <name> the worker's name or the host name); the "
-        "three settings below default to files in it.",
+        description="Folder of this worker's local state, named after the worker (its name, "
+        "else the host name); the token file, adapter cache and work dir default to it.",
+        json_schema_extra={"shown_default": "~/.cache/asyncgrpo/worker/<name>"},
     )
     # None until _state_in_own_folder fills it from state_dir: a Path once validated
     token_file: Path = Field(
         None,  # type: ignore[assignment]
         validate_default=False,
-        description="Where the worker token is kept (mode 0600) and reused on restart (default: "
-        "<state_dir>/token.json). One worker process at a time may use it (a lock refuses a "
-        "second).",
+        description="Where the worker token is kept (mode 0600) and reused on restart. One "
+        "worker process at a time may use it (a lock refuses a second).",
+        json_schema_extra={"shown_default": "<state_dir>/token.json"},
     )
     adapter_cache_dir: Path = Field(
         None,  # type: ignore[assignment]
         validate_default=False,
-        description="Downloaded adapter versions (default: <state_dir>/adapters).",
+        description="Downloaded adapter versions.",
+        json_schema_extra={"shown_default": "<state_dir>/adapters"},
     )
     adapter_cache_bytes: int = Field(
         2 * 1024**3, gt=0, description="Size bound of the adapter cache (LRU by (run, version))."
@@ -138,7 +139,8 @@ class WorkerSettings(BaseSettings):
     work_dir: Path = Field(
         None,  # type: ignore[assignment]
         validate_default=False,
-        description="Where batch files are written before upload (default: <state_dir>/batches).",
+        description="Where batch files are written before upload.",
+        json_schema_extra={"shown_default": "<state_dir>/batches"},
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights dtype for generation."
