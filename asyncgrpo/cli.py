@@ -77,7 +77,9 @@ def server(
     if settings.embedded:
         from server.app import create_app
 
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        application = create_app(settings)  # migrates the embedded database
+        _refuse_another_bucket(settings, first=True)
+        uvicorn.run(application, host=host, port=port, log_level="info")
         return
     _refuse_an_old_schema(settings)
     # checked here too, once: a worker process failing its startup would be restarted in a loop
@@ -155,29 +157,17 @@ def _refuse_an_old_schema(settings) -> None:  # type: ignore[no-untyped-def]
 
 
 def _refuse_another_bucket(settings, *, first: bool) -> None:  # type: ignore[no-untyped-def]
-    """Every process that touches the bucket uses the database's (server/installation.py): the
-    jobs delete and account for its objects. `first`: this is a server, which may be the first
-    to start on the database and record its bucket."""
-    from sqlalchemy.exc import DBAPIError
-
-    from server.db import make_sessionmaker
-    from server.installation import BucketMismatch, BucketUnreachable, bind_bucket
-    from server.storage_factory import make_store
+    """Every process that touches the bucket checks it at start (server/bucket.py): it exists
+    and is the database's. `first`: a server, which may create it and record it."""
+    from server.bucket import start_refusal
 
     engine = _engine(settings)
     try:
-        bind_bucket(
-            make_sessionmaker(engine), make_store(settings), settings.bucket_url, first=first
-        )
-    except BucketUnreachable as exc:
-        if not first:  # a server starts anyway and answers 503 while the bucket is down
-            _fail(str(exc))
-    except BucketMismatch as exc:
-        _fail(str(exc))
-    except DBAPIError as exc:
-        _fail(f"cannot read the database ({exc.orig}); has `asyncgrpo db upgrade` run?")
+        refusal = start_refusal(settings, engine, first=first)
     finally:
         engine.dispose()
+    if refusal is not None:
+        _fail(refusal)
 
 
 def _print_first_admin_token(settings) -> None:  # type: ignore[no-untyped-def]

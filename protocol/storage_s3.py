@@ -21,9 +21,10 @@ from typing import Any
 import boto3
 from boto3.exceptions import Boto3Error
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from protocol.storage import (
+    BucketMissing,
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
@@ -147,6 +148,34 @@ class S3Store(ObjectStore):
         except ClientError:
             pass
 
+    # -- the bucket ----------------------------------------------------------------------------
+
+    def bucket_exists(self) -> bool:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if _status(exc) == 404:
+                return False
+            raise StoreError(f"bucket {self.bucket!r}: {exc}") from exc
+        except BotoCoreError as exc:  # the endpoint cannot be reached
+            raise StoreError(f"bucket {self.bucket!r}: {exc}") from exc
+        return True
+
+    def create_bucket(self) -> None:
+        region = self.client.meta.region_name
+        # us-east-1 is S3's default location and refuses to be named as a constraint
+        where = {} if region in (None, "us-east-1") else {"LocationConstraint": region}
+        try:
+            self.client.create_bucket(
+                Bucket=self.bucket, **({"CreateBucketConfiguration": where} if where else {})
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "BucketAlreadyOwnedByYou":
+                return
+            raise StoreError(f"cannot create the bucket {self.bucket!r}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"cannot create the bucket {self.bucket!r}: {exc}") from exc
+
     # -- reads ---------------------------------------------------------------------------------
 
     def get_bytes(self, key: str) -> bytes:
@@ -252,6 +281,8 @@ def _translate(key: str) -> Iterator[None]:
         code = exc.response.get("Error", {}).get("Code", "")
         if status == 412 or code == "PreconditionFailed":
             raise ObjectExists(key) from exc
+        if code == "NoSuchBucket":  # not a missing object: every key is unreachable
+            raise BucketMissing(f"the bucket does not exist (key {key!r})") from exc
         if status == 404 or code in ("NoSuchKey", "404"):
             raise ObjectNotFound(key) from exc
         raise StoreError(f"{code or status} on {key!r}: {exc}") from exc

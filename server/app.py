@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,13 +12,13 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
+from server.bucket import BucketWatch
 from server.config import Settings, get_settings
 from server.datasets.router import DATASETS_PATH
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
-from server.installation import BucketUnreachable, bind_bucket
 from server.leases.paths import CallPaths
 from server.limits import BodySizeLimit
 from server.security_headers import SecurityHeaders
@@ -50,7 +49,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         # Sync endpoints run in this many threads: more threads only contend for the GIL (the
         # long-polls wait on the event loop, not in a thread).
         to_thread.current_default_thread_limiter().total_tokens = settings.server_threads
-        _check_bucket(app, settings)
+        app.state.bucket_watch.start_check()  # a missing or another database's bucket: no start
+        app.state.bucket_watch.start()
         if settings.print_admin_token:
             bootstrap_admin_token(app)
         from server.jobs.inprocess import start_if_inprocess
@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         try:
             yield
         finally:
+            app.state.bucket_watch.stop()
             await app.state.version_watch.close()
             if app.state.pg_pool is not None:
                 await app.state.pg_pool.close()
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.call_paths = CallPaths()
     app.state.version_watch = make_watch(app.state)
     app.state.store = make_store(settings)
+    app.state.bucket_watch = BucketWatch(app.state.sessionmaker, app.state.store, settings)
     install_error_handler(app)
     _install_validation_handler(app)
     document_errors(app)
@@ -152,15 +154,6 @@ def _install_validation_handler(app: FastAPI) -> None:
         ]
         body = ErrorBody(detail="invalid request", errors=errors)
         return JSONResponse(body.model_dump(mode="json"), status_code=422)
-
-
-def _check_bucket(app: FastAPI, settings: Settings) -> None:
-    """Refuse to start on a bucket that is not the database's (server/installation.py); a
-    bucket that cannot be reached now is an outage the API answers 503 for, not a refusal."""
-    try:
-        bind_bucket(app.state.sessionmaker, app.state.store, settings.bucket_url, first=True)
-    except BucketUnreachable as exc:
-        logging.getLogger("asyncgrpo.server").warning("%s; starting without the check", exc)
 
 
 def bootstrap_admin_token(app: FastAPI) -> None:

@@ -41,6 +41,11 @@ class S3Settings(BaseModel):
     path_style: bool = Field(False, description="Path-style addressing (MinIO, moto).")
     access_key_id: str | None = Field(None, description="Access key; None uses boto3's chain.")
     secret_access_key: str | None = Field(None, description="Secret key; None uses boto3's chain.")
+    create_bucket: bool = Field(
+        False,
+        description="A server that finds no bucket creates it (in `region`); off, it exits "
+        "saying how to create it. A local-folder bucket is always created.",
+    )
 
 
 class SecuritySettings(BaseModel):
@@ -201,6 +206,13 @@ class Settings(BaseSettings):
     )
     bucket_url: str = Field(
         EMBEDDED_BUCKET_URL, description="A local folder, or s3://bucket[/prefix]."
+    )
+    bucket_check_interval_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="Each server process checks its bucket this often (GET /readyz reports the "
+        "last check) and records it on the database once it can be reached, without a restart.",
     )
     public_url: str = Field(
         "http://127.0.0.1:8000",

@@ -1,15 +1,70 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import SQLAlchemyError
 
-from server.db import ping
+from server.db import ping, transaction
 from server.deps import SessionDep
+from server.errors import AppError
 from server.routing import TransactionalRoute
 
 router = APIRouter(tags=["health"], route_class=TransactionalRoute)
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="`ready`.")
+    database: str = Field(description="`ok`, or why the database cannot be used.")
+    bucket: str = Field(description="`ok`, or why the bucket cannot be used (the last check).")
+
+
+class NotReadyBody(BaseModel):
+    detail: str = Field(description="`not ready: ` and the parts that are not, e.g. `bucket`.")
+    code: str = Field(description="`not_ready`.")
+    status: str = Field(description="`not ready`.")
+    database: str = Field(description="`ok`, or why the database cannot be used.")
+    bucket: str = Field(description="`ok`, or why the bucket cannot be used (the last check).")
+
+
+class NotReady(AppError):
+    status_code = 503
 
 
 @router.get("/healthz")
 def healthz(session: SessionDep) -> dict[str, str]:
     ping(session)
     return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    responses={503: {"model": NotReadyBody, "description": "The database or the bucket is not "
+                     "ready; `database` and `bucket` say which and why."}},
+)  # fmt: skip
+def readyz(request: Request) -> Readiness:
+    """Readiness (a load balancer's or Kubernetes' readinessProbe): the database answers and
+    the bucket exists, is reachable and is recorded as the database's. The bucket part is the
+    last check of this process (every `bucket_check_interval_s`). /healthz is liveness only."""
+    database = _database_state(request)
+    bucket = request.app.state.bucket_watch.state
+    if database == "ok" and bucket.ready:
+        return Readiness(status="ready", database="ok", bucket="ok")
+    checks = {"database": database == "ok", "bucket": bucket.ready}
+    failing = [name for name, ok in checks.items() if not ok]
+    raise NotReady(
+        f"not ready: {' and '.join(failing)}",
+        code="not_ready",
+        status="not ready",
+        database=database,
+        bucket=bucket.reason,
+    )
+
+
+def _database_state(request: Request) -> str:
+    try:
+        with transaction(request.app.state.sessionmaker) as session:
+            ping(session)
+    except SQLAlchemyError as exc:
+        why = str(getattr(exc, "orig", None) or exc).strip()
+        return f"unavailable: {why.splitlines()[0] if why else type(exc).__name__}"
+    return "ok"

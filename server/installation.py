@@ -46,8 +46,9 @@ def bind_bucket(
     record = _record(factory)
     if record is None and not first:
         raise BucketMismatch(
-            "no server has started on this database yet, so it has no bucket: start "
-            f"`asyncgrpo server` first (this process has the bucket {bucket_url})"
+            "no server has recorded its bucket on this database yet: start `asyncgrpo server` "
+            "first; a server that runs records it once it reaches the bucket (its GET /readyz "
+            f"says why it has not) (this process has the bucket {bucket_url})"
         )
     try:
         marked = _read_marker(store)
@@ -61,10 +62,10 @@ def bind_bucket(
         ) from exc
     database_id, expected = record
     if marked is None and record[1] != bucket_url:
-        raise BucketMismatch(_mismatch(expected, bucket_url, "holds no marker"))
+        raise BucketMismatch(mismatch_message(expected, bucket_url, "holds no marker"))
     if marked is not None and marked != database_id:
         raise BucketMismatch(
-            _mismatch(expected, bucket_url, f"belongs to another database (id {marked})")
+            mismatch_message(expected, bucket_url, f"belongs to another database (id {marked})")
         )
     if expected != bucket_url:  # the same bucket under another URL (moved folder, new endpoint)
         _update_url(factory, bucket_url)
@@ -95,12 +96,18 @@ def _first_start(
     )
 
 
-def _mismatch(expected: str, bucket_url: str, why: str) -> str:
+def mismatch_message(expected: str, bucket_url: str, why: str) -> str:
     return (
         f"the database expects the bucket {expected} (ASYNCGRPO_BUCKET_URL of the first server); "
         f"this process has {bucket_url}, which {why} (its {MARKER_KEY}). Give every process the "
         "same ASYNCGRPO_BUCKET_URL and ASYNCGRPO_S3__* settings"
     )
+
+
+def recorded_bucket(factory: sessionmaker[Session]) -> str | None:
+    """The bucket URL the first server recorded, or None."""
+    record = _record(factory)
+    return None if record is None else record[1]
 
 
 def _record(factory: sessionmaker[Session]) -> tuple[uuid.UUID, str] | None:

@@ -7,6 +7,8 @@ with the prefix `ASYNCGRPO_WORKER_` (e.g. `ASYNCGRPO_WORKER_SERVER_URL`).
 from __future__ import annotations
 
 import os
+import re
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +18,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from protocol.rewards import MODULE_PATH
 from protocol.settings_env import SERVER_NAMES_UNDER_PART_PREFIXES, unknown_variables
 
-DEFAULT_STATE_DIR = Path.home() / ".cache" / "asyncgrpo" / "worker"
+# Each worker keeps its local state (token file, adapter cache, batch files) in a folder of its
+# own name under this one, so two workers on one host do not share a token by default.
+STATE_ROOT = Path.home() / ".cache" / "asyncgrpo" / "worker"
+
+
+def state_folder_name(worker_name: str) -> str:
+    """`worker_name` as one safe folder name (anything but letters, digits, `.`, `_` and `-`
+    becomes `_`)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", worker_name)
+    return "_" + safe if safe in ("", ".", "..") else safe
 
 
 class VllmSettings(BaseSettings):
@@ -102,18 +113,34 @@ class WorkerSettings(BaseSettings):
         "smollm2-135m-instruct",
         description="Base model served: an HF id, a local folder or the built-in alias.",
     )
+    state_dir: Path | None = Field(
+        None,
+        description="Folder of this worker's local state, named after the worker (its name, "
+        "else the host name); the token file, adapter cache and work dir default to it.",
+        json_schema_extra={"shown_default": "~/.cache/asyncgrpo/worker/<name>"},
+    )
+    # None until _state_in_own_folder fills it from state_dir: a Path once validated
     token_file: Path = Field(
-        DEFAULT_STATE_DIR / "token.json",
-        description="Where the worker token is kept (mode 0600) and reused on restart.",
+        None,  # type: ignore[assignment]
+        validate_default=False,
+        description="Where the worker token is kept (mode 0600) and reused on restart. One "
+        "worker process at a time may use it (a lock refuses a second).",
+        json_schema_extra={"shown_default": "<state_dir>/token.json"},
     )
     adapter_cache_dir: Path = Field(
-        DEFAULT_STATE_DIR / "adapters", description="Downloaded adapter versions."
+        None,  # type: ignore[assignment]
+        validate_default=False,
+        description="Downloaded adapter versions.",
+        json_schema_extra={"shown_default": "<state_dir>/adapters"},
     )
     adapter_cache_bytes: int = Field(
         2 * 1024**3, gt=0, description="Size bound of the adapter cache (LRU by (run, version))."
     )
     work_dir: Path = Field(
-        DEFAULT_STATE_DIR / "batches", description="Where batch files are written before upload."
+        None,  # type: ignore[assignment]
+        validate_default=False,
+        description="Where batch files are written before upload.",
+        json_schema_extra={"shown_default": "<state_dir>/batches"},
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights dtype for generation."
@@ -198,6 +225,20 @@ class WorkerSettings(BaseSettings):
             if not MODULE_PATH.match(module):
                 raise ValueError(f"{module!r} is not a dotted module path (e.g. my_envs.games)")
         return modules
+
+    @model_validator(mode="after")
+    def _state_in_own_folder(self) -> WorkerSettings:
+        if self.state_dir is None:
+            name = self.name or socket.gethostname()
+            self.state_dir = STATE_ROOT / state_folder_name(name)
+        for field, default in (
+            ("token_file", "token.json"),
+            ("adapter_cache_dir", "adapters"),
+            ("work_dir", "batches"),
+        ):
+            if getattr(self, field) is None:
+                setattr(self, field, self.state_dir / default)
+        return self
 
     @model_validator(mode="after")
     def _check_backoff(self) -> WorkerSettings:

@@ -13,7 +13,6 @@ and ends the loop.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -24,16 +23,17 @@ from protocol.client import AsyncGrpoClient
 from protocol.environments import EnvironmentAllowlist
 from protocol.retrying import Backoff
 from protocol.schemas import Lease, ReleaseReason
-from worker import credentials
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, EngineFault
 from worker.config import WorkerSettings
+from worker.credentials import Credentials
 from worker.engine import EngineFailing, EngineGuard, FaultWindow
 from worker.environments.base import EnvironmentSetupError
 from worker.heartbeat import HeartbeatPump
 from worker.held import HeldLease, HeldLeases
 from worker.lease_work import LeaseRecord, LeaseWork, Outcome
 from worker.prompts import PromptEncoder
+from worker.registration import obtain_credentials
 from worker.retry import Stopping, retry, sleep_unless_stopped
 from worker.rollouts import EnvironmentRollouts, environment_of, is_multi_turn
 from worker.versions import AdapterLoads, VersionFeed
@@ -56,8 +56,10 @@ class WorkerLoop:
         fingerprint: str,
         encoder: PromptEncoder,
         client_factory: Callable[..., AsyncGrpoClient] = AsyncGrpoClient,
+        credentials: Credentials | None = None,
     ) -> None:
         self.settings = settings
+        self.credentials = credentials  # None: from the token file, or registering
         self.backend = backend
         self.fingerprint = fingerprint
         self.encoder = encoder
@@ -161,31 +163,9 @@ class WorkerLoop:
 
     def _register(self) -> None:
         s = self.settings
-        creds = credentials.load(s.token_file, s.server_url)
-        if creds is None:
-            if not s.registration_token:
-                raise SystemExit(
-                    f"no worker token in {s.token_file} and no --registration-token given"
-                )
-            anonymous = self._new_client(None)
-            try:
-                answer = self._retry(
-                    "register",
-                    lambda: anonymous.register_worker(
-                        s.registration_token or "",
-                        name=s.name or socket.gethostname(),
-                        gpu_type=s.gpu_type,
-                        gpu_count=s.gpu_count,
-                        price_per_hour=s.price_per_hour,
-                        models=[s.model],
-                        environments=self.environments,
-                    ),
-                )
-            finally:
-                anonymous.close()
-            creds = credentials.Credentials(str(answer["id"]), answer["token"], s.server_url)
-            credentials.save(s.token_file, creds)
-            log.info("registered as worker %s", creds.worker_id)
+        creds = self.credentials or obtain_credentials(
+            s, environments=self.environments, stop=self.stop_event, new_client=self._new_client
+        )
         self.worker_id = creds.worker_id
         self.client = self._new_client(creds.token)
         self.work = LeaseWork(

@@ -13,9 +13,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from worker.config import WorkerSettings
+from worker.registration import RegistrationRefused, obtain_credentials
+from worker.state import StateInUse, StateLock
 
 if TYPE_CHECKING:
     from worker.backends.base import Backend
+    from worker.credentials import Credentials
     from worker.loop import WorkerLoop
 
 log = logging.getLogger("worker")
@@ -43,12 +46,40 @@ def make_backend(settings: WorkerSettings) -> Backend:
     )
 
 
-def build_loop(settings: WorkerSettings, backend: Backend) -> WorkerLoop:
+def build_loop(
+    settings: WorkerSettings, backend: Backend, credentials: Credentials | None = None
+) -> WorkerLoop:
     from worker.loop import WorkerLoop
     from worker.prompts import PromptEncoder
 
     encoder = PromptEncoder(backend.tokenizer)
-    return WorkerLoop(settings, backend, fingerprint=encoder.fingerprint(), encoder=encoder)
+    return WorkerLoop(
+        settings,
+        backend,
+        fingerprint=encoder.fingerprint(),
+        encoder=encoder,
+        credentials=credentials,
+    )
+
+
+def credentials_before_the_model(settings: WorkerSettings) -> Credentials:
+    """The worker's credentials, got before the model loads (a refused token costs no load)."""
+    from protocol.client import AsyncGrpoClient
+    from protocol.environments import EnvironmentAllowlist
+
+    def new_client(token: str | None) -> AsyncGrpoClient:
+        return AsyncGrpoClient(
+            settings.server_url,
+            token,
+            timeout_s=settings.http_timeout_s,
+            max_retries=2,
+            retry_cap_s=2.0,
+        )
+
+    environments = EnvironmentAllowlist.discover(settings.environment_modules).names()
+    return obtain_credentials(
+        settings, environments=environments, stop=threading.Event(), new_client=new_client
+    )
 
 
 def serve(loop: WorkerLoop, grace_s: float) -> int:
@@ -102,13 +133,25 @@ def main(settings: WorkerSettings, *, hard_exit: bool = True) -> int:
         level=os.environ.get("ASYNCGRPO_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    state = StateLock(settings.token_file)
+    try:
+        state.acquire()  # held for the process's life
+        credentials = credentials_before_the_model(settings)
+    except (StateInUse, RegistrationRefused) as exc:
+        state.release()
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while the server could not be reached
+        state.release()
+        return 130
     started = time.monotonic()
     backend = make_backend(settings)
     log.info("%s backend ready in %.1fs", backend.name, time.monotonic() - started)
     code = 1
     try:
-        code = serve(build_loop(settings, backend), settings.shutdown_grace_s)
+        code = serve(build_loop(settings, backend, credentials), settings.shutdown_grace_s)
     finally:
+        state.release()
         _close_quickly(backend, 1.0)
         log.info("worker exiting (%d)", code)
         if hard_exit:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import beat_init, worker_init
 
 from server.config import Settings, get_settings
 from server.jobs.schedule import beat_schedule
@@ -28,3 +29,13 @@ def make_celery(settings: Settings | None = None) -> Celery:
 
 
 app = make_celery()
+
+
+@worker_init.connect
+@beat_init.connect
+def _check_bucket(**_kwargs: object) -> None:
+    """`celery -A server.jobs.celery_app worker` (or beat) started directly checks its bucket as
+    `asyncgrpo jobs` does: a missing bucket or another database's ends the start."""
+    from server.bucket import exit_unless_bucket_ok
+
+    exit_unless_bucket_ok(get_settings())

@@ -21,6 +21,7 @@ KINDS = ("admin", "registration", "worker", "learner")
 # not in the schema.
 OPEN_OPERATIONS = {
     ("GET", "/healthz"),
+    ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("GET", "/blobs/{key}"),
     ("PUT", "/blobs/{key}"),

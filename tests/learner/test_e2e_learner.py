@@ -266,9 +266,9 @@ def test_learner_publishes_resumes_after_kill_and_finishes(live, tmp_path: Path)
         (folder / name).write_bytes((bucket / meta["key"]).read_bytes())
     model = load_adapter_version(load_model("smollm2-135m-instruct"), folder)
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
-    # it names the run's base model, not this machine's conversion folder
+    # it names the run's base model by its Hub id, not this machine's conversion folder
     config = json.loads((folder / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == "smollm2-135m-instruct"
+    assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     # each attachment said so: the second resumed version 2 with the checkpoint of version 1
     attached = [line for line in log.read_text().splitlines() if "attached to run" in line]
     assert len(attached) == 2, attached

@@ -114,9 +114,10 @@ def _jobs(database_url: str, bucket: Path) -> subprocess.CompletedProcess[str]:
 def test_jobs_refuse_another_bucket_and_a_database_no_server_has_started(
     pg_url: str, tmp_path: Path
 ) -> None:
+    (tmp_path / "bucket").mkdir()  # the folder exists, no server has recorded it
     out = _jobs(pg_url, tmp_path / "bucket")
     assert out.returncode == 2
-    assert "no server has started on this database yet" in out.stderr
+    assert "no server has recorded its bucket on this database yet" in out.stderr
 
     _start(make_settings(pg_url, tmp_path / "bucket"))
     out = _jobs(pg_url, tmp_path / "bucket-of-jobs")

@@ -81,6 +81,8 @@ def jobs(
         "ASYNCGRPO_JOBS__WORKER_SILENT_S": str(SILENT_S),
         "ASYNCGRPO_OUTBOUND_ALLOW_PRIVATE": "true",  # the webhook receiver is on 127.0.0.1
     }
+    # a server has started on the database and recorded its bucket (the Celery app checks it)
+    _bind_bucket(url, make_settings(url, tmp / "bucket"))
     log = tmp / "celery.log"
     celery = Path(sys.executable).parent / "celery"
     with log.open("wb") as out:
@@ -117,6 +119,18 @@ def jobs(
         redis.Redis.from_url(broker).flushdb()
         with pg_admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _bind_bucket(url: str, settings: Settings) -> None:
+    from server.installation import bind_bucket
+
+    engine = make_engine(url)
+    try:
+        bind_bucket(
+            make_sessionmaker(engine), make_store(settings), settings.bucket_url, first=True
+        )
+    finally:
+        engine.dispose()
 
 
 def wait_for(jobs: Jobs, check: Callable[[Session], Any], timeout_s: float = 30.0) -> Any:
