@@ -1,8 +1,8 @@
 """Retrying the network: exponential backoff with full jitter until it works or the worker stops.
 
-A 409/404 on a fenced call is never retried (the lease is lost); transient failures (network,
-5xx, 429, the bucket) are. With a lease's cancel event, a lease that ended meanwhile (abort,
-loss) ends the retries with LeaseLost.
+A fenced call whose lease is lost (error code `fencing_lost` or `lease_not_found`) is never
+retried; transient failures (network, 5xx, 429, the bucket) are. With a lease's cancel event,
+a lease that ended meanwhile (abort, loss) ends the retries with LeaseLost.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from typing import TypeVar
 
 import httpx
 
-from protocol.client import ApiError, ConflictError, NotFoundError
+from protocol.client import ApiError
 from protocol.storage import StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-LOST = (ConflictError, NotFoundError)
 
 
 class Stopping(Exception):
@@ -28,7 +27,7 @@ class Stopping(Exception):
 
 
 class LeaseLost(Exception):
-    """A fenced call answered 409/404, or the heartbeat saw the lease end."""
+    """A fenced call's lease is lost (its error code), or the heartbeat saw the lease end."""
 
 
 class Backoff:
@@ -66,13 +65,11 @@ def retry(
             raise LeaseLost("lease ended while retrying " + what)
         try:
             return call()
-        except LOST:
-            raise
         except (httpx.HTTPError, StoreError, OSError) as exc:
             delay = backoff.next_delay()
             log.warning("%s failed (%r); retrying in %.1fs", what, exc, delay)
         except ApiError as exc:
-            if exc.status_code < 500 and exc.status_code != 429:
+            if exc.lease_lost or (exc.status_code < 500 and exc.status_code != 429):
                 raise
             delay = backoff.next_delay()
             log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)

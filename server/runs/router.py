@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
 
+from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
@@ -31,10 +32,10 @@ def create_run(
     `preparing` until its prompt rows are made); the learner token is shown once."""
     refusal = service.webhook_refusal(config, settings.outbound_policy())
     if refusal is not None:
-        raise Unprocessable(refusal, field="alarms.webhook_url")
+        raise Unprocessable(refusal, field="alarms.webhook_url", code=ErrorCode.invalid_value)
     judge = service.judge_refusal(config, settings.outbound_policy())
     if judge is not None:
-        raise Unprocessable(judge[1], field=judge[0])
+        raise Unprocessable(judge[1], field=judge[0], code=ErrorCode.invalid_value)
     run, learner_token = service.create_run(session, config)
     created = RunCreated(run=service.detail(session, run), learner_token=learner_token)
     if run.status == "preparing":

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from protocol import datasets
+from protocol.error_codes import ErrorCode
 from protocol.outbound import OutboundPolicy
 from protocol.run_config import (
     GeneratorDataset,
@@ -113,7 +114,7 @@ def _check_reward_columns(
     are known; an hf dataset still loading is checked by run_prep)."""
     why = datasets_service.missing_reward_column(config, dataset, spec, where)
     if why is not None:
-        raise Unprocessable(why, field="rewards")
+        raise Unprocessable(why, field="rewards", code=ErrorCode.invalid_value)
 
 
 def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
@@ -121,7 +122,9 @@ def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
         try:
             config.eval.check_stored_rows(rows)
         except ValueError as exc:
-            raise Unprocessable(str(exc), field="eval.max_prompts") from None
+            raise Unprocessable(
+                str(exc), field="eval.max_prompts", code=ErrorCode.invalid_value
+            ) from None
 
 
 _CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
@@ -172,7 +175,7 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
             return cached
         raw = repository.config_json(session, run_id)
         if raw is None:
-            raise NotFound(f"run {run_id} not found")
+            raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
         config = RunConfig.model_validate(raw)
         _remember(run_id, config)
     with _CACHE_LOCK:
@@ -186,7 +189,7 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
 def get_run(session: Session, run_id: uuid.UUID) -> Run:
     run = repository.get(session, run_id)
     if run is None:
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
     return run
 
 

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
+from protocol.error_codes import ErrorCode
 from protocol.schemas import INT_MAX, MAX_VERSIONS_AFTER, VersionNotice
 from protocol.storage import ObjectStore
 from server.config import Settings
@@ -82,7 +83,9 @@ def _entry(entry: str) -> tuple[uuid.UUID, int]:
 
 def _refuse(message: str) -> NoReturn:
     raise Unprocessable(
-        "invalid request", errors=[{"field": "after", "message": message, "type": "value_error"}]
+        "invalid request",
+        errors=[{"field": "after", "message": message, "type": "value_error"}],
+        code=ErrorCode.validation_failed,
     )
 
 

@@ -5,6 +5,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from server.errors import NotFound, Unauthorized
 from server.jobs.common import db_time
 from server.models import Token, Worker
@@ -57,7 +58,7 @@ def list_workers(session: Session, silent_s: float) -> list[WorkerOut]:
 
 def revoke(session: Session, worker_id: uuid.UUID, silent_s: float) -> WorkerOut:
     if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
-        raise NotFound("worker not found")
+        raise NotFound("worker not found", code=ErrorCode.worker_not_found)
     tokens.revoke_scope(session, "worker", worker_id)
     worker = repository.get(session, worker_id)
     assert worker is not None
@@ -71,7 +72,7 @@ def set_trusted(
     """An admin marks a worker trusted (or not): leases of runs whose environment requires a
     trusted worker go only to trusted workers."""
     if not repository.set_trusted(session, worker_id, trusted):
-        raise NotFound("worker not found")
+        raise NotFound("worker not found", code=ErrorCode.worker_not_found)
     worker = repository.get(session, worker_id)
     assert worker is not None
     session.refresh(worker)
@@ -87,5 +88,5 @@ def worker_for_token(session: Session, plaintext: str) -> Worker:
 
 def _active(worker: Worker | None) -> Worker:
     if worker is None or worker.status == "revoked":
-        raise Unauthorized("worker revoked")
+        raise Unauthorized("worker revoked", code=ErrorCode.worker_revoked)
     return worker
