@@ -225,6 +225,15 @@ def test_every_operation_answers_a_code_for_a_bad_token_id_and_body(
     assert set(seen) <= set(ErrorCode.__members__)
 
 
+def test_the_documented_error_bodies_carry_the_code(api: tuple[FastAPI, TestClient]) -> None:
+    app, _client = api
+    schemas = app.openapi()["components"]["schemas"]
+    for model in ("ErrorBody", "BlobError"):
+        assert "code" in schemas[model]["required"], model
+        assert schemas[model]["properties"]["code"]["description"], model
+    assert schemas["ErrorCode"]["enum"] == [code.value for code in ErrorCode]
+
+
 def test_a_batch_heartbeat_answers_each_lost_lease_with_its_code(
     api: tuple[FastAPI, TestClient],
 ) -> None:

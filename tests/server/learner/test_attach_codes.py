@@ -4,7 +4,6 @@ message of the server reworded, each refusal still stops it or makes it wait as 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -18,22 +17,16 @@ from learner.loop import Learner, RunFinished
 from protocol.client import AsyncGrpoClient
 from protocol.rewards import RewardAllowlist
 from server.db import transaction
-from server.errors import AppError
 from server.models import Run
 from tests.server.learner.support import FP, RunHandle, expire_learner, make_run
+from tests.server.reworded import reword_every_message
 
 MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture(autouse=True)
 def reworded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every AppError message of the server becomes words no program could match."""
-    original = AppError.__init__
-
-    def reword(self: AppError, message: str, **kwargs: Any) -> None:
-        original(self, "reworded " + hashlib.sha256(message.encode()).hexdigest()[:8], **kwargs)
-
-    monkeypatch.setattr(AppError, "__init__", reword)
+    reword_every_message(monkeypatch)
 
 
 def _learner(client: Any, run: RunHandle, model: str = MODEL) -> Learner:
