@@ -17,7 +17,8 @@ from learner.reward_pool import RewardPoolClosed
 from learner.tracking import Tracker
 from protocol import schemas_learner as sl
 from protocol.batches import BatchRejected
-from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.client import ApiError, AsyncGrpoClient
+from protocol.error_codes import ErrorCode
 from protocol.run_config import EvalConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
 
@@ -75,7 +76,11 @@ class EvalScorer(threading.Thread):
             try:
                 if not self._one_round():
                     self.stopped.wait(IDLE_S)
-            except ConflictError as exc:
+            except ApiError as exc:
+                if not (exc.lease_lost or exc.code == ErrorCode.batch_not_claimed):
+                    log.warning("eval scoring failed (%s); retrying", exc)
+                    self.stopped.wait(IDLE_S)
+                    continue
                 log.warning("eval scoring: learner lease lost (%s)", exc.detail)
                 self.lost.set()
                 return

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.client import ApiError, AsyncGrpoClient
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,10 @@ class Heartbeat(threading.Thread):
                 continue
             try:
                 self.client.learner_heartbeat(self.run_id, self.fencing)
-            except ConflictError:
-                self.lost.set()
-                return
+            except ApiError as exc:
+                if exc.lease_lost:
+                    self.lost.set()
+                    return
+                log.warning("learner heartbeat failed: %s", exc)
             except Exception:  # transient: the next beat retries; the lease TTL decides
                 log.warning("learner heartbeat failed", exc_info=True)

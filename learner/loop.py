@@ -41,10 +41,10 @@ from learner.transfers import BucketRefused, Retrier
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
 from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.error_codes import ATTACH_WAIT, ErrorCode
 from protocol.rewards import RewardAllowlist, RewardError
 from protocol.run_config import LearnerRunConfig, RunConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
-from protocol.schemas_learner import MISSING_REWARDS, PREPARING
 from protocol.staleness import staleness, trained_on
 
 if TYPE_CHECKING:
@@ -512,14 +512,15 @@ class Learner:
                     model=self.settings.model,
                 )
             except ConflictError as exc:
-                detail = str(exc.detail)
-                if PREPARING in detail:
+                # Branch on the code, never on the words (protocol/error_codes.py): preparing
+                # and another learner's lease pass; any other refusal (the run ended, another
+                # tokenizer or model, a reward this host cannot load) a retry would meet again.
+                if exc.code not in ATTACH_WAIT:
+                    raise RunFinished(str(exc.detail)) from exc
+                if exc.code == ErrorCode.run_preparing:
                     log.info("the run is preparing its prompt rows; waiting")
-                    time.sleep(self.settings.standby_retry_s)
-                    continue
-                if any(s in detail for s in ("run is ", "fingerprint", "--model", MISSING_REWARDS)):
-                    raise RunFinished(detail) from exc
-                log.info("another learner holds the run; standing by")
+                else:
+                    log.info("another learner holds the run; standing by")
                 time.sleep(self.settings.standby_retry_s)
 
     def _check_collective_timeout(self, attach: sl.AttachResponse) -> None:

@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel
 
 from protocol import schemas_learner as sl
+from protocol.error_codes import LEASE_LOST
 from protocol.retrying import Backoff
 from protocol.schemas import (
     VERSIONS_HEADER,
@@ -48,13 +49,21 @@ TRANSIENT_ERRORS = (httpx.TransportError,)
 
 
 class ApiError(Exception):
-    """An error answer from the control plane."""
+    """An error answer from the control plane. Programs branch on `code` (a stable snake_case
+    name, protocol/error_codes.py), never on the words of `detail`, which are for people."""
 
     def __init__(self, status_code: int, detail: Any, body: Any = None) -> None:
         super().__init__(f"{status_code}: {detail}")
         self.status_code = status_code
         self.detail = detail
         self.body = body
+        code = body.get("code") if isinstance(body, dict) else None
+        self.code: str | None = code if isinstance(code, str) else None
+
+    @property
+    def lease_lost(self) -> bool:
+        """The fenced call's lease is gone (lost fencing, or not a lease of this caller)."""
+        return self.code in LEASE_LOST
 
 
 class BadRequestError(ApiError): ...

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.error_codes import ErrorCode
+
 # Inline (run config) and dashboard-parsed JSONL; larger files are uploaded datasets.
 MAX_JSONL_ROWS = 1_000
 MAX_GENERATOR_SIZE = 1_000_000
@@ -26,9 +28,9 @@ Prompt = str | list[dict[str, str]]
 
 class DatasetError(ValueError):
     """A dataset row, file or generator request that cannot be used; `code` names the check
-    (the API's error code), None for the generic one."""
+    (the API's error code), None for the generic one (`invalid_dataset_file`)."""
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
         super().__init__(message)
         self.code = code
 

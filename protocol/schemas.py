@@ -316,12 +316,18 @@ class HeartbeatsRequest(_Request):
 
 class LeaseBeatAnswer(BaseModel):
     """What one lease's heartbeat answered: 200 with the heartbeat, or 404 (not a lease of this
-    worker) or 409 (its fencing token, state or expiry no longer holds) with the detail."""
+    worker) or 409 (its fencing token, state or expiry no longer holds) with the detail and
+    the error code."""
 
     lease_id: uuid.UUID = Field(description="The lease.")
     status: int = Field(description="200, 404 or 409, as the single heartbeat would answer.")
     heartbeat: HeartbeatResponse | None = Field(None, description="The answer when 200.")
-    detail: str | None = Field(None, description="Why not, when 404 or 409.")
+    detail: str | None = Field(None, description="Why not, when 404 or 409 (for people).")
+    code: str | None = Field(
+        None,
+        description="Why not, when 404 or 409 (for programs): `lease_not_found` or "
+        "`fencing_lost` (protocol/error_codes.py).",
+    )
 
 
 class HeartbeatsResponse(BaseModel):

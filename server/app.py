@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
+from protocol.error_codes import ErrorCode
 from server.bucket import BucketWatch
 from server.config import Settings, get_settings
 from server.datasets.router import DATASETS_PATH
@@ -152,7 +153,7 @@ def _install_validation_handler(app: FastAPI) -> None:
             )
             for err in exc.errors()
         ]
-        body = ErrorBody(detail="invalid request", errors=errors)
+        body = ErrorBody(detail="invalid request", code=ErrorCode.validation_failed, errors=errors)
         return JSONResponse(body.model_dump(mode="json"), status_code=422)
 
 

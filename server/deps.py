@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import transaction
@@ -50,7 +51,7 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 def _bearer_token(credentials: Credentials) -> str:
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("missing bearer token")
+        raise Unauthorized("missing bearer token", code=ErrorCode.token_missing)
     return credentials.credentials
 
 
@@ -131,7 +132,9 @@ async def refuse_unstorable_text(request: Request) -> None:
     if field is not None:
         message = "text may not contain NUL (\\u0000) or unpaired surrogates"
         raise Unprocessable(
-            "invalid request", errors=[{"field": field, "message": message, "type": "text"}]
+            "invalid request",
+            errors=[{"field": field, "message": message, "type": "text"}],
+            code=ErrorCode.validation_failed,
         )
 
 

@@ -8,23 +8,37 @@ from typing import Any
 import psycopg
 from botocore.exceptions import BotoCoreError
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from protocol.error_codes import STATUS, ErrorCode
 from protocol.storage import StoreError
 
 
 class AppError(Exception):
+    """A refusal with its HTTP status, a message for people (`detail`) and a code for programs
+    (`code`, from protocol/error_codes.py). The code is required, and must be in the table with
+    this class's status: a new error cannot be raised without a listed code."""
+
     status_code = 400
 
-    def __init__(self, message: str, status_code: int | None = None, **extra: Any) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | str, **extra: Any) -> None:
         super().__init__(message)
+        known = ErrorCode(code)  # ValueError: a code missing from protocol/error_codes.py
+        if STATUS[known] != self.status_code:
+            raise ValueError(
+                f"error code {known} answers {STATUS[known]}, not {self.status_code}: "
+                "see protocol/error_codes.py"
+            )
         self.message = message
-        if status_code is not None:
-            self.status_code = status_code
+        self.code = known
         self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.message, "code": self.code.value, **self.extra}
 
 
 class BadRequest(AppError):
@@ -59,12 +73,33 @@ class PayloadTooLarge(AppError):
     status_code = 413
 
 
+def error_body(detail: str, code: ErrorCode, **extra: Any) -> dict[str, Any]:
+    """Every error answer's JSON: `detail` for people, `code` for programs."""
+    return {"detail": detail, "code": code.value, **extra}
+
+
+# The framework's own refusals (Starlette's HTTPException): no route, wrong method, a body it
+# could not parse. Any other status keeps its status with the generic code.
+_FRAMEWORK_CODES = {
+    400: ErrorCode.bad_request,
+    404: ErrorCode.route_not_found,
+    405: ErrorCode.method_not_allowed,
+}
+
+
 def install_error_handler(app: FastAPI) -> None:
     @app.exception_handler(AppError)
     async def _handle(_request: Request, exc: AppError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _framework(_request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code < 400:
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        code = _FRAMEWORK_CODES.get(exc.status_code, ErrorCode.http_error)
         return JSONResponse(
-            {"detail": exc.message, **exc.extra}, status_code=exc.status_code, headers=headers
+            error_body(str(exc.detail), code), status_code=exc.status_code, headers=exc.headers
         )
 
     @app.exception_handler(StoreError)
@@ -72,7 +107,7 @@ def install_error_handler(app: FastAPI) -> None:
     async def _store_unavailable(_request: Request, exc: Exception) -> JSONResponse:
         # The bucket failing is an outage, not a bug: 503 tells clients to back off and retry.
         return JSONResponse(
-            {"detail": f"object store unavailable: {exc}"},
+            error_body(f"object store unavailable: {exc}", ErrorCode.store_unavailable),
             status_code=503,
             headers={"Retry-After": "5"},
         )
@@ -84,9 +119,17 @@ def install_error_handler(app: FastAPI) -> None:
         # A lost connection (the database restarted, the pool is invalidated) or SQLite's busy
         # timeout is transient: 503 tells clients to retry. Other database errors stay 500s.
         return JSONResponse(
-            {"detail": "database unavailable, retry shortly"},
+            error_body("database unavailable, retry shortly", ErrorCode.database_unavailable),
             status_code=503,
             headers={"Retry-After": "1"},
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, _exc: Exception) -> JSONResponse:
+        # A bug: the server's error middleware logs the traceback; the client gets a body a
+        # program can read (never the traceback).
+        return JSONResponse(
+            error_body("internal server error", ErrorCode.internal_error), status_code=500
         )
 
 
@@ -99,12 +142,17 @@ class FieldError(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every 4xx body: `detail`, plus `errors` for request validation (422) and any fields the
-    error adds (e.g. `field`)."""
+    """Every error body (4xx and 5xx): `detail` for people, `code` for programs, plus `errors`
+    for request validation (422) and any fields the error adds (e.g. `field`)."""
 
     model_config = ConfigDict(extra="allow")
 
-    detail: str = Field(description="What went wrong.")
+    detail: str = Field(description="What went wrong, for people; its wording may change.")
+    code: ErrorCode = Field(
+        description="What went wrong, for programs: a stable snake_case code (the table with "
+        "each code's HTTP status is in the README, section Errors). Branch on this, never on "
+        "`detail`."
+    )
     errors: list[FieldError] | None = Field(
         None, description="Per-field errors, when the request failed validation."
     )

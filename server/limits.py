@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from protocol.error_codes import ErrorCode
+from server.errors import error_body
+
 Scope = dict[str, Any]
 
 
@@ -53,7 +56,8 @@ class BodySizeLimit:
             await self._reject(send)
 
     async def _reject(self, send: Any) -> None:
-        body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
+        detail = f"request body over {self.max_bytes} bytes"
+        body = json.dumps(error_body(detail, ErrorCode.body_too_large)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -86,8 +86,8 @@ class HeartbeatPump:
             self._answered(held, result, sent_at)
 
     def _answered(self, held: HeldLease, result: LeaseBeatAnswer, sent_at: float) -> None:
-        if result.status != 200 or result.heartbeat is None:
-            held.lose(f"lost ({result.status})")
+        if result.heartbeat is None:  # refused: `code` says why (lease_not_found, fencing_lost)
+            held.lose(f"lost ({result.code or result.status})")
             return
         beat = result.heartbeat
         self.on_version(held.lease.run_id, beat.current_version)

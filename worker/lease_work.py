@@ -28,7 +28,7 @@ from protocol.batches import (
     write_batch,
     write_trajectory_batch,
 )
-from protocol.client import ApiError, AsyncGrpoClient, ConflictError, NotFoundError
+from protocol.client import ApiError, AsyncGrpoClient
 from protocol.schemas import BatchManifest, Lease, ReleaseReason
 from protocol.storage import ObjectExists, PresignedPut
 from protocol.transfer import ChecksumMismatch, upload_presigned
@@ -38,7 +38,7 @@ from worker.engine import EngineGuard
 from worker.environments.base import EnvironmentSetupError
 from worker.held import HeldLease
 from worker.prompts import PromptEncoder
-from worker.retry import LOST, LeaseLost, retry
+from worker.retry import LeaseLost, retry
 from worker.rollouts import (
     EnvironmentRollouts,
     PromptsTooLong,
@@ -117,9 +117,9 @@ class LeaseWork:
                 client.release_lease(
                     held.lease, reason=reason, timeout_s=timeout_s, prompt_row_ids=prompt_row_ids
                 )
-            except LOST:
-                return False  # already ended (expired, aborted, completed)
             except (ApiError, httpx.HTTPError) as exc:
+                if isinstance(exc, ApiError) and exc.lease_lost:
+                    return False  # already ended (expired, aborted, completed)
                 log.warning("release of lease %s failed: %r", held.lease_id, exc)
                 return False
             finally:
@@ -154,11 +154,12 @@ class LeaseWork:
             released = self.release(held, "prompt_too_long", prompt_row_ids=exc.prompt_row_ids)
             record.outcome = Outcome.released if released else Outcome.stopped
             record.reason = f"prompt_too_long: {exc}"
-        except (GenerationCancelled, LeaseLost, ConflictError, NotFoundError) as exc:
-            record.reason = held.lost_reason or type(exc).__name__
-            if self.stop.is_set() and held.lost_reason is None:
-                record.outcome = self.give_back(held, "shutdown")
-                record.reason = "shutdown"
+        except (GenerationCancelled, LeaseLost) as exc:
+            self._lost(held, record, type(exc).__name__)
+        except ApiError as exc:
+            if not exc.lease_lost:
+                raise
+            self._lost(held, record, str(exc.code))
         if fault is not None:
             epoch, died = fault
             log.error("lease %s: the engine died: %s", lease.lease_id, died)
@@ -166,6 +167,12 @@ class LeaseWork:
             record.reason = f"engine_fault: {died}"
             record.engine_fault = str(died)
             self.guard.fault(epoch, str(died))
+
+    def _lost(self, held: HeldLease, record: LeaseRecord, why: str) -> None:
+        record.reason = held.lost_reason or why
+        if self.stop.is_set() and held.lost_reason is None:
+            record.outcome = self.give_back(held, "shutdown")
+            record.reason = "shutdown"
 
     def _produce(self, held: HeldLease, record: LeaseRecord) -> tuple[int, EngineFault] | None:
         """The lease's work; an engine death is returned (with the engine's epoch) so that the

@@ -1,9 +1,9 @@
 """Retrying the network until it works or the worker stops (protocol/retrying.py: the one
 retry policy, exponential backoff with full jitter on tenacity).
 
-A 409/404 on a fenced call is never retried (the lease is lost); transient failures (network,
-5xx, 429, the bucket) are. With a lease's cancel event, a lease that ended meanwhile (abort,
-loss) ends the retries with LeaseLost.
+A fenced call whose lease is lost (error code `fencing_lost` or `lease_not_found`) is never
+retried; transient failures (network, 5xx, 429, the bucket) are. With a lease's cancel event,
+a lease that ended meanwhile (abort, loss) ends the retries with LeaseLost.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from typing import TypeVar
 
 import httpx
 
-from protocol.client import ApiError, ConflictError, NotFoundError
+from protocol.client import ApiError
 from protocol.retrying import retry_call
 from protocol.storage import StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-LOST = (ConflictError, NotFoundError)
 FIRST_WAIT_S = 0.5  # the first retry's wait is at most this
 
 
@@ -30,7 +29,7 @@ class Stopping(Exception):
 
 
 class LeaseLost(Exception):
-    """A fenced call answered 409/404, or the heartbeat saw the lease end."""
+    """A fenced call's lease is lost (its error code), or the heartbeat saw the lease end."""
 
 
 def sleep_unless_stopped(stop: threading.Event, seconds: float) -> None:
@@ -40,11 +39,9 @@ def sleep_unless_stopped(stop: threading.Event, seconds: float) -> None:
 
 def transient(exc: BaseException) -> bool:
     """Network, bucket and local I/O failures, and the server's 5xx and 429; never a lost
-    lease's 409/404 nor another refusal."""
-    if isinstance(exc, LOST):
-        return False
+    lease's 409/404 nor another refusal (by its code)."""
     if isinstance(exc, ApiError):
-        return exc.status_code >= 500 or exc.status_code == 429
+        return not exc.lease_lost and (exc.status_code >= 500 or exc.status_code == 429)
     return isinstance(exc, httpx.HTTPError | StoreError | OSError)
 
 

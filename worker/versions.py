@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from protocol.client import ApiError, AsyncGrpoClient, NotFoundError
+from protocol.client import ApiError, AsyncGrpoClient
+from protocol.error_codes import ErrorCode
 from protocol.schemas import AdapterRef
 from worker.adapters import AdapterCache, AdapterHandle
 from worker.backends.base import Backend
@@ -205,10 +206,12 @@ class VersionFeed:
             try:
                 self._poll(wait_s)
                 delay = 0.5
-            except NotFoundError:
-                log.warning("the server has no version feed; versions load when leases need them")
-                return
             except (ApiError, httpx.HTTPError, RuntimeError) as exc:
+                if isinstance(exc, ApiError) and exc.code == ErrorCode.route_not_found:
+                    log.warning(
+                        "the server has no version feed; versions load when leases need them"
+                    )
+                    return
                 if self._stop.is_set():
                     return  # the client was closed under the long-poll: the worker stops
                 log.warning("version feed failed (%r); retrying in %.1fs", exc, delay)

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from protocol.storage import ObjectStore
 from server.adapters import repository
 from server.adapters.schemas import (
@@ -66,11 +67,14 @@ def _find(session: Session, run_id: uuid.UUID, version: str) -> AdapterVersion:
     else:
         number = int(version)
         if number == 0:
-            raise NotFound("version 0 is the base model; it has no adapter files")
+            raise NotFound(
+                "version 0 is the base model; it has no adapter files",
+                code=ErrorCode.version_not_found,
+            )
         row = repository.by_version(session, run_id, number)
         missing = f"adapter version {number} does not exist"
     if row is None:
-        raise NotFound(missing)
+        raise NotFound(missing, code=ErrorCode.version_not_found)
     return row
 
 
@@ -80,7 +84,10 @@ def get_version(
     run = runs.get_run(session, run_id)
     row = _find(session, run_id, version)
     if row.deleted:
-        raise Gone(f"adapter version {row.version} was deleted by retention")
+        raise Gone(
+            f"adapter version {row.version} was deleted by retention",
+            code=ErrorCode.version_deleted,
+        )
     files = [
         AdapterFileDownload(
             **f.model_dump(), url=store.presign_get(f.key, ttl_s), expires_in_s=ttl_s

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from protocol.error_codes import ErrorCode
+
 
 class BlobStored(BaseModel):
     """The answer to an accepted PUT on a signed /blobs/ URL."""
@@ -18,3 +20,4 @@ class BlobError(BaseModel):
     413 too large, 400 body digest or short body)."""
 
     detail: str = Field(description="Why the request was refused.")
+    code: ErrorCode = Field(description="The error code (README, Errors), e.g. `bad_digest`.")

@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
 
+from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
 from protocol.schemas import INT_MAX
 from server.adapters import service as adapters
@@ -364,7 +365,7 @@ def adapter_download(
     for f in detail.files:
         if f.name == name:
             return RedirectResponse(f.url, status_code=303)
-    raise NotFound(f"version {version} has no file {name}")
+    raise NotFound(f"version {version} has no file {name}", code=ErrorCode.file_not_found)
 
 
 # -- workers ---------------------------------------------------------------------------------

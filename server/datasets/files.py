@@ -11,6 +11,7 @@ from typing import Any
 
 from protocol import parquet_pages
 from protocol.datasets import DatasetError
+from protocol.error_codes import ErrorCode
 from protocol.schemas import MAX_JSON_DEPTH, JsonTooLarge, check_free_json
 
 MAX_COLUMNS = 1_000
@@ -35,7 +36,7 @@ def check_row(row: Any, where: str, max_row_bytes: int) -> dict[str, Any]:
     try:
         check_free_json(row, max_row_bytes)
     except JsonTooLarge as exc:
-        raise DatasetError(f"{where}: {exc}", code="row_too_large") from None
+        raise DatasetError(f"{where}: {exc}", code=ErrorCode.row_too_large) from None
     except ValueError as exc:
         raise DatasetError(f"{where}: {exc}") from None
     return row
@@ -85,7 +86,7 @@ class JsonlCheck:
 
     def _too_long(self, number: int) -> DatasetError:
         return DatasetError(
-            f"line {number}: longer than {self.max_row_bytes:,} bytes", code="row_too_large"
+            f"line {number}: longer than {self.max_row_bytes:,} bytes", code=ErrorCode.row_too_large
         )
 
     def _line(self, raw: bytes) -> None:
@@ -99,7 +100,8 @@ class JsonlCheck:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise DatasetError(
-                f"{where}: not UTF-8 (byte {exc.start} of the line)", code="row_invalid_utf8"
+                f"{where}: not UTF-8 (byte {exc.start} of the line)",
+                code=ErrorCode.row_invalid_utf8,
             ) from None
         row = _loads(text, where)
         self.columns.add(check_row(row, where, self.max_row_bytes), where)
@@ -116,7 +118,7 @@ def _loads(text: str | bytes, where: str) -> Any:
         raise DatasetError(f"{where}: invalid JSON ({exc.msg})") from None
     except UnicodeDecodeError as exc:
         raise DatasetError(
-            f"{where}: not UTF-8 (byte {exc.start} of the line)", code="row_invalid_utf8"
+            f"{where}: not UTF-8 (byte {exc.start} of the line)", code=ErrorCode.row_invalid_utf8
         ) from None
     except ValueError:
         raise DatasetError(f"{where}: invalid JSON (a number with too many digits)") from None
@@ -138,7 +140,7 @@ def parquet_shape(path: Path) -> tuple[int, list[str]]:
     except UnicodeDecodeError as exc:
         raise DatasetError(
             f"the file's schema or a column name is not UTF-8 (byte {exc.start})",
-            code="column_invalid_utf8",
+            code=ErrorCode.column_invalid_utf8,
         ) from None
     if rows == 0:
         raise DatasetError("the file holds no rows (a dataset needs at least one)")
@@ -209,7 +211,7 @@ def parquet_rows_read(path: Path, max_row_bytes: int, footer_rows: int) -> int:
         raise DatasetError(
             f"the file's footer says {_rows(footer_rows)} but it holds {_rows(rows)}: a file "
             "whose footer disagrees with its rows is refused (write it again)",
-            code="row_count_mismatch",
+            code=ErrorCode.row_count_mismatch,
         )
     return rows
 
@@ -247,7 +249,9 @@ def _group_batches(
             try:
                 pages = parquet_pages.row_group_pages(raw, metadata, group, wanted, budget)
             except parquet_pages.PageError as exc:
-                raise DatasetError(f"row group {group}: {exc}", code="page_unreadable") from None
+                raise DatasetError(
+                    f"row group {group}: {exc}", code=ErrorCode.page_unreadable
+                ) from None
         _check_pages(pages, group)
         yield from pf.iter_batches(
             batch_size=batch_rows(
@@ -271,7 +275,7 @@ def _check_pages(pages: list[parquet_pages.ChunkPages], group: int) -> None:
             f"{big.column!r}: a page of {max(big.largest_page, big.dictionary_page):,}), over "
             f"the {MAX_PAGE_BYTES:,}-byte bound; write the file with smaller pages "
             f"({SMALL_PAGES})",
-            code="page_too_large",
+            code=ErrorCode.page_too_large,
         )
 
 
@@ -293,7 +297,7 @@ def _parquet_rows(
     except UnicodeDecodeError as exc:  # a column name, as the footer's schema is decoded
         raise DatasetError(
             f"row {index}: a column name is not UTF-8 (byte {exc.start})",
-            code="column_invalid_utf8",
+            code=ErrorCode.column_invalid_utf8,
         ) from None
 
 
@@ -316,9 +320,11 @@ def _not_utf8(batch: Any, first: int) -> DatasetError:
                 return DatasetError(
                     f"row {first + offset}: column {name!r} holds text that is not UTF-8 "
                     f"(byte {exc.start} of the value)",
-                    code="row_invalid_utf8",
+                    code=ErrorCode.row_invalid_utf8,
                 )
-    return DatasetError(f"rows from {first}: text that is not UTF-8", code="row_invalid_utf8")
+    return DatasetError(
+        f"rows from {first}: text that is not UTF-8", code=ErrorCode.row_invalid_utf8
+    )
 
 
 def _json_values(row: dict[str, Any], index: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from protocol import datasets, layout, run_config
+from protocol.error_codes import ErrorCode
 from protocol.run_config import HfDataset, RunConfig, StoredDataset, check_prompt_rows
 from protocol.storage import ObjectStore
 from server.datasets import files, repository
@@ -28,7 +29,7 @@ Prompt = datasets.Prompt
 def get(session: Session, dataset_id: uuid.UUID) -> Dataset:
     dataset = repository.get(session, dataset_id)
     if dataset is None:
-        raise NotFound(f"dataset {dataset_id} not found")
+        raise NotFound(f"dataset {dataset_id} not found", code=ErrorCode.dataset_not_found)
     return dataset
 
 
@@ -42,12 +43,17 @@ def delete(session: Session, store: ObjectStore, dataset_id: uuid.UUID) -> None:
     runs = repository.runs_using(session, dataset_id)
     if runs:
         names = ", ".join(str(r) for r in runs[:5])
-        raise Conflict(f"dataset {dataset_id} is used by {len(runs)} run(s): {names}")
+        raise Conflict(
+            f"dataset {dataset_id} is used by {len(runs)} run(s): {names}",
+            code=ErrorCode.dataset_in_use,
+        )
     try:
         with session.begin_nested():
             repository.remove(session, dataset_id)
     except IntegrityError:  # a run created on it committed after the check above
-        raise Conflict(f"dataset {dataset_id} is used by a run created just now") from None
+        raise Conflict(
+            f"dataset {dataset_id} is used by a run created just now", code=ErrorCode.dataset_in_use
+        ) from None
     session.commit()
     store.delete(dataset.bucket_key)
 
@@ -107,10 +113,16 @@ def dataset_for_run(
     # waited for (then the dataset is not found), instead of a foreign-key error.
     found = repository.get_for_share(session, dataset_id)
     if found is None:
-        raise Unprocessable(f"dataset {dataset_id} not found", field=f"{where}.id")
+        raise Unprocessable(
+            f"dataset {dataset_id} not found", field=f"{where}.id", code=ErrorCode.unknown_dataset
+        )
     dataset = found
     if dataset.status == "failed":
-        raise Unprocessable(f"dataset {dataset.id} failed: {dataset.reason}", field=f"{where}.id")
+        raise Unprocessable(
+            f"dataset {dataset.id} failed: {dataset.reason}",
+            field=f"{where}.id",
+            code=ErrorCode.dataset_failed,
+        )
     # An upload's columns and rows are known from the moment it is stored (the request read
     # them), even while the job still checks it.
     if dataset.columns is not None:
@@ -119,7 +131,7 @@ def dataset_for_run(
         try:
             check_prompt_rows(epochs, int(dataset.row_count))
         except ValueError as exc:
-            raise Unprocessable(str(exc), field="epochs") from None
+            raise Unprocessable(str(exc), field="epochs", code=ErrorCode.invalid_value) from None
     return dataset
 
 
@@ -155,7 +167,7 @@ def missing_reward_column(
 def check_columns(dataset: Dataset, spec: StoredDataset, where: str = "dataset") -> None:
     missing = missing_column(dataset, spec, where)
     if missing is not None:
-        raise Unprocessable(missing[1], field=missing[0])
+        raise Unprocessable(missing[1], field=missing[0], code=ErrorCode.invalid_value)
 
 
 # -- rows with a column mapping ------------------------------------------------------------------

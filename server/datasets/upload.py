@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 
 from protocol import layout
 from protocol.datasets import DatasetError
+from protocol.error_codes import ErrorCode
 from protocol.storage import ObjectStore
 from protocol.storage_local import LocalStore
 from server.config import DatasetSettings
@@ -47,6 +48,7 @@ def format_of(name: str, fmt: str | None) -> str:
             f"cannot tell the format of {name!r}: name a .jsonl or .parquet file, or pass "
             "format=jsonl|parquet",
             field="format",
+            code=ErrorCode.invalid_value,
         )
     return found
 
@@ -58,7 +60,8 @@ def refuse_declared(content_length: str | None, limits: DatasetSettings) -> None
         if declared > limits.max_upload_bytes:
             raise PayloadTooLarge(
                 f"dataset file of {declared:,} bytes is over the {limits.max_upload_bytes:,}-byte "
-                "limit (datasets.max_upload_bytes)"
+                "limit (datasets.max_upload_bytes)",
+                code=ErrorCode.upload_too_large,
             )
 
 
@@ -78,7 +81,8 @@ class _Sink:
         if self.size > self.limits.max_upload_bytes:
             raise PayloadTooLarge(
                 f"dataset file over the {self.limits.max_upload_bytes:,}-byte limit "
-                "(datasets.max_upload_bytes)"
+                "(datasets.max_upload_bytes)",
+                code=ErrorCode.upload_too_large,
             )
         self.digest.update(chunk)
         self.out.write(chunk)
@@ -110,7 +114,9 @@ async def _chunks(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             if chunk:
                 yield chunk
     except ClientDisconnect:
-        raise BadRequest("client disconnected before the file was complete") from None
+        raise BadRequest(
+            "client disconnected before the file was complete", code=ErrorCode.body_incomplete
+        ) from None
 
 
 async def receive(
@@ -134,7 +140,9 @@ async def receive(
         key = layout.dataset_key(dataset_id, fmt)
         await to_thread.run_sync(_put, store, key, tmp)
     except DatasetError as exc:
-        raise Unprocessable(str(exc), field="file", code=exc.code or "dataset_invalid") from None
+        raise Unprocessable(
+            str(exc), field="file", code=exc.code or ErrorCode.invalid_dataset_file
+        ) from None
     finally:
         sink.out.close()
         tmp.unlink(missing_ok=True)

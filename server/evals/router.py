@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from protocol.error_codes import ErrorCode
 from protocol.schemas_learner import (
     ClaimedEvalBatch,
     EvalClaimRequest,
@@ -114,7 +115,7 @@ def post_results(
     fence(session, settings, token, run_id, body.fencing)
     batch = learner_repo.get_batch(session, run_id, body.batch_id)
     if batch is None or batch.kind != "eval":
-        raise NotFound("eval batch not found")
+        raise NotFound("eval batch not found", code=ErrorCode.batch_not_found)
     service.refuse_unclaimed(batch, body.fencing)
     samples = [(s.item_id, s.reward, s.accuracy_value) for s in body.samples]
     done = service.score(session, run_id, batch, samples)

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from protocol.run_config import EvalConfig, RunConfig
 from server.db_types import db_now_plus
 from server.errors import Conflict, NotFound, Unprocessable
@@ -274,6 +275,7 @@ def score(
             f"samples must hold each of the batch's {len(items)} items exactly n = {n} times "
             f"and no other item (wrong for items {wrong[:10]})",
             field="samples",
+            code=ErrorCode.invalid_value,
         )
     scores: dict[int, tuple[float, int]] = {}
     for item_id, reward, accuracy_value in samples:
@@ -313,12 +315,14 @@ def finished_result(session: Session, run_id: uuid.UUID, version: int) -> EvalRe
 def results(session: Session, run_id: uuid.UUID) -> tuple[RunConfig, list[EvalResult]]:
     run = runs.get_run(session, run_id)
     if run is None:
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
     return runs.get_config(run), repo.results(session, run_id)
 
 
 def refuse_unclaimed(batch: Any, fencing: int) -> None:
     if batch.state != "claimed" or batch.claimed_fencing != fencing:
         raise Conflict(
-            f"eval batch is {batch.state}, not claimed by this learner", state=batch.state
+            f"eval batch is {batch.state}, not claimed by this learner",
+            state=batch.state,
+            code=ErrorCode.batch_not_claimed,
         )

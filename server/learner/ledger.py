@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from server.errors import NotFound
 from server.learner import repository as repo
 from server.learner.schemas import EpochLedger, Ledger
@@ -18,7 +19,7 @@ FINAL_STATES = ("consumed", "dropped")
 def ledger_model(session: Session, run_id: uuid.UUID) -> Ledger:
     run = repo.get_run(session, run_id)
     if run is None:
-        raise NotFound("run not found")
+        raise NotFound("run not found", code=ErrorCode.run_not_found)
     by_state: dict[str, int] = defaultdict(int)
     dropped: dict[str, int] = defaultdict(int)
     epochs: dict[int, tuple[dict[str, int], dict[str, int]]] = {}

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from protocol import layout
 from protocol.adapters import AdapterManifest
+from protocol.error_codes import ErrorCode
 from protocol.schemas_learner import (
     PresignedUpload,
     PublishedFile,
@@ -40,7 +41,7 @@ def _key(run_id: uuid.UUID, version: int, kind: str, name: str) -> str:
             return layout.adapter_key(run_id, version, name)
         return layout.checkpoint_key(run_id, version, name)
     except ValueError as exc:
-        raise Unprocessable(str(exc), field="name") from exc
+        raise Unprocessable(str(exc), field="name", code=ErrorCode.invalid_value) from exc
 
 
 def _next_version(current: int, version: int) -> None:
@@ -48,6 +49,7 @@ def _next_version(current: int, version: int) -> None:
         raise Conflict(
             f"version must be exactly current_version + 1 = {current + 1}, got {version}",
             current_version=current,
+            code=ErrorCode.version_not_next,
         )
 
 
@@ -70,7 +72,9 @@ def uploads(
     out = []
     for f in body.files:
         if (f.kind, f.name) in seen:
-            raise Unprocessable(f"file {f.name!r} listed twice", field="files")
+            raise Unprocessable(
+                f"file {f.name!r} listed twice", field="files", code=ErrorCode.duplicate_file
+            )
         seen.add((f.kind, f.name))
         key = _key(run_id, body.version, f.kind, f.name)
         if store.head(key) is not None:
@@ -96,15 +100,31 @@ def _file_table(
     table: dict[str, dict[str, object]] = {}
     for f in files:
         if f.name in table:
-            raise Unprocessable(f"{kind} file {f.name!r} listed twice", field=f"{kind}_files")
+            raise Unprocessable(
+                f"{kind} file {f.name!r} listed twice",
+                field=f"{kind}_files",
+                code=ErrorCode.duplicate_file,
+            )
         expected = _key(run_id, version, kind, f.name)
         if f.key != expected:
-            raise Unprocessable(f"{kind} file {f.name!r} must be at {expected}", field="key")
+            raise Unprocessable(
+                f"{kind} file {f.name!r} must be at {expected}",
+                field="key",
+                code=ErrorCode.wrong_file_key,
+            )
         info = store.head(f.key)
         if info is None:
-            raise Conflict(f"{f.key} is not in the store: upload before publishing", key=f.key)
+            raise Conflict(
+                f"{f.key} is not in the store: upload before publishing",
+                key=f.key,
+                code=ErrorCode.file_not_uploaded,
+            )
         if info.size != f.size:
-            raise Conflict(f"{f.key} has {info.size} bytes, the publish says {f.size}", key=f.key)
+            raise Conflict(
+                f"{f.key} has {info.size} bytes, the publish says {f.size}",
+                key=f.key,
+                code=ErrorCode.file_size_mismatch,
+            )
         table[f.name] = {"key": f.key, "sha256": f.sha256, "bytes": f.size}
     return table
 
@@ -118,13 +138,18 @@ def _check_consumable(
     held = repo.claimed_targets(session, run_id, batch_ids, fencing)
     if len(held) != len(batch_ids):
         unknown = sorted(str(b) for b in batch_ids if b not in held)
-        raise Conflict("batches not claimed under this fencing token", batch_ids=unknown)
+        raise Conflict(
+            "batches not claimed under this fencing token",
+            batch_ids=unknown,
+            code=ErrorCode.batch_not_claimed,
+        )
     late = sorted(str(b) for b, target in held.items() if target is not None and target < version)
     if late:
         raise Conflict(
             f"batches claimed for a version before {version}: consumed into {version} they "
             "would be trained further behind than the staleness window allowed at claim",
             batch_ids=late,
+            code=ErrorCode.batch_claimed_for_earlier_version,
         )
 
 
@@ -139,7 +164,11 @@ def publish(
     authorize(token, run_id)
     missing = [n for n in REQUIRED_ADAPTER_FILES if n not in {f.name for f in body.files}]
     if missing:
-        raise Unprocessable(f"adapter files missing: {', '.join(missing)}", field="files")
+        raise Unprocessable(
+            f"adapter files missing: {', '.join(missing)}",
+            field="files",
+            code=ErrorCode.adapter_files_missing,
+        )
     run = fence(session, settings, token, run_id, body.fencing)
     _next_version(run.current_version, body.version)
     files = _file_table(store, run_id, body.version, "adapter", body.files)
@@ -147,7 +176,9 @@ def publish(
     batch_ids = list(dict.fromkeys(body.consumed_batch_ids))
     _check_consumable(session, run_id, batch_ids, body.fencing, body.version)
     if not repo.advance_version(session, run_id, body.fencing, body.version):
-        raise FencingLost("the run's version or learner lease changed: re-attach")
+        raise FencingLost(
+            "the run's version or learner lease changed: re-attach", code=ErrorCode.fencing_lost
+        )
     config = run_config(session, run_id)
     final = body.final or (config.max_versions is not None and body.version >= config.max_versions)
     repo.insert_adapter_version(

@@ -10,6 +10,7 @@ import uuid
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from protocol.staleness import staleness
 from protocol.storage import ObjectNotFound, ObjectStore
 from server.errors import NotFound
@@ -23,7 +24,7 @@ def protected_versions(
 ) -> set[int]:
     run = repo.get_run(session, run_id)
     if run is None:
-        raise NotFound("run not found")
+        raise NotFound("run not found", code=ErrorCode.run_not_found)
     # Invariant 13: every version inside the staleness window, and one more.
     within = run_config(session, run_id).max_staleness + 1
     keep = {v.version for v in versions if staleness(run.current_version, v.version) <= within}

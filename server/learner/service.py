@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from protocol import rewards
+from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import (
     MISSING_REWARDS,
@@ -51,14 +52,14 @@ def run_config(session: Session, run_id: uuid.UUID) -> RunConfig:
     """The run's validated config (parsed once per run by the runs feature's cache)."""
     run = repo.run_with_deferred_config(session, run_id)
     if run is None:
-        raise NotFound("run not found")
+        raise NotFound("run not found", code=ErrorCode.run_not_found)
     return runs_service.get_config(run)
 
 
 def authorize(token: Token, run_id: uuid.UUID) -> None:
     """A learner token acts only on its own run (others look absent)."""
     if token.scope_id != run_id:
-        raise NotFound("run not found")
+        raise NotFound("run not found", code=ErrorCode.run_not_found)
 
 
 def fence(
@@ -75,7 +76,8 @@ def fence(
     run = repo.fence(session, run_id, fencing, settings.learner_lease_ttl_s, live_run=live_run)
     if run is None:
         raise FencingLost(
-            "learner lease lost (stale fencing token, expired lease or finished run): re-attach"
+            "learner lease lost (stale fencing token, expired lease or finished run): re-attach",
+            code=ErrorCode.fencing_lost,
         )
     return run
 
@@ -154,7 +156,9 @@ def _refuse_missing_rewards(session: Session, run_id: uuid.UUID, loadable: list[
             data={"reason": reason, "missing_rewards": missing},
         )
         session.commit()
-    raise Conflict(reason, missing_rewards=missing, run_failed=failed)
+    raise Conflict(
+        reason, missing_rewards=missing, run_failed=failed, code=ErrorCode.rewards_missing
+    )
 
 
 def _has_ended(session: Session, run_id: uuid.UUID) -> bool:
@@ -171,24 +175,31 @@ def _refuse_another_model(session: Session, run_id: uuid.UUID, model: str | None
             f"the run trains {run.base_model!r} but this learner loaded {model!r} (--model)",
             base_model=run.base_model,
             model=model,
+            code=ErrorCode.model_mismatch,
         )
 
 
 def _attach_refusal(session: Session, run_id: uuid.UUID, fingerprint: str) -> Exception:
     current = repo.get_run(session, run_id)
     if current is None:
-        return NotFound("run not found")
+        return NotFound("run not found", code=ErrorCode.run_not_found)
     if current.status in lifecycle.TERMINAL:
-        return Conflict(f"run is {current.status}", status=current.status)
+        return Conflict(f"run is {current.status}", status=current.status, code=ErrorCode.run_ended)
     if current.status == "preparing":
-        return Conflict(PREPARING + ": attach again once it is pending", status=current.status)
+        return Conflict(
+            PREPARING + ": attach again once it is pending",
+            status=current.status,
+            code=ErrorCode.run_preparing,
+        )
     if current.tokenizer_fingerprint not in (None, fingerprint):
         return Conflict(
             "tokenizer fingerprint differs from the run's",
             run_fingerprint=current.tokenizer_fingerprint,
+            code=ErrorCode.fingerprint_mismatch,
         )
     return Conflict(
-        "another learner holds this run: wait as a standby and retry after its lease expires"
+        "another learner holds this run: wait as a standby and retry after its lease expires",
+        code=ErrorCode.held_by_another_learner,
     )
 
 
@@ -247,7 +258,7 @@ def fail(
     reason (the fenced compare-and-set has locked the live run row) and a `run.failed` event."""
     fence(session, settings, token, run_id, body.fencing)
     if not lifecycle.move(session, run_id, "fail", body.reason):
-        raise Conflict("the run has already ended")
+        raise Conflict("the run has already ended", code=ErrorCode.run_ended)
     raise_event(
         session,
         kind="run.failed",
@@ -298,6 +309,7 @@ def _target_version(current: int, requested: int | None) -> int:
             "landed meanwhile; claim for a later version",
             current_version=current,
             target_version=requested,
+            code=ErrorCode.target_version_behind,
         )
     if requested > current + MAX_TARGET_AHEAD:
         raise Unprocessable(
@@ -305,6 +317,7 @@ def _target_version(current: int, requested: int | None) -> int:
             f"{current + MAX_TARGET_AHEAD}, got {requested}",
             field="target_version",
             current_version=current,
+            code=ErrorCode.target_version_too_far,
         )
     return requested
 
@@ -392,9 +405,13 @@ def reject(
     fence(session, settings, token, run_id, body.fencing)
     batch = repo.get_batch(session, run_id, batch_id)
     if batch is None:
-        raise NotFound("batch not found")
+        raise NotFound("batch not found", code=ErrorCode.batch_not_found)
     if batch.state != "claimed" or batch.claimed_fencing != body.fencing:
-        raise Conflict(f"batch is {batch.state}, not claimed by this learner", state=batch.state)
+        raise Conflict(
+            f"batch is {batch.state}, not claimed by this learner",
+            state=batch.state,
+            code=ErrorCode.batch_not_claimed,
+        )
     repo.reject_batch(session, batch_id, body.reason, body.detail, from_state="claimed")
     if batch.kind == "eval":  # its items go back to the eval queue
         requeued = evals.requeue_batch(session, batch_id)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from protocol.schemas_learner import (
     MetricsAccepted,
     MetricsRequest,
@@ -61,12 +62,16 @@ def spot_check(
     fence(session, settings, token, run_id, body.fencing)
     batch = repo.get_batch(session, run_id, body.batch_id)
     if batch is None:
-        raise NotFound("batch not found")
+        raise NotFound("batch not found", code=ErrorCode.batch_not_found)
     if batch.worker_id != body.worker_id:
-        raise Unprocessable("the batch was not made by this worker", field="worker_id")
+        raise Unprocessable(
+            "the batch was not made by this worker",
+            field="worker_id",
+            code=ErrorCode.batch_of_another_worker,
+        )
     row = workers.record_spot_check(session, body.worker_id, body.mean_abs_logprob_diff)
     if row is None:
-        raise NotFound("worker not found")
+        raise NotFound("worker not found", code=ErrorCode.worker_not_found)
     status, checks, mean = row
     threshold = run_config(session, run_id).alarms.spot_check_mismatch
     quarantined = False
@@ -147,7 +152,7 @@ def _points(session: Session, run_id: uuid.UUID, source: str, since: int | None)
 def run_metrics(session: Session, run_id: uuid.UUID, since_step: int | None) -> RunMetrics:
     run = repo.get_run(session, run_id)
     if run is None:
-        raise NotFound("run not found")
+        raise NotFound("run not found", code=ErrorCode.run_not_found)
     return RunMetrics(
         run_id=run_id,
         current_version=run.current_version,

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from protocol import parquet_pages
 from protocol.batch_format import FORMAT_VERSION_V2, METADATA_KEY
+from protocol.error_codes import ErrorCode
 from protocol.schemas import check_free_json
 from protocol.storage import ObjectNotFound, ObjectStore
 from protocol.trajectories import TranscriptMessage, TurnSpan
@@ -87,18 +88,21 @@ def sample(
     session: Session, store: ObjectStore, run_id: uuid.UUID, batch_id: uuid.UUID | None, row: int
 ) -> TrajectorySampleOut:
     if repo.get_run(session, run_id) is None:
-        raise NotFound("run not found")
+        raise NotFound("run not found", code=ErrorCode.run_not_found)
     if batch_id is None:
         batch_id = latest_batch_id(session, run_id)
         if batch_id is None:
-            raise NotFound("the run has no accepted or consumed batch yet")
+            raise NotFound(
+                "the run has no accepted or consumed batch yet", code=ErrorCode.batch_not_found
+            )
     batch = repo.get_batch(session, run_id, batch_id)
     if batch is None:
-        raise NotFound("batch not found", batch_id=str(batch_id))
+        raise NotFound("batch not found", batch_id=str(batch_id), code=ErrorCode.batch_not_found)
     if batch.bytes > MAX_SAMPLE_BATCH_BYTES:
         raise PayloadTooLarge(
             f"batch of {batch.bytes} bytes is above the sample bound {MAX_SAMPLE_BATCH_BYTES}",
             batch_id=str(batch_id),
+            code=ErrorCode.batch_too_large,
         )
     with tempfile.TemporaryDirectory(prefix="asyncgrpo-sample-") as folder:
         path = Path(folder) / "batch.parquet"
@@ -112,7 +116,9 @@ def _download(store: ObjectStore, batch: RolloutBatch, path: Path) -> None:
         store.download_file(batch.bucket_key, path)
     except ObjectNotFound as exc:
         raise NotFound(
-            "the batch's object is no longer in the store", batch_id=str(batch.id)
+            "the batch's object is no longer in the store",
+            batch_id=str(batch.id),
+            code=ErrorCode.batch_object_missing,
         ) from exc
 
 
@@ -124,12 +130,24 @@ def _read_row(path: Path, row: int) -> tuple[int, dict[str, Any]]:
         keys = _keys(pf)
         order = sorted(range(len(keys)), key=keys.__getitem__)
         if row >= len(order):
-            raise Unprocessable(f"row {row} is outside the batch's {len(order)} rows", field="row")
+            raise Unprocessable(
+                f"row {row} is outside the batch's {len(order)} rows",
+                field="row",
+                code=ErrorCode.row_out_of_range,
+            )
         return len(order), _values_at(pf, order[row])
     except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
-        raise Unprocessable(f"the batch's object cannot be read: {exc}", field="batch_id") from exc
+        raise Unprocessable(
+            f"the batch's object cannot be read: {exc}",
+            field="batch_id",
+            code=ErrorCode.batch_unreadable,
+        ) from exc
     except RecursionError:  # a footer nested past the JSON parser's stack
-        raise Unprocessable("the batch's footer is nested too deeply", field="batch_id") from None
+        raise Unprocessable(
+            "the batch's footer is nested too deeply",
+            field="batch_id",
+            code=ErrorCode.batch_unreadable,
+        ) from None
 
 
 def _open_v2(path: Path) -> _Batch:
@@ -140,10 +158,15 @@ def _open_v2(path: Path) -> _Batch:
             "the batch is not a trajectory batch (format 2): single-turn batches carry "
             "no transcript",
             field="batch_id",
+            code=ErrorCode.batch_unreadable,
         )
     missing = [name for name in COLUMNS if name not in pf.schema_arrow.names]
     if missing:
-        raise Unprocessable(f"the batch lacks the column(s) {', '.join(missing)}", field="batch_id")
+        raise Unprocessable(
+            f"the batch lacks the column(s) {', '.join(missing)}",
+            field="batch_id",
+            code=ErrorCode.batch_unreadable,
+        )
     return pf
 
 
@@ -157,7 +180,9 @@ def _keys(pf: _Batch) -> list[tuple[int, int]]:
     keys = list(zip(*columns, strict=True))
     if any(None in key or not all(isinstance(k, int) for k in key) for key in keys):
         raise Unprocessable(
-            "a row of the batch has no integer prompt_row_id and group_index", field="batch_id"
+            "a row of the batch has no integer prompt_row_id and group_index",
+            field="batch_id",
+            code=ErrorCode.batch_unreadable,
         )
     return keys
 
@@ -185,7 +210,11 @@ def _locate(pf: _Batch, index: int) -> tuple[int, int]:
         if index < first + rows:
             return group, index - first
         first += rows
-    raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
+    raise Unprocessable(
+        "the batch's row groups do not hold its rows",
+        field="batch_id",
+        code=ErrorCode.batch_unreadable,
+    )
 
 
 class _Batch(pq.ParquetFile):
@@ -233,7 +262,11 @@ def _row_of(pf: _Batch, group: int, offset: int, columns: list[str]) -> pa.Recor
         if offset < first + part.num_rows:
             return part.slice(offset - first, 1)
         first += part.num_rows
-    raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
+    raise Unprocessable(
+        "the batch's row groups do not hold its rows",
+        field="batch_id",
+        code=ErrorCode.batch_unreadable,
+    )
 
 
 def _batches(pf: _Batch, group: int, columns: list[str]) -> Any:
@@ -310,7 +343,9 @@ def _sample_out(
 ) -> TrajectorySampleOut:
     empty = [name for name in COLUMNS if values.get(name) is None]
     if empty:
-        raise Unprocessable(f"the row has no {', '.join(empty)}", field="row")
+        raise Unprocessable(
+            f"the row has no {', '.join(empty)}", field="row", code=ErrorCode.row_unreadable
+        )
     try:
         spans = _SPANS.validate_python(values["spans"])
         messages = _messages(values["transcript"], _cut_off(values, "transcript"))
@@ -319,10 +354,14 @@ def _sample_out(
         check_free_json(info, MAX_SAMPLE_BATCH_BYTES)
         return _out(batch, row, rows, values, spans, messages, info)
     except RecursionError:  # json.loads on nesting past the parser's stack
-        raise Unprocessable("the row's info is nested too deeply", field="row") from None
+        raise Unprocessable(
+            "the row's info is nested too deeply", field="row", code=ErrorCode.row_unreadable
+        ) from None
     except (ValidationError, ValueError, TypeError) as exc:
         raise Unprocessable(
-            f"the row's transcript, spans or counts do not parse: {exc}", field="row"
+            f"the row's transcript, spans or counts do not parse: {exc}",
+            field="row",
+            code=ErrorCode.row_unreadable,
         ) from exc
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from protocol import layout
 from protocol.environments import SINGLE_TURN, worker_can_run
+from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
 from protocol.schemas import (
     ATTEMPT_COUNTING_RELEASES,
@@ -130,6 +131,7 @@ def _refuse_unregistered_models(served: list[str], asked: list[str] | None) -> N
             "and give a registration token)",
             registered_models=served,
             models=unregistered,
+            code=ErrorCode.model_not_registered,
         )
 
 
@@ -366,7 +368,7 @@ def adapter_ref(
 def _lease(session: Session, lease_id: uuid.UUID, worker: Worker) -> Any:
     lease = repo.lease_of_worker(session, lease_id, worker.id)
     if lease is None:
-        raise NotFound("lease not found")
+        raise NotFound("lease not found", code=ErrorCode.lease_not_found)
     return lease
 
 
@@ -376,7 +378,8 @@ def _fence(
     """The compare-and-set every fenced call goes through; 409 when it changed nothing."""
     if not repo.fence(session, lease_id, worker.id, fencing, **values):
         raise FencingLost(
-            "lease lost: fencing token, state or expiry no longer holds; drop the work"
+            "lease lost: fencing token, state or expiry no longer holds; drop the work",
+            code=ErrorCode.fencing_lost,
         )
 
 
@@ -410,7 +413,9 @@ def heartbeats(session: Session, worker: Worker, body: HeartbeatsRequest) -> Hea
 
 
 def refused_beat(lease_id: uuid.UUID, refused: NotFound | FencingLost) -> LeaseBeatAnswer:
-    return LeaseBeatAnswer(lease_id=lease_id, status=refused.status_code, detail=refused.message)
+    return LeaseBeatAnswer(
+        lease_id=lease_id, status=refused.status_code, detail=refused.message, code=refused.code
+    )
 
 
 def _beat(session: Session, worker: Worker, lease_id: uuid.UUID, fencing: int) -> HeartbeatResponse:
@@ -457,7 +462,9 @@ def upload(
     lease = _lease(session, lease_id, worker)
     if body.size > settings.security.max_blob_bytes:
         raise PayloadTooLarge(
-            f"size exceeds {settings.security.max_blob_bytes} bytes", field="size"
+            f"size exceeds {settings.security.max_blob_bytes} bytes",
+            field="size",
+            code=ErrorCode.upload_too_large,
         )
     _fence(session, lease_id, worker, body.fencing, last_heartbeat_at=db_now())
     key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
@@ -476,6 +483,7 @@ def _refuse_unsigned_digest(store: ObjectStore, key: str, claimed: str) -> None:
         raise Unprocessable(
             f"manifest.sha256 {claimed} is not the sha256 the batch was uploaded with ({stored})",
             field="manifest.sha256",
+            code=ErrorCode.digest_mismatch,
         )
 
 
@@ -488,7 +496,11 @@ def complete(
     manifest = body.manifest
     key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
     if manifest.key != key:
-        raise Unprocessable("manifest.key is not this lease's batch key", field="manifest.key")
+        raise Unprocessable(
+            "manifest.key is not this lease's batch key",
+            field="manifest.key",
+            code=ErrorCode.wrong_batch_key,
+        )
     info = store.head(key)  # object-store I/O before the compare-and-set takes the row lock
     if info is not None and info.size == manifest.size:  # else rejected below as it was
         _refuse_unsigned_digest(store, key, manifest.sha256)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from sqlalchemy import case, update
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES
 from server.db_types import db_now
 from server.errors import Conflict, NotFound
@@ -90,7 +91,7 @@ def admin_action(session: Session, run_id: uuid.UUID, action: str, reason: str |
     moved = move(session, run_id, action, reason)
     run = repository.get(session, run_id)
     if run is None:
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
     if moved:
         raise_event(
             session,
@@ -104,7 +105,10 @@ def admin_action(session: Session, run_id: uuid.UUID, action: str, reason: str |
     allowed = ", ".join(sorted(TRANSITIONS[action].from_states))
     why = "it has ended" if run.status in TERMINAL else f"{action} needs one of: {allowed}"
     raise Conflict(
-        f"cannot {action} a run that is {run.status}: {why}", status=run.status, action=action
+        f"cannot {action} a run that is {run.status}: {why}",
+        status=run.status,
+        action=action,
+        code=ErrorCode.invalid_transition,
     )
 
 
@@ -112,7 +116,7 @@ def complete(session: Session, run_id: uuid.UUID, reason: str) -> None:
     """The run is completed and its ledger closed (invariant 12): leftover prompt rows dropped
     `run_completed`, unconsumed batches rejected, active leases aborted; nothing in flight."""
     if not move(session, run_id, "complete", reason):
-        raise Conflict("the run has already ended")
+        raise Conflict("the run has already ended", code=ErrorCode.run_ended)
     closed = "run_completed"
     queue.drop_unfinished(session, run_id, closed)
     learner_repo.reject_unconsumed(session, run_id, closed)
@@ -125,7 +129,7 @@ def finish_training(session: Session, run_id: uuid.UUID, reason: str) -> None:
     `run_completed`, unconsumed training batches rejected, active training leases aborted);
     the eval ledger stays open until every due version is scored (then `complete`)."""
     if not move(session, run_id, "evaluate", reason):
-        raise Conflict("the run has already ended")
+        raise Conflict("the run has already ended", code=ErrorCode.run_ended)
     closed = "run_completed"
     queue.drop_unfinished(session, run_id, closed)
     learner_repo.reject_unconsumed(session, run_id, closed, kind="train")

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Query, Request, status
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
-from server.errors import Unprocessable
 from server.jobs.wake import wake
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
@@ -30,9 +29,7 @@ def create_run(
     """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
     `preparing` until its prompt rows are made); the learner token is shown once."""
     config = service.with_checked_webhook(config, settings.outbound_policy())
-    judge = service.judge_refusal(config, settings.outbound_policy())
-    if judge is not None:
-        raise Unprocessable(judge[1], field=judge[0], code=judge[2])
+    service.check_judge_urls(config, settings.outbound_policy())
     run, learner_token = service.create_run(session, config)
     created = RunCreated(run=service.detail(session, run), learner_token=learner_token)
     if run.status == "preparing":

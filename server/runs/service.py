@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session, object_session
 
 from protocol import datasets
+from protocol.error_codes import ErrorCode
 from protocol.outbound import OutboundPolicy, normalised_url, redacted_url
 from protocol.run_config import (
     GeneratorDataset,
@@ -72,10 +73,10 @@ def with_checked_webhook(config: RunConfig, policy: OutboundPolicy) -> RunConfig
     return config.model_copy(update={"alarms": alarms})
 
 
-def judge_refusal(config: RunConfig, policy: OutboundPolicy) -> tuple[str, str, str] | None:
-    """The field, reason and error code when an `llm_judge` reward's base_url is a URL the
-    client cannot use (normalised_url) or an IP literal the outbound policy refuses (a host
-    name is checked when the learner's call resolves it, with the learner host's policy)."""
+def check_judge_urls(config: RunConfig, policy: OutboundPolicy) -> None:
+    """422 when an `llm_judge` reward's base_url is a URL the client cannot use
+    (normalised_url) or an IP literal the outbound policy refuses (a host name is checked when
+    the learner's call resolves it, with the learner host's policy)."""
     for i, spec in enumerate(config.rewards):
         url = spec.kwargs.get("base_url") if spec.name == "llm_judge" else None
         if not isinstance(url, str):
@@ -84,11 +85,16 @@ def judge_refusal(config: RunConfig, policy: OutboundPolicy) -> tuple[str, str, 
         try:
             normalised_url(url)
         except ValueError as exc:
-            return field, f"the judge's base_url {exc}", "judge_url_invalid"
+            raise Unprocessable(
+                f"the judge's base_url {exc}", field=field, code=ErrorCode.judge_url_invalid
+            ) from None
         reason = policy.literal_refusal(url)
         if reason:
-            return field, f"the judge's host is refused: {reason}", "judge_url_refused"
-    return None
+            raise Unprocessable(
+                f"the judge's host is refused: {reason}",
+                field=field,
+                code=ErrorCode.judge_url_refused,
+            )
 
 
 def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
@@ -140,7 +146,7 @@ def _check_reward_columns(
     are known; an hf dataset still loading is checked by run_prep)."""
     why = datasets_service.missing_reward_column(config, dataset, spec, where)
     if why is not None:
-        raise Unprocessable(why, field="rewards")
+        raise Unprocessable(why, field="rewards", code=ErrorCode.invalid_value)
 
 
 def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
@@ -148,7 +154,9 @@ def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
         try:
             config.eval.check_stored_rows(rows)
         except ValueError as exc:
-            raise Unprocessable(str(exc), field="eval.max_prompts") from None
+            raise Unprocessable(
+                str(exc), field="eval.max_prompts", code=ErrorCode.invalid_value
+            ) from None
 
 
 _CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
@@ -211,7 +219,7 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
                 return cached
             raw = repository.config_json(session, run_id)
             if raw is None:
-                raise NotFound(f"run {run_id} not found")
+                raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
             return _parse(session, run_id, raw)
     finally:  # a missing run or an invalid config leaves no lock behind
         with _CACHE_LOCK:
@@ -224,7 +232,7 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
 def get_run(session: Session, run_id: uuid.UUID) -> Run:
     run = repository.get(session, run_id)
     if run is None:
-        raise NotFound(f"run {run_id} not found")
+        raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
     return run
 
 

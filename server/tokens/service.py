@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from server.errors import Conflict, Forbidden, NotFound, Unauthorized
 from server.models import Token, Worker
 from server.tokens import repository
@@ -79,7 +80,7 @@ def authenticate_worker(session: Session, plaintext: str) -> tuple[Token, Worker
 def digest_of_bearer(plaintext: str) -> str:
     """The digest to look up; a string without one of our prefixes is refused unread."""
     if not plaintext.startswith(tuple(KIND_BY_PREFIX)):
-        raise Unauthorized("invalid token")
+        raise Unauthorized("invalid token", code=ErrorCode.token_invalid)
     return digest(plaintext)
 
 
@@ -87,20 +88,25 @@ def _check(found: repository.Found | None, wanted: str, allowed: tuple[str, ...]
     """The rule's verdicts come with the token (repository.revoked, repository.expired)."""
     token = None if found is None else found.token
     if found is None or token is None or not hmac.compare_digest(token.digest, wanted):
-        raise Unauthorized("invalid token")
+        raise Unauthorized("invalid token", code=ErrorCode.token_invalid)
     if found.revoked:
-        raise Unauthorized("token revoked")
+        raise Unauthorized("token revoked", code=ErrorCode.token_revoked)
     if found.expired:
-        raise Unauthorized("token expired")
+        raise Unauthorized("token expired", code=ErrorCode.token_expired)
     if token.kind not in allowed:
-        raise Forbidden(f"a {token.kind} token cannot call this endpoint")
+        raise Forbidden(
+            f"a {token.kind} token cannot call this endpoint", code=ErrorCode.token_kind_forbidden
+        )
     return token
 
 
 def consume_registration(session: Session, token: Token) -> None:
     """Count one use of a registration token, atomically against its limit."""
     if not repository.increment_uses(session, token.id):
-        raise Unauthorized("registration token has reached its use limit")
+        raise Unauthorized(
+            "registration token has reached its use limit",
+            code=ErrorCode.registration_token_exhausted,
+        )
 
 
 def revoke_scope(session: Session, kind: str, scope_id: uuid.UUID) -> int:
@@ -124,13 +130,14 @@ def revoke(session: Session, kind: str, token_id: uuid.UUID, *, force: bool = Fa
     could call the API or log in until `asyncgrpo admin-token create` is run on the server."""
     token = repository.by_id(session, token_id)
     if token is None or token.kind != kind:
-        raise NotFound(f"no {kind} token {token_id}")
+        raise NotFound(f"no {kind} token {token_id}", code=ErrorCode.token_not_found)
     if kind == "admin" and not force and token.revoked_at is None:
         live = repository.live_admin_ids(session)
         if live == [token_id]:
             raise Conflict(
                 "this is the last live admin token; revoking it locks everyone out "
-                "(pass force=true, then mint a new one with `asyncgrpo admin-token create`)"
+                "(pass force=true, then mint a new one with `asyncgrpo admin-token create`)",
+                code=ErrorCode.last_admin_token,
             )
     repository.revoke_id(session, token_id)
     if kind == "admin":

@@ -5,6 +5,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from protocol.error_codes import ErrorCode
 from server.errors import NotFound, Unauthorized
 from server.jobs.common import db_time
 from server.leases import expiry
@@ -61,7 +62,7 @@ def revoke(session: Session, worker_id: uuid.UUID, silent_s: float) -> WorkerOut
     leases ended `revoked`, their prompts back in the queue at once (no attempt counted)."""
     expiry.end_revoked_worker_leases(session, worker_id)  # first: the grant's lock order
     if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
-        raise NotFound("worker not found")
+        raise NotFound("worker not found", code=ErrorCode.worker_not_found)
     tokens.revoke_scope(session, "worker", worker_id)
     worker = repository.get(session, worker_id)
     assert worker is not None
@@ -75,7 +76,7 @@ def set_trusted(
     """An admin marks a worker trusted (or not): leases of runs whose environment requires a
     trusted worker go only to trusted workers."""
     if not repository.set_trusted(session, worker_id, trusted):
-        raise NotFound("worker not found")
+        raise NotFound("worker not found", code=ErrorCode.worker_not_found)
     worker = repository.get(session, worker_id)
     assert worker is not None
     session.refresh(worker)
@@ -91,5 +92,5 @@ def worker_for_token(session: Session, plaintext: str) -> Worker:
 
 def _active(worker: Worker | None) -> Worker:
     if worker is None or worker.status == "revoked":
-        raise Unauthorized("worker revoked")
+        raise Unauthorized("worker revoked", code=ErrorCode.worker_revoked)
     return worker

@@ -45,6 +45,7 @@ def test_oversized_body_is_413_sized_or_chunked(
     )
     assert response.status_code == 413, response.text
     assert f"over {LIMIT} bytes" in response.json()["detail"]
+    assert response.json()["code"] == "body_too_large"
 
 
 def test_a_chunked_body_under_the_limit_passes(small_client: tuple[TestClient, str]) -> None:

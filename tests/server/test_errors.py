@@ -108,6 +108,7 @@ def test_an_unreachable_bucket_is_503_not_500(pg_url: str, tmp_path: Path) -> No
     assert resp.status_code == 503, resp.text
     assert resp.headers["Retry-After"] == "5"
     assert "object store unavailable" in resp.json()["detail"]
+    assert resp.json()["code"] == "store_unavailable"
 
 
 def test_a_restarted_database_is_a_503_then_recovers(
@@ -125,4 +126,5 @@ def test_a_restarted_database_is_a_503_then_recovers(
     assert failed.status_code == 503
     assert failed.headers["Retry-After"] == "1"
     assert "database unavailable" in failed.json()["detail"]
+    assert failed.json()["code"] == "database_unavailable"
     assert client.get("/api/v1/runs", headers=headers).status_code == 200

@@ -1,9 +1,9 @@
 """Many leases in flight on one engine (transformers, the real small model, a real control plane):
 a worker holds leases of two runs at once; one is aborted mid-generation and only its work stops;
-one is fenced (its heartbeat answers 409) and its batch is dropped; the others are accepted. A
-version published while the worker is busy is loaded before its first lease arrives. An engine
-death under several leases releases them all (reason engine_fault), restarts the engine once,
-and the worker completes them later."""
+one is fenced (its heartbeat answers 409, code fencing_lost) and its batch is dropped; the others
+are accepted. A version published while the worker is busy is loaded before its first lease
+arrives. An engine death under several leases releases them all (reason engine_fault), restarts
+the engine once, and the worker completes them later."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_leases_of_two_runs_at_once_abort_and_fence_touch_only_their_own(
     records = {r.lease_id: r for r in worker.loop.history}
     (aborted,) = [r for r in records.values() if str(r.run_id) == alone.run_id]
     assert aborted.outcome == Outcome.lost and aborted.reason == "aborted (run_paused)"
-    assert records[fenced].outcome == Outcome.lost and records[fenced].reason == "lost (409)"
+    assert records[fenced].outcome == Outcome.lost
+    assert records[fenced].reason == "lost (fencing_lost)"
     others = [r for r in records.values() if r.lease_id != fenced and r is not aborted]
     assert [r.outcome for r in others] == [Outcome.accepted] * 2
     assert all(r.n_samples == 2 and r.n_tokens >= 2 * 100 for r in others)

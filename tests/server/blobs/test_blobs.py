@@ -119,7 +119,7 @@ def test_refuses_a_body_of_another_sha256(client: TestClient, store: LocalStore)
     forged = bytes([DATA[0] ^ 1]) + DATA[1:]
     with pytest.raises(TransferError) as info:
         upload_presigned(_put(store), forged, http=client)
-    assert info.value.status_code == 400 and "BadDigest" in info.value.body
+    assert info.value.status_code == 400 and "bad_digest" in info.value.body
     assert store.head(KEY) is None
     assert list((store.root / TMP_DIR).iterdir()) == []
 

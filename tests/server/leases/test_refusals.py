@@ -32,6 +32,7 @@ import pytest
 from sqlalchemy import update
 
 from protocol import layout
+from protocol.error_codes import status_of
 from server.config import SecuritySettings
 from server.db_types import db_now, db_now_plus
 from server.leases.paths import EVENT_LOOP, PORTABLE
@@ -89,8 +90,12 @@ class Answer:
     changes_nothing: bool = True
 
 
-def refused(status: int, detail: str, on_event_loop: str = PORTABLE, **more: Any) -> Answer:
-    return Answer(status, {"detail": detail, **more}, on_event_loop)
+def refused(
+    status: int, detail: str, code: str, on_event_loop: str = PORTABLE, **more: Any
+) -> Answer:
+    """A refusal: its status, message and error code (the code's status is the table's)."""
+    assert status_of(code) == status
+    return Answer(status, {"detail": detail, "code": code, **more}, on_event_loop)
 
 
 def changed(status: int, **fields: Any) -> Answer:
@@ -99,10 +104,18 @@ def changed(status: int, **fields: Any) -> Answer:
     return Answer(status, fields, PORTABLE, changes_nothing=False)
 
 
-NOT_FOUND = refused(404, "lease not found")
-LOST = refused(409, "lease lost: fencing token, state or expiry no longer holds; drop the work")
-WRONG_KEY = refused(422, "manifest.key is not this lease's batch key", field="manifest.key")
-INVALID_REQUEST = Answer(422, {"detail": "invalid request"}, on_event_loop=None)
+NOT_FOUND = refused(404, "lease not found", "lease_not_found")
+LOST = refused(
+    409,
+    "lease lost: fencing token, state or expiry no longer holds; drop the work",
+    "fencing_lost",
+)
+WRONG_KEY = refused(
+    422, "manifest.key is not this lease's batch key", "wrong_batch_key", field="manifest.key"
+)
+INVALID_REQUEST = Answer(
+    422, {"detail": "invalid request", "code": "validation_failed"}, on_event_loop=None
+)
 INACTIVE_WORKER = Answer(204, None, PORTABLE)
 NOTHING_TO_GRANT = Answer(204, None, EVENT_LOOP, changes_nothing=False)  # the worker is seen
 UNREGISTERED_MODEL = refused(
@@ -110,6 +123,7 @@ UNREGISTERED_MODEL = refused(
     "this worker asks for leases of 'another-model' (--model) but registered with "
     "['tiny-model']: run it with that model, or register it again (remove its token file and "
     "give a registration token)",
+    "model_not_registered",
 )
 
 
@@ -156,20 +170,25 @@ def _token_of(kind: str) -> Credentials:
 
 
 def _wrong_kind(kind: str) -> tuple[Credentials, Answer]:
-    return _token_of(kind), refused(403, f"a {kind} token cannot call this endpoint")
+    return _token_of(kind), refused(
+        403, f"a {kind} token cannot call this endpoint", "token_kind_forbidden"
+    )
 
 
 CREDENTIALS: dict[str, tuple[Credentials, Answer]] = {
-    "no-bearer-token": (_no_header, refused(401, "missing bearer token", EVENT_LOOP)),
-    "not-a-token": (_not_a_token, refused(401, "invalid token", EVENT_LOOP)),
-    "unknown-token": (_unknown_token, refused(401, "invalid token")),
-    "revoked-token": (_revoke_token, refused(401, "token revoked")),
-    "expired-token": (_expire_token, refused(401, "token expired")),
+    "no-bearer-token": (
+        _no_header,
+        refused(401, "missing bearer token", "token_missing", EVENT_LOOP),
+    ),
+    "not-a-token": (_not_a_token, refused(401, "invalid token", "token_invalid", EVENT_LOOP)),
+    "unknown-token": (_unknown_token, refused(401, "invalid token", "token_invalid")),
+    "revoked-token": (_revoke_token, refused(401, "token revoked", "token_revoked")),
+    "expired-token": (_expire_token, refused(401, "token expired", "token_expired")),
     "admin-token": _wrong_kind("admin"),
     "learner-token": _wrong_kind("learner"),
     "registration-token": _wrong_kind("registration"),
-    "revoked-worker": (_revoke_worker, refused(401, "worker revoked")),
-    "token-of-no-worker": (_token_of_no_worker, refused(401, "worker revoked")),
+    "revoked-worker": (_revoke_worker, refused(401, "worker revoked", "worker_revoked")),
+    "token-of-no-worker": (_token_of_no_worker, refused(401, "worker revoked", "worker_revoked")),
 }
 
 
@@ -439,7 +458,7 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
     ("heartbeat-paused-run-expired-lease", _heartbeat(_paused_and_expired), LOST),
     # upload
     ("upload-oversized", _oversized_upload(by_the_holder=True),
-     refused(413, f"size exceeds {MAX_BLOB_BYTES} bytes", field="size")),
+     refused(413, f"size exceeds {MAX_BLOB_BYTES} bytes", "upload_too_large", field="size")),
     ("upload-oversized-another-workers-lease", _oversized_upload(by_the_holder=False), NOT_FOUND),
     # complete: 422 (nothing changed), or the batch rejected (the lease ends `completed`, its
     # rows are re-queued)

@@ -1,0 +1,216 @@
+"""The error codes of the control plane's answers: every error body carries one, a stable
+snake_case `code` beside the person-readable `detail`. Programs (the typed client, the learner,
+the worker) branch on the code, never on the words of `detail`, which may be reworded.
+
+This module is the one home of the codes and their HTTP statuses (docs/architecture.md,
+"Error codes"; README "Errors"). A new error gets a code here first: the server refuses to raise
+a code that is not in `STATUS`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    # -- the request itself ----------------------------------------------------------------------
+    validation_failed = "validation_failed"  # the body, query or path failed validation
+    invalid_value = "invalid_value"  # a field's value is refused (named in `field`)
+    bad_request = "bad_request"  # the framework could not read the request
+    body_incomplete = "body_incomplete"  # the client disconnected mid-body
+    body_too_large = "body_too_large"  # the request body is over the server's limit
+    route_not_found = "route_not_found"  # no such path
+    method_not_allowed = "method_not_allowed"  # the path exists, not with this method
+    http_error = "http_error"  # any other refusal of the framework (its own status)
+    # -- tokens and workers ----------------------------------------------------------------------
+    token_missing = "token_missing"
+    token_invalid = "token_invalid"
+    token_revoked = "token_revoked"
+    token_expired = "token_expired"
+    token_kind_forbidden = "token_kind_forbidden"  # a valid token of another kind
+    registration_token_exhausted = "registration_token_exhausted"
+    token_not_found = "token_not_found"
+    last_admin_token = "last_admin_token"
+    worker_revoked = "worker_revoked"
+    worker_not_found = "worker_not_found"
+    # -- runs ------------------------------------------------------------------------------------
+    run_not_found = "run_not_found"
+    run_ended = "run_ended"  # the run is completed, cancelled or failed
+    run_preparing = "run_preparing"  # its prompt rows are being prepared: attach again later
+    invalid_transition = "invalid_transition"  # pause/resume/cancel… not allowed from its status
+    # -- the learner -----------------------------------------------------------------------------
+    held_by_another_learner = "held_by_another_learner"  # stand by and attach again
+    fingerprint_mismatch = "fingerprint_mismatch"
+    model_mismatch = "model_mismatch"
+    rewards_missing = "rewards_missing"
+    target_version_behind = "target_version_behind"
+    target_version_too_far = "target_version_too_far"
+    version_not_next = "version_not_next"
+    batch_not_claimed = "batch_not_claimed"
+    batch_claimed_for_earlier_version = "batch_claimed_for_earlier_version"
+    adapter_files_missing = "adapter_files_missing"
+    duplicate_file = "duplicate_file"
+    wrong_file_key = "wrong_file_key"
+    file_not_uploaded = "file_not_uploaded"
+    file_size_mismatch = "file_size_mismatch"
+    # -- leases (worker and learner) -------------------------------------------------------------
+    fencing_lost = "fencing_lost"  # the lease's token, state or expiry no longer holds: drop it
+    lease_not_found = "lease_not_found"
+    model_not_registered = "model_not_registered"
+    upload_too_large = "upload_too_large"
+    digest_mismatch = "digest_mismatch"
+    wrong_batch_key = "wrong_batch_key"
+    # -- batches, versions, datasets -------------------------------------------------------------
+    batch_not_found = "batch_not_found"
+    batch_of_another_worker = "batch_of_another_worker"
+    batch_too_large = "batch_too_large"
+    batch_unreadable = "batch_unreadable"
+    batch_object_missing = "batch_object_missing"
+    row_out_of_range = "row_out_of_range"
+    row_unreadable = "row_unreadable"
+    version_not_found = "version_not_found"
+    version_deleted = "version_deleted"
+    file_not_found = "file_not_found"
+    dataset_not_found = "dataset_not_found"
+    unknown_dataset = "unknown_dataset"  # a run names a dataset that does not exist
+    dataset_failed = "dataset_failed"
+    dataset_in_use = "dataset_in_use"
+    invalid_dataset_file = "invalid_dataset_file"
+    row_too_large = "row_too_large"  # a row (or JSONL line) over `datasets.max_row_bytes`
+    row_invalid_utf8 = "row_invalid_utf8"  # text that is not UTF-8, named by row and column
+    column_invalid_utf8 = "column_invalid_utf8"  # a Parquet column name that is not UTF-8
+    row_count_mismatch = "row_count_mismatch"  # the Parquet footer's row count is not the rows
+    page_too_large = "page_too_large"  # a row group's pages decode to more than the bound
+    page_unreadable = "page_unreadable"  # a Parquet page header that cannot be read
+    batch_too_large_to_show = "batch_too_large_to_show"  # the trajectory view's decode bound
+    after_invalid = "after_invalid"  # the versions feed's `after` is not run_id:ASCII digits
+    # -- outbound URLs (webhooks, the LLM judge) -------------------------------------------------
+    webhook_url_invalid = "webhook_url_invalid"  # a URL the delivery client cannot use
+    webhook_url_refused = "webhook_url_refused"  # refused by the outbound policy
+    judge_url_invalid = "judge_url_invalid"
+    judge_url_refused = "judge_url_refused"
+    # -- the local store's signed blob URLs ------------------------------------------------------
+    blobs_not_served = "blobs_not_served"  # the bucket is S3: its URLs are S3's
+    signature_invalid = "signature_invalid"
+    length_mismatch = "length_mismatch"  # Content-Length is not the signed length
+    body_length_mismatch = "body_length_mismatch"  # the body streamed another length
+    bad_digest = "bad_digest"
+    object_not_found = "object_not_found"
+    object_exists = "object_exists"
+    blob_too_large = "blob_too_large"
+    # -- outages ---------------------------------------------------------------------------------
+    database_unavailable = "database_unavailable"
+    store_unavailable = "store_unavailable"
+    not_ready = "not_ready"  # /readyz: the database or the bucket is not ready
+    internal_error = "internal_error"
+
+
+_BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
+    400: (
+        ErrorCode.bad_request,
+        ErrorCode.body_incomplete,
+        ErrorCode.body_length_mismatch,
+        ErrorCode.bad_digest,
+    ),
+    401: (
+        ErrorCode.token_missing,
+        ErrorCode.token_invalid,
+        ErrorCode.token_revoked,
+        ErrorCode.token_expired,
+        ErrorCode.registration_token_exhausted,
+        ErrorCode.worker_revoked,
+    ),
+    403: (ErrorCode.token_kind_forbidden, ErrorCode.signature_invalid, ErrorCode.length_mismatch),
+    404: (
+        ErrorCode.route_not_found,
+        ErrorCode.token_not_found,
+        ErrorCode.worker_not_found,
+        ErrorCode.run_not_found,
+        ErrorCode.lease_not_found,
+        ErrorCode.batch_not_found,
+        ErrorCode.batch_object_missing,
+        ErrorCode.version_not_found,
+        ErrorCode.file_not_found,
+        ErrorCode.dataset_not_found,
+        ErrorCode.blobs_not_served,
+        ErrorCode.object_not_found,
+    ),
+    405: (ErrorCode.method_not_allowed,),
+    409: (
+        ErrorCode.last_admin_token,
+        ErrorCode.run_ended,
+        ErrorCode.run_preparing,
+        ErrorCode.invalid_transition,
+        ErrorCode.held_by_another_learner,
+        ErrorCode.fingerprint_mismatch,
+        ErrorCode.model_mismatch,
+        ErrorCode.rewards_missing,
+        ErrorCode.target_version_behind,
+        ErrorCode.version_not_next,
+        ErrorCode.batch_not_claimed,
+        ErrorCode.batch_claimed_for_earlier_version,
+        ErrorCode.file_not_uploaded,
+        ErrorCode.file_size_mismatch,
+        ErrorCode.fencing_lost,
+        ErrorCode.model_not_registered,
+        ErrorCode.dataset_in_use,
+    ),
+    410: (ErrorCode.version_deleted,),
+    412: (ErrorCode.object_exists,),
+    413: (
+        ErrorCode.body_too_large,
+        ErrorCode.upload_too_large,
+        ErrorCode.batch_too_large,
+        ErrorCode.blob_too_large,
+    ),
+    422: (
+        ErrorCode.validation_failed,
+        ErrorCode.invalid_value,
+        ErrorCode.target_version_too_far,
+        ErrorCode.adapter_files_missing,
+        ErrorCode.duplicate_file,
+        ErrorCode.wrong_file_key,
+        ErrorCode.digest_mismatch,
+        ErrorCode.wrong_batch_key,
+        ErrorCode.batch_of_another_worker,
+        ErrorCode.batch_unreadable,
+        ErrorCode.row_out_of_range,
+        ErrorCode.row_unreadable,
+        ErrorCode.unknown_dataset,
+        ErrorCode.dataset_failed,
+        ErrorCode.invalid_dataset_file,
+        ErrorCode.row_too_large,
+        ErrorCode.row_invalid_utf8,
+        ErrorCode.column_invalid_utf8,
+        ErrorCode.row_count_mismatch,
+        ErrorCode.page_too_large,
+        ErrorCode.page_unreadable,
+        ErrorCode.batch_too_large_to_show,
+        ErrorCode.after_invalid,
+        ErrorCode.webhook_url_invalid,
+        ErrorCode.webhook_url_refused,
+        ErrorCode.judge_url_invalid,
+        ErrorCode.judge_url_refused,
+    ),
+    500: (ErrorCode.internal_error,),
+    503: (ErrorCode.database_unavailable, ErrorCode.store_unavailable, ErrorCode.not_ready),
+    None: (ErrorCode.http_error,),  # the status the framework answered
+}
+
+STATUS: dict[ErrorCode, int | None] = {
+    code: status for status, codes in _BY_STATUS.items() for code in codes
+}
+"""Each code's HTTP status: one status per code (None: the framework's own status)."""
+
+LEASE_LOST = frozenset({ErrorCode.fencing_lost, ErrorCode.lease_not_found})
+"""A fenced call's lease is gone (its token, state or expiry no longer holds, or it is not a
+lease of this caller): drop the work, never retry."""
+
+ATTACH_WAIT = frozenset({ErrorCode.held_by_another_learner, ErrorCode.run_preparing})
+"""An attach refused for now: wait as a standby and attach again. Every other 409 on attach
+means the learner cannot train the run: it stops."""
+
+
+def status_of(code: ErrorCode | str) -> int | None:
+    """The code's HTTP status; ValueError for a code not in the table."""
+    return STATUS[ErrorCode(code)]
