@@ -43,7 +43,9 @@ def rolled_out() -> Iterator[tuple[Any, list[Trajectory]]]:
         env = GuessNumberEnvironment(config, backend.tokenizer, max_model_len=1024)
         prompt = [{"role": "user", "content": "Let's play. Your first guess?"}]
         out: list[Trajectory] = []
-        for seed in range(11, 19):  # deterministic; keep the first two with an environment turn
+        # turn seeds (protocol/seeds.py) whose rollouts reach a second model turn with this model
+        # (most end after one turn); keep the first two
+        for seed in (34, 71, 131):
             engine = BackendTurnEngine(backend, temperature=T, seed=seed)
             t = env.rollout(engine, prompt, max_new_tokens=12, seed=5)
             validate_trajectory(t, 1024)
