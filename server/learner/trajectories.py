@@ -198,6 +198,8 @@ class _Batch(pq.ParquetFile):
         self.path = path
         self.sizes: dict[int, dict[str, int]] = {}
         self.pages_left = [parquet_pages.MAX_PAGES]  # for the whole file, however many groups
+        with open(path, "rb") as raw:
+            parquet_pages.check_column_chunks(raw, self.metadata)
 
     def column_bytes(self, group: int) -> dict[str, int]:
         if group not in self.sizes:

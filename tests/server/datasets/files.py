@@ -108,3 +108,14 @@ def _varint(value: int, width: int = 0) -> bytes:
     assert value < 0x80
     out.append(value)
     return bytes(out)
+
+
+def required_in_schema(data: bytes, column: str) -> bytes:
+    """The Parquet file `data` with the nullable top-level `column` declared required in its
+    footer's schema (its chunks keep their size statistics, whose definition level histogram
+    then has one entry too many): the Thrift compact repetition_type field (3, i32 zigzag 1 →
+    0) just before the column's name, same length, so that no offset moves."""
+    name = column.encode()
+    old = b"\x25\x02\x18" + bytes([len(name)]) + name
+    assert data.count(old) == 1, "the column's schema element was not found once"
+    return data.replace(old, b"\x25\x00\x18" + bytes([len(name)]) + name)
