@@ -127,7 +127,9 @@ def _read_row(path: Path, row: int) -> tuple[int, dict[str, Any]]:
             raise Unprocessable(f"row {row} is outside the batch's {len(order)} rows", field="row")
         return len(order), _values_at(pf, order[row])
     except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
-        raise Unprocessable(f"the batch's object cannot be read: {exc}", field="batch_id") from exc
+        raise Unprocessable(
+            f"the batch's object cannot be read: {exc}", field="batch_id", code="batch_unreadable"
+        ) from exc
     except RecursionError:  # a footer nested past the JSON parser's stack
         raise Unprocessable("the batch's footer is nested too deeply", field="batch_id") from None
 
@@ -185,7 +187,9 @@ def _locate(pf: _Batch, index: int) -> tuple[int, int]:
         if index < first + rows:
             return group, index - first
         first += rows
-    raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
+    raise Unprocessable(
+        "the batch's row groups do not hold its rows", field="batch_id", code="batch_unreadable"
+    )
 
 
 class _Batch(pq.ParquetFile):
@@ -235,7 +239,9 @@ def _row_of(pf: _Batch, group: int, offset: int, columns: list[str]) -> pa.Recor
         if offset < first + part.num_rows:
             return part.slice(offset - first, 1)
         first += part.num_rows
-    raise Unprocessable("the batch's row groups do not hold its rows", field="batch_id")
+    raise Unprocessable(
+        "the batch's row groups do not hold its rows", field="batch_id", code="batch_unreadable"
+    )
 
 
 def _batches(pf: _Batch, group: int, columns: list[str]) -> Any:

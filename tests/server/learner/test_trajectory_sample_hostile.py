@@ -140,5 +140,5 @@ def test_column_metadata_pyarrow_cannot_read_is_422_not_the_end_of_the_server(
     batch_id = _batch_with(app, run.id, path)
     answer = _get(client, run.id, admin_headers, batch_id=str(batch_id))
     assert answer.status_code == 422, answer.text
-    assert answer.json()["field"] == "batch_id"
+    assert (answer.json()["field"], answer.json()["code"]) == ("batch_id", "batch_unreadable")
     assert "'prompt_row_id'" in answer.json()["detail"], answer.text
