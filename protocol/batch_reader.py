@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from protocol import parquet_pages
 from protocol.batch_format import (
     BATCH_SCHEMA,
     FINISH_REASONS,
@@ -391,8 +392,19 @@ def _open_checked(path: Path, expect: BatchExpectations) -> tuple[pq.ParquetFile
             "format_version", f"metadata says format {meta.format_version}, columns {version}"
         )
     _check_lease(meta, expect)
+    _check_column_chunks(path, pf)
     _check_footer(pf, expect, version)
     return pf, meta
+
+
+def _check_column_chunks(path: Path, pf: pq.ParquetFile) -> None:
+    """Before `_check_footer` reads each column chunk's metadata: what pyarrow would end the
+    process on is refused (protocol/parquet_pages.py)."""
+    with path.open("rb") as raw:
+        try:
+            parquet_pages.check_column_chunks(raw, pf.metadata)
+        except parquet_pages.PageError as exc:
+            raise _invalid("footer", str(exc)) from None
 
 
 def _decoded(pf: pq.ParquetFile, expect: BatchExpectations) -> pa.Table:

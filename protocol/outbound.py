@@ -128,9 +128,21 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+# NAT64's well-known prefix (RFC 6052): a NAT64 gateway sends 64:ff9b::a9fe:a9fe to
+# 169.254.169.254 on its own network.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
 def _unwrapped(address: IPAddress) -> IPAddress:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+    """The IPv4 address an IPv6 form embeds and reaches, else `address`."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return address
+    if address.ipv4_mapped is not None:
         return address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    if address.sixtofour is not None:
+        return address.sixtofour  # 6to4: 2002:7f00:1:: is relayed to 127.0.0.1
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address
 
 

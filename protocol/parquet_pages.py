@@ -171,3 +171,114 @@ def row_group_pages(
         if columns is None or any(name == c or name.startswith(f"{c}.") for c in columns):
             out.append(chunk_pages(f, chunk, name, budget))
     return out
+
+
+# ColumnChunkMetaData: pyarrow's binding has no C++ error translation, so a column chunk whose
+# metadata the C++ constructor refuses ends the whole process (std::terminate) as soon as
+# `row_group(g).column(c)` (or to_dict) is read. What that constructor refuses is checked here
+# from the footer's own bytes first: encrypted column metadata, size statistics whose level
+# histograms do not fit the column's levels, unencoded byte-array sizes on another type.
+_BYTE_ARRAY = "BYTE_ARRAY"
+_LIST, _STRUCT = 9, 12
+
+
+def check_column_chunks(f: BinaryIO, metadata: Any) -> None:
+    """Raise PageError for a column chunk whose metadata pyarrow cannot read without ending the
+    process (see above); call before any `row_group(g).column(c)`."""
+    schema = metadata.schema
+    leaves = [schema.column(i) for i in range(len(schema))]
+    reader = _Reader(_footer(f))
+    try:
+        for field, kind in _fields(reader):
+            if field == 4 and kind == _LIST:
+                for group in range(_list_size(reader, _STRUCT)):
+                    _check_row_group(reader, group, leaves)
+            else:
+                reader.skip(kind, 1)
+    except PageError:
+        raise
+    except ValueError as exc:  # the reader's words are about page headers
+        reason = str(exc).replace("the page header", "the footer")
+        raise PageError(f"the file's footer cannot be read ({reason})") from None
+
+
+def _footer(f: BinaryIO) -> bytes:
+    f.seek(0, 2)
+    size = f.tell()
+    if size < 12:
+        raise PageError("the file is too short to hold a Parquet footer")
+    f.seek(size - 8)
+    tail = f.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or not 0 < length <= size - 12:
+        raise PageError("the file's footer cannot be read")
+    f.seek(size - 8 - length)
+    return f.read(length)
+
+
+def _fields(reader: _Reader) -> Any:
+    """(field id, type) of each field of the struct at the reader; the caller reads or skips
+    each value before asking for the next field."""
+    field = 0
+    while True:
+        head = reader.byte()
+        if head == 0:
+            return
+        delta, kind = head >> 4, head & 0x0F
+        field = field + delta if delta else reader.zigzag()
+        yield field, kind
+
+
+def _list_size(reader: _Reader, element: int) -> int:
+    head = reader.byte()
+    size = head >> 4 if head >> 4 != 15 else reader.varint()
+    if head & 0x0F != element:
+        raise PageError("the file's footer cannot be read (an unexpected list type)")
+    return size
+
+
+def _check_row_group(reader: _Reader, group: int, leaves: list[Any]) -> None:
+    for field, kind in _fields(reader):
+        if field == 1 and kind == _LIST:
+            count = _list_size(reader, _STRUCT)
+            if count != len(leaves):
+                raise PageError(
+                    f"row group {group} has {count} column chunks, the schema {len(leaves)}"
+                )
+            for c in range(count):
+                _check_chunk(reader, f"row group {group}, column {leaves[c].path!r}", leaves[c])
+        else:
+            reader.skip(kind, 2)
+
+
+def _check_chunk(reader: _Reader, where: str, leaf: Any) -> None:
+    for field, kind in _fields(reader):
+        if field in (8, 9):
+            raise PageError(f"{where}: encrypted column metadata is not supported")
+        if field == 3 and kind == _STRUCT:
+            for meta_field, meta_kind in _fields(reader):
+                if meta_field == 16 and meta_kind == _STRUCT:
+                    _check_size_statistics(reader, where, leaf)
+                else:
+                    reader.skip(meta_kind, 4)
+        else:
+            reader.skip(kind, 3)
+
+
+def _check_size_statistics(reader: _Reader, where: str, leaf: Any) -> None:
+    levels = {2: leaf.max_repetition_level, 3: leaf.max_definition_level}
+    for field, kind in _fields(reader):
+        if field == 1 and leaf.physical_type != _BYTE_ARRAY:
+            raise PageError(f"{where}: size statistics of byte-array sizes on a non-byte-array")
+        if field in levels and kind == _LIST:
+            head = reader.byte()
+            size = head >> 4 if head >> 4 != 15 else reader.varint()
+            if size and size != levels[field] + 1:
+                raise PageError(
+                    f"{where}: its size statistics hold a level histogram of {size} entries, "
+                    f"where the column's levels take {levels[field] + 1}"
+                )
+            for _ in range(size):
+                reader._skip_element(head & 0x0F, 6)
+        else:
+            reader.skip(kind, 5)

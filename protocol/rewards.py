@@ -213,9 +213,9 @@ def _refuse_stdlib(name: str) -> None:
 
 
 def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
-    """For built-ins, refuse keyword arguments the function does not take, then values the
-    built-in's own check (`KWARG_CHECKS`) refuses, then values not of the declared type
-    (`KWARG_MODELS`: RewardError naming the kwarg)."""
+    """For built-ins, refuse keyword arguments the function does not take, then values not of
+    the declared type (`KWARG_MODELS`: RewardError naming the kwarg), then values the
+    built-in's own check (`KWARG_CHECKS`: ranges, no secrets) refuses."""
     model = KWARG_MODELS.get(name)
     if model is None:
         return
@@ -226,8 +226,6 @@ def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
     if unknown:
         hint = ", ".join(allowed) if allowed else "none"
         raise RewardError(f"{name} takes no argument {', '.join(unknown)} (it takes: {hint})")
-    if name in KWARG_CHECKS:
-        KWARG_CHECKS[name](kwargs)
     try:
         model.model_validate(kwargs)
     except ValidationError as exc:
@@ -238,6 +236,8 @@ def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:
             code="reward_kwarg_invalid",
             kwarg=kwarg,
         ) from None
+    if name in KWARG_CHECKS:
+        KWARG_CHECKS[name](kwargs)
 
 
 def columns_read(name: str, kwargs: Mapping[str, Any]) -> set[str] | None:

@@ -100,7 +100,11 @@ class WorkerSettings(BaseSettings):
         description="agr_reg_… token used once to register; not needed when the token file "
         "already holds a worker token.",
     )
-    name: str | None = Field(None, description="Worker name shown in the fleet (default: host).")
+    name: str | None = Field(
+        None,
+        description="Worker name shown in the fleet; it names the worker's state folder.",
+        json_schema_extra={"shown_default": "the host name"},
+    )
     gpu_type: str = Field("cpu", description="GPU type, e.g. H100, A10G or cpu.")
     gpu_count: int = Field(1, ge=1, description="GPUs in this box.")
     price_per_hour: float = Field(0.0, ge=0, description="USD per hour this box costs.")

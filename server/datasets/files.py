@@ -244,6 +244,11 @@ def _group_batches(
     metadata = pf.metadata
     wanted = None if columns is None else set(columns)
     budget = [parquet_pages.MAX_PAGES]
+    with open(path, "rb") as raw:
+        try:
+            parquet_pages.check_column_chunks(raw, metadata)
+        except parquet_pages.PageError as exc:
+            raise DatasetError(str(exc), code=ErrorCode.page_unreadable) from None
     for group in range(metadata.num_row_groups):
         with open(path, "rb") as raw:
             try:

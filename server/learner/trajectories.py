@@ -227,6 +227,8 @@ class _Batch(pq.ParquetFile):
         self.path = path
         self.sizes: dict[int, dict[str, int]] = {}
         self.pages_left = [parquet_pages.MAX_PAGES]  # for the whole file, however many groups
+        with open(path, "rb") as raw:
+            parquet_pages.check_column_chunks(raw, self.metadata)
 
     def column_bytes(self, group: int) -> dict[str, int]:
         if group not in self.sizes:
@@ -250,7 +252,7 @@ def _check_decodable(pf: _Batch, group: int, columns: list[str]) -> None:
             f"the batch's {', '.join(columns)} take {size:,} bytes decoded in row group {group}, "
             f"over the view's bound of {MAX_DECODED_BYTES:,}",
             field="batch_id",
-            code="batch_too_large_to_show",
+            code=ErrorCode.batch_too_large_to_show,
         )
 
 

@@ -132,6 +132,20 @@ def test_every_option_of_every_command_shows_its_default():
     assert missing == []
 
 
+def test_a_computed_default_is_shown_as_what_it_is_not_none():
+    """The worker's name defaults to the host name (and names its state folder): `--help`
+    says so in the default, not `(None)`."""
+    import typer
+
+    from asyncgrpo.cli import app
+
+    command = dict(_leaf_commands(typer.main.get_command(app)))[("worker",)]
+    ctx = command.context_class(command, info_name="worker")
+    (name,) = [p for p in command.params if p.name == "name"]
+    record = name.get_help_record(ctx)
+    assert record is not None and "[default: (the host name)]" in record[1], record
+
+
 @pytest.mark.parametrize(
     ("command", "typo", "setting"),
     [

@@ -427,3 +427,19 @@ def test_ten_million_element_list_is_refused_from_the_footer(tmp_path: Path) -> 
     err = _reject(path)
     assert (err.reason, err.check) == ("invalid", "list_too_long")
     assert pool.bytes_allocated() - before < 1_000_000
+
+
+def test_column_metadata_pyarrow_cannot_read_is_rejected_not_the_end_of_the_learner(
+    tmp_path: Path,
+) -> None:
+    """Size statistics that do not fit the column's levels (behaviour_logprobs declared
+    required in the schema): pyarrow's C++ refuses the column chunk's metadata with an
+    exception its binding does not translate, ending the process that reads the footer's
+    column metadata, unless the footer's bytes are checked first."""
+    from tests.server.datasets.files import required_in_schema
+
+    path = bf.write_valid(tmp_path / "b.parquet")
+    path.write_bytes(required_in_schema(path.read_bytes(), "behaviour_logprobs"))
+    err = _reject(path)
+    assert (err.reason, err.check) == ("invalid", "footer"), err
+    assert "behaviour_logprobs" in str(err)

@@ -235,7 +235,8 @@ def test_run_creation_validates_the_judges_kwargs() -> None:
         "bad template": ({"prompt_template": "{completion"}, "not a valid template"),
         "retries": ({"max_retries": 11}, "max_retries must be an integer from 0 to 10"),
         "concurrency": ({"max_concurrency": 0}, "max_concurrency must be an integer from 1 to 64"),
-        "timeout": ({"timeout_s": "5"}, "timeout_s must be a number"),
+        "timeout": ({"timeout_s": "5"}, "kwargs.timeout_s: Input should be a valid number"),
+        "timeout range": ({"timeout_s": 0}, "timeout_s must be a number"),
         "pick": ({"pick": "middle"}, "pick must be 'first' or 'last'"),
         "unknown": (
             {"batch_size": 4},

@@ -140,7 +140,7 @@ def test_run_creation_validates_the_new_builtins_kwargs() -> None:
         ValidationError, match=r"think_format takes no argument x \(it takes: think_in_prompt\)"
     ):
         RewardSpec(name="think_format", kwargs={"x": 1})
-    with pytest.raises(ValidationError, match="think_in_prompt must be true or false"):
+    with pytest.raises(ValidationError, match="kwargs.think_in_prompt: Input should be a valid b"):
         RewardSpec(name="think_format", kwargs={"think_in_prompt": "yes"})
     with pytest.raises(ValidationError, match="did you mean 'math_verify'"):
         RewardSpec(name="math_verfy")

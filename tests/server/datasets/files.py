@@ -108,3 +108,17 @@ def _varint(value: int, width: int = 0) -> bytes:
     assert value < 0x80
     out.append(value)
     return bytes(out)
+
+
+def required_in_schema(data: bytes, column: str) -> bytes:
+    """The Parquet file `data` with the nullable top-level `column` declared required in its
+    footer's schema (its chunks keep their size statistics, whose definition level histogram
+    then has one entry too many): the Thrift compact repetition_type field (3, i32 zigzag 1 →
+    0) just before the column's name, same length, so that no offset moves. The field header
+    is 0x25 after a leaf's type field, 0x35 as a group's first field."""
+    name = bytes([len(column)]) + column.encode()
+    for header in (b"\x25", b"\x35"):
+        old = header + b"\x02\x18" + name
+        if data.count(old) == 1:
+            return data.replace(old, header + b"\x00\x18" + name)
+    raise AssertionError(f"the schema element of {column!r} was not found once")

@@ -123,3 +123,22 @@ def test_bytes_that_are_not_parquet_are_422(app, client, admin_headers, tmp_path
     batch_id = _batch_with(app, run.id, path)
     answer = _get(client, run.id, admin_headers, batch_id=str(batch_id))
     assert answer.status_code == 422 and answer.json()["field"] == "batch_id", answer.text
+
+
+def test_column_metadata_pyarrow_cannot_read_is_422_not_the_end_of_the_server(
+    app, client, admin_headers, tmp_path: Path
+) -> None:
+    """Size statistics that do not fit the column's levels: pyarrow's C++ refuses the column
+    chunk's metadata with an exception its binding does not translate, which ends the process
+    (std::terminate) unless the footer is checked first."""
+    from tests.server.datasets.files import required_in_schema
+
+    run = make_run(app, environment=ENVIRONMENT)
+    path = tmp_path / "stats.parquet"
+    pq.write_table(_footer(_honest(run.id)), path)
+    path.write_bytes(required_in_schema(path.read_bytes(), "prompt_row_id"))
+    batch_id = _batch_with(app, run.id, path)
+    answer = _get(client, run.id, admin_headers, batch_id=str(batch_id))
+    assert answer.status_code == 422, answer.text
+    assert (answer.json()["field"], answer.json()["code"]) == ("batch_id", "batch_unreadable")
+    assert "'prompt_row_id'" in answer.json()["detail"], answer.text

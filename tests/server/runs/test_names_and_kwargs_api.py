@@ -14,6 +14,7 @@ from server.models import Run
 from tests.server.runs.conftest import example_config
 
 LONG_NAME = "x" * 10_002
+JUDGE = {"model": "m", "base_url": "https://judge.example.com/v1"}
 
 
 @pytest.mark.parametrize(
@@ -37,6 +38,21 @@ LONG_NAME = "x" * 10_002
         (
             {"rewards": [{"name": "hash_score", "kwargs": {"salt": 7}}]},
             "rewards.0.kwargs.salt",
+            "reward_kwarg_invalid",
+        ),
+        (  # a built-in with its own range checks: the declared types come first
+            {"rewards": [{"name": "llm_judge", "kwargs": {**JUDGE, "max_score": "10"}}]},
+            "rewards.0.kwargs.max_score",
+            "reward_kwarg_invalid",
+        ),
+        (
+            {"rewards": [{"name": "think_format", "kwargs": {"think_in_prompt": "yes"}}]},
+            "rewards.0.kwargs.think_in_prompt",
+            "reward_kwarg_invalid",
+        ),
+        (
+            {"rewards": [{"name": "math_verify", "kwargs": {"column": 1}}]},
+            "rewards.0.kwargs.column",
             "reward_kwarg_invalid",
         ),
     ],
