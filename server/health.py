@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import SQLAlchemyError
@@ -9,12 +11,16 @@ from server.deps import SessionDep
 from server.errors import AppError
 from server.routing import TransactionalRoute
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"], route_class=TransactionalRoute)
 
 
 class Readiness(BaseModel):
     status: str = Field(description="`ready`.")
-    database: str = Field(description="`ok`, or why the database cannot be used.")
+    database: str = Field(
+        description="`ok`, or `unavailable (<error class>; …)`: the reason is in the server log "
+        "(this route takes no token, so it never shows the database's address or user)."
+    )
     bucket: str = Field(description="`ok`, or why the bucket cannot be used (the last check).")
 
 
@@ -22,7 +28,10 @@ class NotReadyBody(BaseModel):
     detail: str = Field(description="`not ready: ` and the parts that are not, e.g. `bucket`.")
     code: str = Field(description="`not_ready`.")
     status: str = Field(description="`not ready`.")
-    database: str = Field(description="`ok`, or why the database cannot be used.")
+    database: str = Field(
+        description="`ok`, or `unavailable (<error class>; …)`: the reason is in the server log "
+        "(this route takes no token, so it never shows the database's address or user)."
+    )
     bucket: str = Field(description="`ok`, or why the bucket cannot be used (the last check).")
 
 
@@ -65,6 +74,7 @@ def _database_state(request: Request) -> str:
         with transaction(request.app.state.sessionmaker) as session:
             ping(session)
     except SQLAlchemyError as exc:
-        why = str(getattr(exc, "orig", None) or exc).strip()
-        return f"unavailable: {why.splitlines()[0] if why else type(exc).__name__}"
+        # /readyz takes no token: the driver's message (host, port, user) goes to the log only
+        log.warning("readiness: the database cannot be used: %s", exc)
+        return f"unavailable ({type(exc).__name__}; the server log has the reason)"
     return "ok"
