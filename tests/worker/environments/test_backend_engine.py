@@ -53,7 +53,7 @@ def forward_logprobs(model: Any, ids: list[int]) -> list[float]:
 def test_guess_game_on_the_real_model(tx_backend: Any) -> None:
     config = EnvironmentConfig(name="guess_number", kwargs={"low": 1, "high": 10**6}, max_turns=3)
     env = GuessNumberEnvironment(config, tx_backend.tokenizer, max_model_len=1024)
-    engine = Recording(BackendTurnEngine(tx_backend, temperature=T, seed=11))
+    engine = Recording(BackendTurnEngine(tx_backend, temperature=T, seed=34))  # two turns
     prompt = [{"role": "user", "content": "Let's play. Your first guess?"}]
     t = env.rollout(engine, prompt, max_new_tokens=12, seed=5)
     validate_trajectory(t, 1024)
