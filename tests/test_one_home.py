@@ -172,3 +172,26 @@ def test_token_authentication_is_written_once() -> None:
                 "token.expires_at",
             ):
                 assert spelled not in text, (module, spelled)
+
+
+def _waits_by_hand(node: ast.FunctionDef) -> bool:
+    """A loop of tries that sleeps an exponentially growing wait it computes itself."""
+    source = ast.unparse(node)
+    return (
+        "sleep(" in source
+        and "2 **" in source
+        and any(isinstance(n, ast.For | ast.While) for n in ast.walk(node))
+    )
+
+
+def test_one_retry_policy() -> None:
+    """Retry with backoff was written by hand in the worker, the learner's transfers, the
+    presigned transfers (protocol/transfer.py) and the LLM judge, each with its own waits:
+    protocol/retrying.py (tenacity) is the one policy; no function computes its own wait."""
+    by_hand = {
+        f"{module}:{node.name}"
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and _waits_by_hand(node)
+    }
+    assert by_hand == set()
