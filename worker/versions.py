@@ -154,6 +154,12 @@ class AdapterLoads:
             log.info("adapter run=%s v%d left the engine", *key)
 
 
+def _no_feed(exc: ApiError) -> bool:
+    """The server has no version feed: its `route_not_found`, or the bare 404 (no code) of a
+    server older than the feed, and so older than error codes."""
+    return exc.code == ErrorCode.route_not_found or (exc.code is None and exc.status_code == 404)
+
+
 class VersionFeed:
     """Long-polls the server for new versions and preloads those of the runs served here."""
 
@@ -207,7 +213,7 @@ class VersionFeed:
                 self._poll(wait_s)
                 delay = 0.5
             except (ApiError, httpx.HTTPError, RuntimeError) as exc:
-                if isinstance(exc, ApiError) and exc.code == ErrorCode.route_not_found:
+                if isinstance(exc, ApiError) and _no_feed(exc):
                     log.warning(
                         "the server has no version feed; versions load when leases need them"
                     )
