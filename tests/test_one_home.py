@@ -177,11 +177,9 @@ def test_token_authentication_is_written_once() -> None:
 def _waits_by_hand(node: ast.FunctionDef) -> bool:
     """A loop of tries that sleeps an exponentially growing wait it computes itself."""
     source = ast.unparse(node)
-    return (
-        "sleep(" in source
-        and "2 **" in source
-        and any(isinstance(n, ast.For | ast.While) for n in ast.walk(node))
-    )
+    pauses = "sleep(" in source or ".wait(" in source
+    grows = "2 **" in source or "* 2)" in source
+    return pauses and grows and any(isinstance(n, ast.For | ast.While) for n in ast.walk(node))
 
 
 def test_one_retry_policy() -> None:

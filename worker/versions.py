@@ -25,9 +25,11 @@ import httpx
 
 from protocol.client import ApiError, AsyncGrpoClient
 from protocol.error_codes import ErrorCode
+from protocol.retrying import Backoff
 from protocol.schemas import AdapterRef
 from worker.adapters import AdapterCache, AdapterHandle
 from worker.backends.base import Backend
+from worker.retry import FIRST_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +207,13 @@ class VersionFeed:
             self.notice(run_id, version)
 
     def _run(self) -> None:
-        delay = 0.5
+        backoff = Backoff(FIRST_WAIT_S, self.retry_max_s)
         while not self._stop.is_set():
             wait_s = 0.0 if self._fetch_now.is_set() else self.wait_s
             self._fetch_now.clear()
             try:
                 self._poll(wait_s)
-                delay = 0.5
+                backoff.reset()
             except (ApiError, httpx.HTTPError, RuntimeError) as exc:
                 if isinstance(exc, ApiError) and _no_feed(exc):
                     log.warning(
@@ -220,9 +222,9 @@ class VersionFeed:
                     return
                 if self._stop.is_set():
                     return  # the client was closed under the long-poll: the worker stops
+                delay = backoff.next_delay()
                 log.warning("version feed failed (%r); retrying in %.1fs", exc, delay)
                 self._fetch_now.wait(delay)
-                delay = min(self.retry_max_s, delay * 2)
 
     def _poll(self, wait_s: float) -> None:
         with self._lock:
