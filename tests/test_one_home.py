@@ -93,17 +93,26 @@ def test_the_leasing_statuses_are_written_once() -> None:
 
 
 def test_the_fencing_increment_is_written_once() -> None:
-    """Every grant (training, eval, the one-statement grant) and attach took fencing_seq + 1."""
+    """Every grant (training, eval, the one-statement grant) and attach took fencing_seq + 1,
+    and the eval cadence (evals.service.eval_first) foresaw the next grant's token so."""
     homes = {
-        module
+        f"{module}:{function.name}"
         for module, tree in _modules()
-        for node in ast.walk(tree)
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef)
+        for node in ast.walk(function)
         if isinstance(node, ast.BinOp)
         and isinstance(node.op, ast.Add)
-        and isinstance(node.left, ast.Attribute)
-        and node.left.attr == "fencing_seq"
+        and ast.unparse(node.left).split(".")[-1] == "fencing_seq"
     }
-    assert homes == {"server/runs/repository.py"}
+    assert homes == {"server/runs/repository.py:next_fencing"}
+    outside_functions = [
+        module
+        for module, tree in _modules()
+        for node in ast.iter_child_nodes(tree)
+        if isinstance(node, ast.Assign) and "fencing_seq + " in ast.unparse(node.value)
+    ]
+    assert outside_functions == []
     assert [m for m, text in _sources() if "fencing_seq = fencing_seq + 1" in text] == []
 
 
