@@ -86,9 +86,11 @@ def test_worker_killed_and_worker_paused(e2e: E2E) -> None:
     # SIGSTOP a worker past its lease, then SIGCONT: its late calls get 409
     paused = pause_worker_past_a_lease(e2e, "w2")
     c.workers["w2"].signal_group(signal.SIGCONT)
-    # Its late heartbeat (one entry of its batched heartbeat call) or upload/complete is 409.
+    # Its late heartbeat (one entry of its batched heartbeat call, the worker logging the
+    # entry's code) or upload/complete is 409.
     late = re.compile(
-        rf"POST /api/v1/leases/{paused}/\w+ HTTP/1.1\" 409|lease {paused} ended: lost \(409\)"
+        rf"POST /api/v1/leases/{paused}/\w+ HTTP/1.1\" 409"
+        rf"|lease {paused} ended: lost \(fencing_lost\)"
     )
     assert c.server is not None
 
