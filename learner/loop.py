@@ -40,7 +40,7 @@ from learner.trajectory_metrics import trajectory_metrics
 from learner.transfers import BucketRefused, Retrier
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
-from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.client import ApiError, AsyncGrpoClient, ConflictError
 from protocol.error_codes import ATTACH_WAIT, ErrorCode
 from protocol.rewards import RewardAllowlist, RewardError
 from protocol.run_config import LearnerRunConfig, RunConfig
@@ -511,11 +511,14 @@ class Learner:
                     reward_names=self.rewards_allowed.names(),
                     model=self.settings.model,
                 )
-            except ConflictError as exc:
+            except ApiError as exc:
                 # Branch on the code, never on the words (protocol/error_codes.py): preparing
-                # and another learner's lease pass; any other refusal (the run ended, another
-                # tokenizer or model, a reward this host cannot load) a retry would meet again.
+                # and another learner's lease pass; any other refusal (the run ended or does
+                # not exist, another tokenizer or model, a reward this host cannot load, a
+                # token the server refuses) a retry would meet again. 5xx: the client retried.
                 if exc.code not in ATTACH_WAIT:
+                    if exc.status_code >= 500:
+                        raise
                     raise RunFinished(str(exc.detail)) from exc
                 if exc.code == ErrorCode.run_preparing:
                     log.info("the run is preparing its prompt rows; waiting")

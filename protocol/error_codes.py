@@ -207,8 +207,9 @@ LEASE_LOST = frozenset({ErrorCode.fencing_lost, ErrorCode.lease_not_found})
 lease of this caller): drop the work, never retry."""
 
 ATTACH_WAIT = frozenset({ErrorCode.held_by_another_learner, ErrorCode.run_preparing})
-"""An attach refused for now: wait as a standby and attach again. Every other 409 on attach
-means the learner cannot train the run: it stops."""
+"""An attach refused for now: wait as a standby and attach again. Every other refusal of attach
+(another 409, the run not found, a token refused) means the learner cannot train the run: it
+stops."""
 
 
 def status_of(code: ErrorCode | str) -> int | None:

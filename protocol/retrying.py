@@ -1,7 +1,7 @@
 """The one retry policy of the worker, the learner and the typed client, on tenacity:
 exponential backoff with full jitter, capped — the n-th wait (n = 1, 2, …) is uniform in
 [0, min(cap_s, base_s × 2^(n-1))] — for as long as the failure is transient and the caller's
-`before_attempt` (a stop or a lost lease raises there) lets it go on."""
+`before_attempt` (a stop or a lost lease raises there) lets it go on, or up to `attempts` tries."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ def retry_call(
     sleep: Callable[[float], None],
     before_attempt: Callable[[], None] = lambda: None,
     on_retry: Callable[[BaseException, float], None] = lambda _exc, _delay: None,
+    attempts: int | None = None,
 ) -> T:
-    """`call()` until it answers; a failure that is not `transient` is raised as it is."""
+    """`call()` until it answers; a failure that is not `transient`, or the last of `attempts`
+    tries (None: no bound), is raised as it is."""
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         assert state.outcome is not None and state.next_action is not None
@@ -39,6 +41,7 @@ def retry_call(
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(transient),
         wait=_wait(base_s, cap_s),
+        stop=tenacity.stop_never if attempts is None else tenacity.stop_after_attempt(attempts),
         sleep=sleep,
         before=lambda _state: before_attempt(),
         before_sleep=before_sleep,

@@ -5,8 +5,9 @@ Per completion one `POST {base_url}/chat/completions` with the filled `prompt_te
 message; the reply's first or last number (`pick`; a scale as in "7/10" or "7 out of 10" is skipped)
 in [0, `max_score`], divided by `max_score`, is the reward. Up to `max_concurrency` requests are in
 flight at once (a thread pool sharing one HTTP client). A request that times out, cannot connect, is
-answered 408, 429 or 5xx, or whose reply holds no usable score is retried `max_retries` times (0.5
-s, 1 s, 2 s… apart); any other 4xx and a destination the outbound policy refuses fail at once. One
+answered 408, 429 or 5xx, or whose reply holds no usable score is retried `max_retries` times (the
+one retry policy, protocol/retrying.py: waits of at most 0.5 s, 1 s, 2 s…, capped at 30 s, with full
+jitter); any other 4xx and a destination the outbound policy refuses fail at once. One
 completion that still fails raises RewardError: the learner rejects the batch `reward_error`.
 
 What the run config never holds comes from the learner host (`JudgeHost`): the API key, read
@@ -31,6 +32,7 @@ from urllib.parse import urlparse
 import httpx
 
 from protocol.outbound import PUBLIC_ONLY, OutboundPolicy, OutboundRefused, client
+from protocol.retrying import retry_call
 from protocol.rewards_base import NUMBER, RewardError, text_of
 
 DEFAULT_TEMPLATE = (
@@ -46,7 +48,8 @@ KEY_KWARGS = ("api_key", "key", "token", "authorization", "headers", "bearer", "
 _SCALE = re.compile(r"(?:/|\bout of\b)\s*\d+(?:\.\d+)?", re.IGNORECASE)
 _RETRY_STATUS = frozenset({408, 429})
 MAX_TEMPLATE_CHARS = 16_384
-BACKOFF_S = 0.5
+BACKOFF_S = 0.5  # the first retry's wait is at most this (protocol/retrying.py)
+BACKOFF_CAP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -95,16 +98,17 @@ class _Judge:
 
     def score(self, http: httpx.Client, text: str) -> float:
         """One completion's score after up to `max_retries` retries, or RewardError."""
-        for attempt in range(self.max_retries + 1):
-            try:
-                return self._once(http, text)
-            except _Retry as exc:
-                if attempt == self.max_retries:
-                    raise RewardError(
-                        f"llm_judge: {exc} (after {self.max_retries + 1} attempts)"
-                    ) from exc
-                time.sleep(BACKOFF_S * 2**attempt)
-        raise AssertionError("unreachable")
+        try:
+            return retry_call(
+                lambda: self._once(http, text),
+                transient=lambda exc: isinstance(exc, _Retry),
+                base_s=BACKOFF_S,
+                cap_s=BACKOFF_CAP_S,
+                sleep=time.sleep,
+                attempts=self.max_retries + 1,
+            )
+        except _Retry as exc:
+            raise RewardError(f"llm_judge: {exc} (after {self.max_retries + 1} attempts)") from exc
 
     def _once(self, http: httpx.Client, text: str) -> float:
         try:

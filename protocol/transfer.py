@@ -17,12 +17,14 @@ from typing import TypeVar
 
 import httpx
 
+from protocol.retrying import retry_call
 from protocol.storage import ObjectExists, PresignedPut, StoreError
 
 CHUNK = 1 << 20
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 T = TypeVar("T")
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, read=120.0, write=120.0)
+RETRY_BASE_S, RETRY_CAP_S = 0.25, 4.0  # the waits between a transfer's tries
 
 
 class TransferError(StoreError):
@@ -65,17 +67,19 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def _with_retries(attempts: int, call: Callable[[], T]) -> T:
-    """Retry `call` on transport errors and TransferErrors with a retryable status."""
-    for attempt in range(attempts):
-        try:
-            return call()
-        except (httpx.TransportError, TransferError) as exc:
-            if not is_retryable(exc) or attempt == attempts - 1:
-                if isinstance(exc, httpx.TransportError):
-                    raise TransferError(f"transfer failed: {exc!r}") from exc
-                raise
-            time.sleep(min(0.25 * 2**attempt, 4.0))
-    raise AssertionError("unreachable")
+    """Up to `attempts` tries of `call`, retrying transport errors and TransferErrors with a
+    retryable status on the one retry policy (protocol/retrying.py)."""
+    try:
+        return retry_call(
+            call,
+            transient=is_retryable,
+            base_s=RETRY_BASE_S,
+            cap_s=RETRY_CAP_S,
+            sleep=time.sleep,
+            attempts=attempts,
+        )
+    except httpx.TransportError as exc:
+        raise TransferError(f"transfer failed: {exc!r}") from exc
 
 
 def upload_presigned(

@@ -93,17 +93,26 @@ def test_the_leasing_statuses_are_written_once() -> None:
 
 
 def test_the_fencing_increment_is_written_once() -> None:
-    """Every grant (training, eval, the one-statement grant) and attach took fencing_seq + 1."""
+    """Every grant (training, eval, the one-statement grant) and attach took fencing_seq + 1,
+    and the eval cadence (evals.service.eval_first) foresaw the next grant's token so."""
     homes = {
-        module
+        f"{module}:{function.name}"
         for module, tree in _modules()
-        for node in ast.walk(tree)
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef)
+        for node in ast.walk(function)
         if isinstance(node, ast.BinOp)
         and isinstance(node.op, ast.Add)
-        and isinstance(node.left, ast.Attribute)
-        and node.left.attr == "fencing_seq"
+        and ast.unparse(node.left).split(".")[-1] == "fencing_seq"
     }
-    assert homes == {"server/runs/repository.py"}
+    assert homes == {"server/runs/repository.py:next_fencing"}
+    outside_functions = [
+        module
+        for module, tree in _modules()
+        for node in ast.iter_child_nodes(tree)
+        if isinstance(node, ast.Assign) and "fencing_seq + " in ast.unparse(node.value)
+    ]
+    assert outside_functions == []
     assert [m for m, text in _sources() if "fencing_seq = fencing_seq + 1" in text] == []
 
 
@@ -172,3 +181,24 @@ def test_token_authentication_is_written_once() -> None:
                 "token.expires_at",
             ):
                 assert spelled not in text, (module, spelled)
+
+
+def _waits_by_hand(node: ast.FunctionDef) -> bool:
+    """A loop of tries that sleeps an exponentially growing wait it computes itself."""
+    source = ast.unparse(node)
+    pauses = "sleep(" in source or ".wait(" in source
+    grows = "2 **" in source or "* 2)" in source
+    return pauses and grows and any(isinstance(n, ast.For | ast.While) for n in ast.walk(node))
+
+
+def test_one_retry_policy() -> None:
+    """Retry with backoff was written by hand in the worker, the learner's transfers, the
+    presigned transfers (protocol/transfer.py) and the LLM judge, each with its own waits:
+    protocol/retrying.py (tenacity) is the one policy; no function computes its own wait."""
+    by_hand = {
+        f"{module}:{node.name}"
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and _waits_by_hand(node)
+    }
+    assert by_hand == set()

@@ -25,9 +25,11 @@ import httpx
 
 from protocol.client import ApiError, AsyncGrpoClient
 from protocol.error_codes import ErrorCode
+from protocol.retrying import Backoff
 from protocol.schemas import AdapterRef
 from worker.adapters import AdapterCache, AdapterHandle
 from worker.backends.base import Backend
+from worker.retry import FIRST_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +156,12 @@ class AdapterLoads:
             log.info("adapter run=%s v%d left the engine", *key)
 
 
+def _no_feed(exc: ApiError) -> bool:
+    """The server has no version feed: its `route_not_found`, or the bare 404 (no code) of a
+    server older than the feed, and so older than error codes."""
+    return exc.code == ErrorCode.route_not_found or (exc.code is None and exc.status_code == 404)
+
+
 class VersionFeed:
     """Long-polls the server for new versions and preloads those of the runs served here."""
 
@@ -199,24 +207,24 @@ class VersionFeed:
             self.notice(run_id, version)
 
     def _run(self) -> None:
-        delay = 0.5
+        backoff = Backoff(FIRST_WAIT_S, self.retry_max_s)
         while not self._stop.is_set():
             wait_s = 0.0 if self._fetch_now.is_set() else self.wait_s
             self._fetch_now.clear()
             try:
                 self._poll(wait_s)
-                delay = 0.5
+                backoff.reset()
             except (ApiError, httpx.HTTPError, RuntimeError) as exc:
-                if isinstance(exc, ApiError) and exc.code == ErrorCode.route_not_found:
+                if isinstance(exc, ApiError) and _no_feed(exc):
                     log.warning(
                         "the server has no version feed; versions load when leases need them"
                     )
                     return
                 if self._stop.is_set():
                     return  # the client was closed under the long-poll: the worker stops
+                delay = backoff.next_delay()
                 log.warning("version feed failed (%r); retrying in %.1fs", exc, delay)
                 self._fetch_now.wait(delay)
-                delay = min(self.retry_max_s, delay * 2)
 
     def _poll(self, wait_s: float) -> None:
         with self._lock:

@@ -319,7 +319,7 @@ def run_trajectory(
         batch = uuid.UUID(batch_id.strip()) if batch_id.strip() else None
     except ValueError:
         return _trajectory(request, error=f"batch id {batch_id!r} is not a UUID")
-    if not row.strip().isdigit() or int(row) > INT_MAX:
+    if not (row.strip().isascii() and row.strip().isdigit()) or int(row) > INT_MAX:
         return _trajectory(request, error=f"row {row!r} is not a row number")
     try:
         sample = trajectories.sample(session, store, run_id, batch, int(row))

@@ -32,6 +32,7 @@ from server.leases.queue import Granted
 from server.models import EvalResult
 from server.runs import lifecycle
 from server.runs import service as runs
+from server.runs.repository import next_fencing
 
 # Grant policy: a run's training lease comes first whenever it is admissible, except that every
 # EVAL_TURN-th grant of the run (by its fencing sequence) offers eval first; eval also gets the
@@ -97,7 +98,7 @@ def on_publish(
 
 def eval_first(fencing_seq: int) -> bool:
     """Every EVAL_TURN-th grant of a run offers eval before training (see EVAL_TURN)."""
-    return (fencing_seq + 1) % EVAL_TURN == 0
+    return next_fencing(fencing_seq) % EVAL_TURN == 0
 
 
 def grant(

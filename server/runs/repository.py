@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any, cast, overload
 
 from sqlalchemy import ColumnElement, Table, delete, func, insert, literal, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.db import is_postgres
@@ -20,9 +20,18 @@ INSERT_CHUNK = 5_000
 _DATASET_INSERT = insert(cast(Table, DatasetRow.__table__))
 
 
+@overload
+def next_fencing(fencing_seq: int) -> int: ...
+@overload
+def next_fencing(fencing_seq: InstrumentedAttribute[int]) -> ColumnElement[int]: ...
+def next_fencing(fencing_seq: Any) -> Any:
+    """The fencing token after `fencing_seq` (a number, or the column in a statement)."""
+    return fencing_seq + 1
+
+
 # The run's next fencing token: every lease grant (training and eval) and every learner attach
 # takes one, as `UPDATE runs SET fencing_seq = NEXT_FENCING ... RETURNING fencing_seq`.
-NEXT_FENCING = Run.fencing_seq + 1
+NEXT_FENCING = next_fencing(Run.fencing_seq)
 
 
 def insert_run(session: Session, **fields: Any) -> Run:

@@ -11,9 +11,10 @@ stale-rejected batches plus the lifetime of the stale-aborted leases, over the g
 of every batch plus that lifetime. Windows and buckets are in database time.
 
 Spend (the cost page): worker spend on a lease whose work was lost is *wasted spend*, by cause —
-`rejected` (its batch was rejected), `expired` (the lease ran out of TTL) or `aborted_stale`
-(aborted as stale). Spend on a lease aborted because its run stopped (paused, out of budget,
-cancelled, completed) is not waste: it is *stopped-run spend*, a separate figure."""
+`rejected` (its batch was rejected), `expired` (the lease ran out of TTL), `aborted_stale`
+(aborted as stale) or `worker_revoked` (ended because its worker was revoked). Spend on a lease
+aborted because its run stopped (paused, out of budget, cancelled, completed) is not waste: it
+is *stopped-run spend*, a separate figure."""
 
 from __future__ import annotations
 
@@ -26,13 +27,15 @@ from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now_plus, epoch_bucket, epoch_seconds
+from server.leases.expiry import REVOKED
 from server.models import Lease, RolloutBatch
 
 STALE = "stale"
 # How a stale-aborted lease shows among the rejection reasons of the dashboard's chart and
 # among the wasted spend's causes.
 ABORTED_STALE = "aborted_stale"
-WASTED_SPEND_KINDS = ("rejected", "expired", ABORTED_STALE)
+WORKER_REVOKED = "worker_revoked"
+WASTED_SPEND_KINDS = ("rejected", "expired", ABORTED_STALE, WORKER_REVOKED)
 STOPPED_RUN_SPEND = "stopped_run"  # spend on leases aborted because their run stopped
 
 
@@ -160,6 +163,7 @@ def spend_kind() -> ColumnElement[str | None]:
         (RolloutBatch.state == "rejected", "rejected"),
         (Lease.state == "expired", "expired"),
         (and_(Lease.state == "aborted", Lease.end_reason == STALE), ABORTED_STALE),
+        (and_(Lease.state == "aborted", Lease.end_reason == REVOKED), WORKER_REVOKED),
         (Lease.state == "aborted", STOPPED_RUN_SPEND),
         else_=None,
     )

@@ -1,6 +1,7 @@
 """The cost page's waste vocabulary (server/runs/waste.py): spend on leases whose work was lost is
-wasted spend by cause (rejected, expired, aborted stale); spend on leases aborted because the run
-paused or was cancelled is not waste (invariant 16) and shows as its own figure."""
+wasted spend by cause (rejected, expired, aborted stale, its worker revoked); spend on leases
+aborted because the run paused or was cancelled is not waste (invariant 16) and shows as its own
+figure."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from server.dashboard.costs import cost_page
 from server.db import transaction
+from server.leases.expiry import REVOKED
 from server.models import CostRecord, Lease
 from tests.conftest import make_settings
 from tests.server.dashboard.test_pages import login
@@ -23,6 +25,7 @@ LEASES = {
     ("aborted", "stale"): 1.0,
     ("aborted", "run_paused"): 2.0,
     ("aborted", "run_cancelled"): 4.0,
+    ("aborted", REVOKED): 64.0,  # its worker was revoked: the work is lost, the run goes on
     ("expired", None): 8.0,
     ("completed", "completed"): 16.0,  # no batch rejected: spend that produced a batch
     ("released", "shutdown"): 32.0,
@@ -80,15 +83,21 @@ def test_pause_and_cancel_aborts_are_not_wasted_spend(
     stale, paused, cancelled = (
         LEASES[("aborted", r)] for r in ("stale", "run_paused", "run_cancelled")
     )
-    expired = LEASES[("expired", None)]
-    assert page.wasted_usd == {"rejected": 0.0, "expired": expired, "aborted_stale": stale}
+    expired, revoked = LEASES[("expired", None)], LEASES[("aborted", REVOKED)]
+    assert page.wasted_usd == {
+        "rejected": 0.0,
+        "expired": expired,
+        "aborted_stale": stale,
+        "worker_revoked": revoked,
+    }
     assert page.stopped_run_usd == paused + cancelled
     [row] = [r for r in page.runs if r.id == run.id]
-    assert row.wasted == {"expired": expired, "aborted_stale": stale}
+    assert row.wasted == {"expired": expired, "aborted_stale": stale, "worker_revoked": revoked}
     assert row.stopped_run_usd == paused + cancelled
 
     login(client, admin_token)
     html = client.get("/cost").text
     assert f'id="wasted-aborted_stale">${stale:,.2f}<' in html
     assert f'id="stopped-run">${paused + cancelled:,.2f}<' in html
+    assert f'id="wasted-worker_revoked">${revoked:,.2f}<' in html
     assert "wasted: aborted stale" in html and "(not waste)" in html

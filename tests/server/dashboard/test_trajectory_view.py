@@ -144,3 +144,14 @@ def test_a_transcript_over_the_bound_is_shown_cut_and_said_so(
     assert "over the view&#39;s bound" in fragment.text or "over the view's bound" in fragment.text
     kinds = re.findall(r'<li class="msg ([a-z_]+)">', fragment.text)
     assert kinds == [trajectory.messages[0].kind]  # the cut message is not shown
+
+
+@pytest.mark.parametrize("row", ["²", "①", "٣", "1_0", "+1", "1e3"])
+def test_a_row_that_is_no_ascii_number_is_answered_in_place(app, client, admin_token, row) -> None:  # type: ignore[no-untyped-def]
+    """Characters str.isdigit accepts and int() refuses (superscripts, circled digits) were a
+    500; other scripts' digits and signs are not row numbers either: the view says so."""
+    run = make_run(app, environment=ENVIRONMENT)
+    login(client, admin_token)
+    fragment = client.get(f"/runs/{run.id}/trajectory", params={"row": row})
+    assert fragment.status_code == 200, fragment.text
+    assert "is not a row number" in html.unescape(fragment.text)

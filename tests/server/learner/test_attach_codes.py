@@ -1,9 +1,11 @@
 """The learner decides stop vs stand-by on an attach 409 from the error code alone: with every
 message of the server reworded, each refusal still stops it or makes it wait as before (issue
-26; it used to match words of the message: "run is ", "fingerprint", "--model")."""
+26; it used to match words of the message: "run is ", "fingerprint", "--model"). A run or a
+token the server refuses (404, 401) stops it too, with the server's reason (it was a traceback)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +19,8 @@ from learner.loop import Learner, RunFinished
 from protocol.client import AsyncGrpoClient
 from protocol.rewards import RewardAllowlist
 from server.db import transaction
-from server.models import Run
+from server.db_types import db_now
+from server.models import Run, Token
 from tests.server.learner.support import FP, RunHandle, expire_learner, make_run
 from tests.server.reworded import reword_every_message
 
@@ -84,8 +87,32 @@ def _a_reward_it_cannot_load(app: Any, client: Any) -> Learner:
     return _learner(client, make_run(app, rewards=[{"name": "not_installed.module:reward"}]))
 
 
+def _a_run_that_does_not_exist(app: Any, client: Any) -> Learner:
+    return _learner(client, RunHandle(uuid.uuid4(), make_run(app).token))  # run_not_found
+
+
+def _a_token_the_server_does_not_know(app: Any, client: Any) -> Learner:
+    return _learner(client, RunHandle(make_run(app).id, "agr_lrn_" + "x" * 43))  # token_invalid
+
+
+def _a_revoked_token(app: Any, client: Any) -> Learner:
+    run = make_run(app)
+    with transaction(app.state.sessionmaker) as session:
+        session.execute(update(Token).where(Token.scope_id == run.id).values(revoked_at=db_now()))
+    return _learner(client, run)  # token_revoked
+
+
 @pytest.mark.parametrize(
-    "arrange", [_cancelled, _another_tokenizer, _another_model, _a_reward_it_cannot_load]
+    "arrange",
+    [
+        _cancelled,
+        _another_tokenizer,
+        _another_model,
+        _a_reward_it_cannot_load,
+        _a_run_that_does_not_exist,
+        _a_token_the_server_does_not_know,
+        _a_revoked_token,
+    ],
 )
 def test_a_refusal_a_retry_would_meet_again_stops_the_learner(
     app: Any, client: Any, monkeypatch: pytest.MonkeyPatch, arrange: Any
