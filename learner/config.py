@@ -7,7 +7,6 @@ hyper-parameters are not here: they come from the run's config, which attach ret
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.outbound import OutboundPolicy, check_networks
 from protocol.rewards import MODULE_PATH
-from protocol.settings_env import SERVER_NAMES_UNDER_PART_PREFIXES, unknown_variables
+from protocol.settings_env import refuse_unknown_part_variables
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
 
@@ -212,12 +211,5 @@ class LearnerSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unknown_variables(cls, data: object) -> object:
-        unknown = unknown_variables(
-            os.environ,
-            cls,
-            what="a learner setting (learner/config.py)",
-            ignore_names=SERVER_NAMES_UNDER_PART_PREFIXES,
-        )
-        if unknown:
-            raise ValueError("; ".join(unknown))
+        refuse_unknown_part_variables(cls, "a learner setting (learner/config.py)")
         return data

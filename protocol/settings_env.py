@@ -5,6 +5,7 @@ server, the worker and the learner."""
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Collection, Mapping
 
 from pydantic import AliasChoices, AliasPath, BaseModel
@@ -82,3 +83,13 @@ def unknown_variables(
         hint = f"; did you mean {close[0]}?" if close else ""
         messages.append(f"{raw} is not {what}{hint}")
     return messages
+
+
+def refuse_unknown_part_variables(settings: type[BaseSettings], what: str) -> None:
+    """ValueError naming each unknown variable of a part's prefix (worker, learner) and its
+    closest setting; the server's own variables under those prefixes are not the part's."""
+    unknown = unknown_variables(
+        os.environ, settings, what=what, ignore_names=SERVER_NAMES_UNDER_PART_PREFIXES
+    )
+    if unknown:
+        raise ValueError("; ".join(unknown))

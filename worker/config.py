@@ -6,7 +6,6 @@ with the prefix `ASYNCGRPO_WORKER_` (e.g. `ASYNCGRPO_WORKER_SERVER_URL`).
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.rewards import MODULE_PATH
-from protocol.settings_env import SERVER_NAMES_UNDER_PART_PREFIXES, unknown_variables
+from protocol.settings_env import refuse_unknown_part_variables
 
 # Each worker keeps its local state (token file, adapter cache, batch files) in a folder of its
 # own name under this one, so two workers on one host do not share a token by default.
@@ -256,12 +255,5 @@ class WorkerSettings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unknown_variables(cls, data: object) -> object:
-        unknown = unknown_variables(
-            os.environ,
-            cls,
-            what="a worker setting (worker/config.py)",
-            ignore_names=SERVER_NAMES_UNDER_PART_PREFIXES,
-        )
-        if unknown:
-            raise ValueError("; ".join(unknown))
+        refuse_unknown_part_variables(cls, "a worker setting (worker/config.py)")
         return data
