@@ -58,7 +58,10 @@ def _base_env(extra: dict[str, str]) -> dict[str, str]:
 
 def dies_with_this_process(argv: list[str]) -> list[str]:
     """`argv` run through parent_death.py: it keeps its pid and is killed when this process
-    dies (Linux; elsewhere it is just `argv`)."""
+    dies. Linux only (the parent-death signal); elsewhere `argv` as it is, and a killed parent
+    can leave it running."""
+    if not sys.platform.startswith("linux"):
+        return argv
     return [sys.executable, "-I", str(PARENT_DEATH), str(os.getpid()), *argv]
 
 

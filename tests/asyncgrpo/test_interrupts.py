@@ -18,6 +18,10 @@ from asyncgrpo import interrupts
 from asyncgrpo.cluster import PACKAGE_ROOT, PARENT_DEATH, Cluster, ClusterConfig
 from asyncgrpo.parent_death import PARENT_GONE_EXIT
 
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="/proc and the parent-death signal are Linux's"
+)
+
 
 def running(pid: int) -> bool:
     """False once `pid` has ended (a zombie has ended; it only waits for a reaper)."""

@@ -90,7 +90,7 @@ def test_vllm_worker_holds_leases_of_two_runs_abort_and_fence_touch_only_their_o
     (aborted,) = alone.lease_rows()
     assert (aborted.state, aborted.end_reason) == ("aborted", "run_paused")
     assert f"lease {aborted.id} ended: aborted (run_paused)" in text
-    assert f"lease {fenced} ended: lost (409)" in text
+    assert f"lease {fenced} ended: lost (fencing_lost)" in text  # the 409's code
     completed = [r for r in shared.lease_rows() if r.id != fenced]
     assert [r.state for r in completed] == ["completed"] * 2
     batches = shared.batch_rows()
