@@ -3,8 +3,8 @@ this folder first on PYTHONPATH (a Cluster passes PYTHONPATH on to every process
 and set:
 
 - INJECT_PUBLISH_DELAY_S=N: the server holds each adapter publish N seconds before handling
-  it, so a learner killed meanwhile has its publish land after its death
-  (tests/e2e/test_faults.py::test_learner_killed_and_server_restarted).
+  it (and says so on stderr: the server log), so a learner killed meanwhile has its publish land
+  after its death (tests/e2e/test_faults.py::test_learner_killed_and_server_restarted).
 
 E2E_INJECT_POLL_GAP_S (read by tests/e2e/test_faults.py itself) widens the gap between seeing
 a worker's lease and acting on it.
@@ -24,6 +24,7 @@ if _PUBLISH_DELAY_S and "uvicorn" in sys.orig_argv:
     _real_publish = _publish.publish
 
     def _delayed_publish(*args: Any, **kwargs: Any) -> Any:
+        print(f"inject: holding a publish {_PUBLISH_DELAY_S:g} s", file=sys.stderr, flush=True)
         time.sleep(_PUBLISH_DELAY_S)
         return _real_publish(*args, **kwargs)
 
