@@ -62,17 +62,22 @@ def ended_state(e2e: E2E, lease: uuid.UUID) -> Callable[[], str | None]:
     return state
 
 
-def lease_of_stopped_worker(e2e: E2E, worker: str) -> uuid.UUID | None:
-    """Waits until `worker` holds a lease, SIGSTOPs it and returns the lease it holds now,
-    stopped (None, and the worker resumed, when it finished that lease before the signal)."""
+def lease_of_stopped_worker(e2e: E2E, worker: str) -> uuid.UUID:
+    """SIGSTOPs `worker` while it holds a lease and returns that lease, the worker stopped. The
+    lease is read after the stop (the worker can take no other one then); a worker stopped
+    between two leases is resumed and its next lease waited for."""
     proc = e2e.cluster.workers[worker]
-    e2e.wait_for(f"{worker} to hold a lease", lambda: e2e.active_lease(worker), START_S)
-    time.sleep(POLL_GAP_S)
-    proc.signal_group(signal.SIGSTOP)
-    lease = e2e.active_lease(worker)  # read after the stop: it cannot take another one now
-    if lease is None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        left = deadline - time.monotonic()
+        e2e.wait_for(f"{worker} to hold a lease", lambda: e2e.active_lease(worker), left)
+        time.sleep(POLL_GAP_S)
+        proc.signal_group(signal.SIGSTOP)
+        lease = e2e.active_lease(worker)
+        if lease is not None:
+            return lease
         proc.signal_group(signal.SIGCONT)
-    return lease
+    raise AssertionError(f"{worker} was never stopped holding a lease\n{e2e.logs()}")
 
 
 def fault_past_a_lease(
@@ -89,8 +94,6 @@ def fault_past_a_lease(
     ended: list[str] = []
     for _ in range(tries):
         lease = lease_of_stopped_worker(e2e, worker)
-        if lease is None:
-            continue
         fault(lease)
         state = e2e.wait_for("the lease to end", ended_state(e2e, lease), 30)
         if state == "expired":
