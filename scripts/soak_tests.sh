@@ -18,11 +18,12 @@ done
 # a test passed a run when that run reports it PASSED and no FAILED/ERROR (e.g. its teardown)
 awk -v n="$n" '
   $1 ~ /^(PASSED|FAILED|ERROR)$/ && $2 ~ /::/ {
-    key = FILENAME SUBSEP $2; ids[$2] = 1
+    id = substr($0, length($1) + 2); sub(/ - .*/, "", id)  # ids may hold spaces; " - why"
+    key = FILENAME SUBSEP id; ids[id] = 1
     if ($1 == "PASSED") passed[key] = 1; else failed[key] = 1
   }
   END {
     for (key in passed) if (!(key in failed)) { split(key, k, SUBSEP); count[k[2]]++ }
     for (id in ids) printf "%d/%d %s\n", count[id], n, id
-  }' "$logs"/run-*.log | sort -k2
+  }' "$logs"/run-*.log | sort -t " " -k2
 echo "logs: $logs"
