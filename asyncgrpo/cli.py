@@ -349,11 +349,17 @@ def demo(
 ) -> None:
     """Run a whole training run on this machine's CPU: the embedded server, workers and the
     learner with the small model on the arithmetic task. Ctrl-C stops every process."""
-    from pathlib import Path
+    from asyncgrpo import interrupts
 
-    from rich.console import Console
+    interrupts.install()  # before the slow imports: a Ctrl-C during them is not lost
+    try:
+        from pathlib import Path
 
-    from asyncgrpo.demo import run_demo
+        from rich.console import Console
+
+        from asyncgrpo.demo import run_demo
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
     code = run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
                     console=Console(), seed=seed)  # fmt: skip

@@ -4,7 +4,10 @@ A `Cluster` starts the control plane (embedded SQLite + local bucket by default,
 Postgres URL and S3 bucket), creates an admin token, a run and a registration token, then starts
 rollout workers and the learner as subprocesses with one torch thread each. Every process runs
 in its own process group (its own session), so a Ctrl-C on the terminal reaches only the
-orchestrator, which then stops each group: SIGTERM, a grace period, then SIGKILL.
+orchestrator, which then stops each group: SIGTERM, a grace period, then SIGKILL. Each child is
+started through `parent_death.py`, so it is killed when the orchestrator dies, SIGKILL included
+(Linux), and it is started inside `interrupts.deferred()`, so an interrupt never lands between
+its fork and the record of its handle.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from typing import IO, Any
 
 import httpx
 
+from asyncgrpo import interrupts
 from protocol.client import AsyncGrpoClient
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PARENT_DEATH = Path(__file__).resolve().with_name("parent_death.py")
+SERVER_SHUTDOWN_S = 2
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -50,8 +56,18 @@ def _base_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def dies_with_this_process(argv: list[str]) -> list[str]:
+    """`argv` run through parent_death.py: it keeps its pid and is killed when this process
+    dies. Linux only (the parent-death signal); elsewhere `argv` as it is, and a killed parent
+    can leave it running."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-I", str(PARENT_DEATH), str(os.getpid()), *argv]
+
+
 class ManagedProcess:
-    """One subprocess in its own process group, its output in a log file."""
+    """One subprocess in its own process group, its output in a log file; it dies with the
+    process (the thread) that started it."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path, log: Path):
         self.name, self.argv, self.env, self.cwd, self.log_path = name, argv, env, cwd, log
@@ -61,7 +77,7 @@ class ManagedProcess:
     def start(self) -> ManagedProcess:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.argv,
+            dies_with_this_process(self.argv),
             cwd=self.cwd,
             env=self.env,
             stdin=subprocess.DEVNULL,
@@ -231,10 +247,14 @@ class Cluster:
         argv = [
             sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
             "--port", str(self.port), "--log-level", self.config.server_log_level,
+            # on SIGTERM, cancel the calls still open after this long (long-polls of clients
+            # that were stopped first) instead of waiting them out
+            "--timeout-graceful-shutdown", str(SERVER_SHUTDOWN_S),
         ]  # fmt: skip
         env = _base_env(self.server_env())
         log = self.dir / "logs" / "server.log"
-        self.server = ManagedProcess("server", argv, env, self.dir, log).start()
+        with interrupts.deferred():
+            self.server = ManagedProcess("server", argv, env, self.dir, log).start()
         self.wait_healthy(timeout_s)
         if self.admin is None:
             self.admin = AsyncGrpoClient(self.url, self.admin_token)
@@ -295,8 +315,8 @@ class Cluster:
             "--model", self.config.model, "--threads", str(self.config.threads),
         ]  # fmt: skip
         log = self.dir / "logs" / f"{name}.log"
-        proc = ManagedProcess(name, argv, env, self.dir, log).start()
-        self.workers[name] = proc
+        with interrupts.deferred():
+            proc = self.workers[name] = ManagedProcess(name, argv, env, self.dir, log).start()
         return proc
 
     def start_learner(self) -> ManagedProcess:
@@ -308,7 +328,8 @@ class Cluster:
             "--threads", str(self.config.threads), "--work-dir", str(self.dir / "learner"),
         ]  # fmt: skip
         log = self.dir / "logs" / "learner.log"
-        self.learner = ManagedProcess("learner", argv, env, self.dir, log).start()
+        with interrupts.deferred():
+            self.learner = ManagedProcess("learner", argv, env, self.dir, log).start()
         return self.learner
 
     def processes(self) -> list[ManagedProcess]:

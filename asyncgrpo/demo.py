@@ -1,11 +1,11 @@
 """`asyncgrpo demo`: the embedded server, N rollout workers and the learner on this machine's
 CPU with the small model and the `arithmetic` task; a live view polled from the API, a summary
-at the end; Ctrl-C (or SIGTERM) stops every process."""
+at the end; Ctrl-C (or SIGTERM) at any moment stops every process (asyncgrpo/interrupts.py), and
+the children die with the demo even when it is killed (asyncgrpo/parent_death.py)."""
 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from asyncgrpo import interrupts
 from asyncgrpo.cluster import Cluster, ClusterConfig
 from protocol.client import ApiError
 from protocol.layout import adapter_prefix
@@ -222,10 +223,6 @@ def final_adapter_lines(final: FinalAdapter | None) -> list[str]:
     ]
 
 
-def _raise_interrupt(_signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _crashed(cluster: Cluster) -> str | None:
     server, learner = cluster.server, cluster.learner
     if server is not None and not server.alive():
@@ -247,10 +244,22 @@ def run_demo(
     seed: int = 0,
 ) -> int:
     """Run the demo to the end (or Ctrl-C); returns the exit code."""
+    restore_signals = interrupts.install()
+    try:
+        return _run_demo(workers, port, versions, work_dir, console, seed)
+    except KeyboardInterrupt:  # before the cluster existed: there is nothing to stop
+        console.print("[yellow]interrupted[/yellow]")
+        return 130
+    finally:
+        restore_signals()
+
+
+def _run_demo(
+    workers: int, port: int | None, versions: int, work_dir: Path, console: Console, seed: int
+) -> int:
     started = time.monotonic()
     config = demo_config(versions, seed)
     reused = reuse_notes(work_dir.resolve())
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     cluster = Cluster(
         ClusterConfig(
             work_dir=work_dir,
@@ -287,13 +296,9 @@ def run_demo(
         console.print("[yellow]interrupted: stopping every process…[/yellow]")
         code = 130
     finally:
-        # a second Ctrl-C must not cut the stop short (and leave orphans)
-        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        interrupts.stopping()  # a second Ctrl-C must not cut the stop short (and leave orphans)
         n = len(cluster.processes())
         cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
         console.print(f"stopped {n} processes")
     if snap is not None:
         console.print(summary_table(snap, config, time.monotonic() - started))

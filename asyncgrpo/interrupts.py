@@ -1,0 +1,69 @@
+"""SIGINT and SIGTERM as one `KeyboardInterrupt` for a process that owns children (the demo).
+
+- Installed whatever the inherited disposition: a non-interactive shell starts a background job
+  (`cmd &`) with SIGINT ignored, and Python then keeps it ignored, so relying on Python's default
+  handler let such a demo train on through its Ctrl-C.
+- Raised once: a second signal while the children are being stopped is ignored (an interrupted
+  stop would leave orphans).
+- Held inside `deferred()`: a signal that lands between a child's fork and the moment its handle
+  is recorded is raised when the block ends, so the stop always knows every child.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _State:
+    held = 0  # depth of deferred() blocks
+    pending = False  # a signal arrived while held
+    raised = False  # the one KeyboardInterrupt was raised (or the owner is stopping)
+
+
+_state = _State()
+
+
+def _on_signal(_signum: int, _frame: FrameType | None) -> None:
+    if _state.raised:
+        return
+    if _state.held:
+        _state.pending = True
+        return
+    _state.raised = True
+    raise KeyboardInterrupt
+
+
+def install() -> Callable[[], None]:
+    """Route SIGINT and SIGTERM here (main thread only); returns what restores the previous
+    handlers."""
+    _state.held, _state.pending, _state.raised = 0, False, False
+    previous = {sig: signal.signal(sig, _on_signal) for sig in SIGNALS}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def stopping() -> None:
+    """From now on, signals are ignored (the owner is stopping its children)."""
+    _state.raised = True
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a signal until the block ends (then raise it). A no-op where `install` never ran."""
+    _state.held += 1
+    try:
+        yield
+    finally:
+        _state.held -= 1
+        if not _state.held and _state.pending and not _state.raised:
+            _state.pending, _state.raised = False, True
+            raise KeyboardInterrupt
