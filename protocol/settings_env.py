@@ -62,9 +62,11 @@ def unknown_variables(
     what: str,
     ignore_prefixes: tuple[str, ...] = (),
     ignore_names: Collection[str] = (),
+    retired: Mapping[str, str] | None = None,
 ) -> list[str]:
     """A message for each variable under the settings' prefix that is no setting, naming the
-    closest setting when one is close. `what`: "a worker setting (worker/config.py)"."""
+    closest setting when one is close. `what`: "a worker setting (worker/config.py)";
+    `retired`: settings that are gone, each with what to do instead."""
     prefix = env_prefix(settings)
     delimiter = settings.model_config.get("env_nested_delimiter")
     known = setting_variables(settings)
@@ -75,6 +77,9 @@ def unknown_variables(
         if not name.startswith(prefix) or name in known or name in ignore_names:
             continue
         if name.startswith(ignore_prefixes):
+            continue
+        if retired and name in retired:
+            messages.append(f"{raw} is gone: {retired[name]}")
             continue
         # deeper nesting (ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100) sets a dict's key
         if delimiter and delimiter.join(name.split(delimiter)[:2]) in known:

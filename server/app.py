@@ -17,10 +17,9 @@ from server.bucket import BucketWatch
 from server.config import Settings, get_settings
 from server.datasets.router import DATASETS_PATH
 from server.db import make_engine, make_sessionmaker, transaction
-from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
-from server.leases.paths import CallPaths
+from server.leases.units import WorkerCalls, WorkerDb
 from server.limits import BodySizeLimit
 from server.security_headers import SecurityHeaders
 from server.storage_factory import make_store
@@ -58,15 +57,11 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
         scheduler = start_if_inprocess(settings, app.state.sessionmaker, app.state.store)
         app.state.scheduler = scheduler
-        app.state.pg_pool = await open_pool(settings)
         try:
             yield
         finally:
             app.state.bucket_watch.stop()
             await app.state.version_watch.close()
-            if app.state.pg_pool is not None:
-                await app.state.pg_pool.close()
-                app.state.pg_pool = None
             if scheduler is not None:
                 scheduler.stop()
             engine.dispose()
@@ -82,8 +77,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.pg_pool = None  # opened by the lifespan on Postgres (server/db_async.py)
-    app.state.call_paths = CallPaths()
+    app.state.worker_db = WorkerDb.of(engine, app.state.sessionmaker)
+    app.state.worker_calls = WorkerCalls()
     app.state.version_watch = make_watch(app.state)
     app.state.store = make_store(settings)
     app.state.bucket_watch = BucketWatch(app.state.sessionmaker, app.state.store, settings)

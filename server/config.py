@@ -178,23 +178,6 @@ class Settings(BaseSettings):
         le=1000,
         description="Extra Postgres connections each server process may open under load.",
     )
-    worker_calls_on_event_loop: bool = Field(
-        True,
-        description="On Postgres, answer the common case of the worker calls (acquire, "
-        "heartbeat, upload, complete) on the event loop through psycopg's async pool "
-        "(server/leases/fast_service.py); false sends every call down the portable, "
-        "thread-pool path (bench/leases.py compares the two).",
-    )
-    database_async_pool_size: int = Field(
-        8,
-        ge=1,
-        le=1000,
-        description="Postgres connections each server process keeps for the worker calls' "
-        "common case (acquire, heartbeat, upload, complete), which runs on the event loop with "
-        "psycopg's async driver instead of a request thread; counts toward max_connections "
-        "beside the pool above. Grants on a run serialise on its run row, so more connections only "
-        "queue inside Postgres (bench/leases.py: 4, 8 and 16 served the same cycles/s).",
-    )
     server_threads: int = Field(
         8,
         ge=1,
@@ -299,6 +282,15 @@ class Settings(BaseSettings):
         return path.read_text().strip()
 
 
+# Settings that were removed, with what to do instead (docs/decisions/0001-one-lease-engine.md).
+RETIRED_SETTINGS = {
+    "ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP": "every worker call is answered by the one lease "
+    "engine on both databases; remove the variable",
+    "ASYNCGRPO_DATABASE_ASYNC_POOL_SIZE": "the worker calls use the database pool "
+    "(ASYNCGRPO_DATABASE_POOL_SIZE); remove the variable",
+}
+
+
 def setting_variables() -> list[str]:
     """Every environment variable name the Settings read (nested groups one level down)."""
     return settings_env.setting_variables(Settings)
@@ -313,6 +305,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         what="a server setting (server/config.py)",
         ignore_prefixes=FOREIGN_ENV_PREFIXES,
         ignore_names=FOREIGN_ENV_NAMES,
+        retired=RETIRED_SETTINGS,
     )
 
 

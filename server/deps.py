@@ -49,14 +49,15 @@ StoreDep = Annotated[ObjectStore, Depends(get_store)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _bearer_token(credentials: Credentials) -> str:
+def bearer_token(credentials: Credentials) -> str:
+    """The bearer token's text (401 when there is none)."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token", code=ErrorCode.token_missing)
     return credentials.credentials
 
 
 def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token:
-    return released(session, tokens.authenticate(session, _bearer_token(credentials), kinds))
+    return released(session, tokens.authenticate(session, bearer_token(credentials), kinds))
 
 
 def released(session: Session, principal: T) -> T:
@@ -82,14 +83,14 @@ def require_registration(session: SessionDep, credentials: Credentials) -> Token
 
 def bearer_digest(credentials: Credentials) -> str:
     """The digest a bearer token is looked up by (401 for a missing or foreign token)."""
-    return tokens.digest_of_bearer(_bearer_token(credentials))
+    return tokens.digest_of_bearer(bearer_token(credentials))
 
 
 def authenticated_worker(session: Session, credentials: Credentials) -> Worker:
     """The calling worker (401/403 as for every token); the worker calls' auth."""
     from server.workers.service import worker_for_token
 
-    return worker_for_token(session, _bearer_token(credentials))
+    return worker_for_token(session, bearer_token(credentials))
 
 
 async def as_worker(

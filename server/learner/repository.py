@@ -224,14 +224,6 @@ def claim_batch(
     )
 
 
-def row_ids_of_batch(session: Session, batch_id: uuid.UUID) -> list[int]:
-    return list(
-        session.execute(
-            select(PromptRow.id).where(PromptRow.batch_id == batch_id).order_by(PromptRow.queue_pos)
-        ).scalars()
-    )
-
-
 def prompts_of_batches(
     session: Session, batch_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, list[dict[str, Any]]]:

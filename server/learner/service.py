@@ -37,7 +37,8 @@ from server.errors import Conflict, FencingLost, NotFound, Unprocessable
 from server.evals import service as evals
 from server.events.service import raise_event
 from server.learner import repository as repo
-from server.leases import queue
+from server.leases.ledger import kind_of
+from server.leases.train import TRAIN
 from server.models import RolloutBatch, Token
 from server.runs import lifecycle
 from server.runs import service as runs_service
@@ -363,8 +364,7 @@ def _reject_stale(
         staleness=staleness,
         target_version=target,
     )
-    rows = repo.row_ids_of_batch(session, batch.id)
-    queue.requeue(session, run_id, rows, "stale", count_attempt=True)
+    TRAIN.requeue_batch(session, run_id, batch.id, "stale")
 
 
 def _claimed(
@@ -413,13 +413,6 @@ def reject(
             code=ErrorCode.batch_not_claimed,
         )
     repo.reject_batch(session, batch_id, body.reason, body.detail, from_state="claimed")
-    if batch.kind == "eval":  # its items go back to the eval queue
-        requeued = evals.requeue_batch(session, batch_id)
-        workers.count_rejection(session, batch.worker_id)
-        return RejectResponse(batch_id=batch_id, requeued=requeued, dropped=0)
-    rows = repo.row_ids_of_batch(session, batch_id)
-    result = queue.requeue(session, run_id, rows, body.reason, count_attempt=True)
+    requeued, dropped = kind_of(batch.kind).requeue_batch(session, run_id, batch_id, body.reason)
     workers.count_rejection(session, batch.worker_id)
-    return RejectResponse(
-        batch_id=batch_id, requeued=len(result.requeued), dropped=len(result.dropped)
-    )
+    return RejectResponse(batch_id=batch_id, requeued=requeued, dropped=dropped)

@@ -12,9 +12,8 @@ from sqlalchemy.orm import Session
 
 from server.db import is_postgres
 from server.db_types import db_now
-from server.evals import service as evals
-from server.leases import queue
-from server.models import Lease, PromptRow, Worker
+from server.leases.ledger import kind_of
+from server.models import Lease, Worker
 
 REVOKED = "revoked"  # the end reason of a revoked worker's leases, and its rows' re-queue reason
 
@@ -46,7 +45,7 @@ def sweep_expired(session: Session, *, limit: int = 500) -> int:
             Lease.expires_at <= db_now(),
         )
         .values(state="expired", ended_at=db_now(), end_reason="expired")
-        .returning(Lease.id, Lease.run_id)
+        .returning(Lease.id, Lease.run_id, Lease.kind)
         .execution_options(synchronize_session=False)
     ).all()
     _requeue_ended(session, expired, "expired", count_attempt=True)
@@ -86,7 +85,7 @@ def _end_revoked(session: Session, which: ColumnElement[bool]) -> int:
         update(Lease)
         .where(which, Lease.state == "active")
         .values(state="aborted", ended_at=db_now(), end_reason=REVOKED)
-        .returning(Lease.id, Lease.run_id)
+        .returning(Lease.id, Lease.run_id, Lease.kind)
         .execution_options(synchronize_session=False)
     ).all()
     _requeue_ended(session, ended, REVOKED, count_attempt=False)
@@ -95,25 +94,18 @@ def _end_revoked(session: Session, which: ColumnElement[bool]) -> int:
 
 def _requeue_ended(
     session: Session,
-    ended: Sequence[Row[uuid.UUID, uuid.UUID]],
+    ended: Sequence[Row[uuid.UUID, uuid.UUID, str]],
     reason: str,
     *,
     count_attempt: bool,
 ) -> None:
-    """The rows still leased under these just-ended leases (lease id, run id) back to the front
-    of their run's queue with `reason`; eval leases' items back to their own queue."""
-    evals.requeue_leases(
-        session, [lease_id for lease_id, _run in ended], count_attempt=count_attempt
-    )
-    by_run: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
-    for lease_id, run_id in ended:
-        by_run[run_id].append(lease_id)
-    for run_id in sorted(by_run):  # in id order: two callers never wait on each other's runs
-        row_ids = list(
-            session.execute(
-                select(PromptRow.id).where(
-                    PromptRow.lease_id.in_(by_run[run_id]), PromptRow.state == "leased"
-                )
-            ).scalars()
+    """The rows still out under these just-ended leases (lease id, run id, kind) back to the
+    front of their queue with `reason`, each by its kind (server/leases/ledger.py); runs in id
+    order, so two callers never wait on each other's runs."""
+    by_run: dict[tuple[uuid.UUID, str], list[uuid.UUID]] = defaultdict(list)
+    for lease_id, run_id, kind in ended:
+        by_run[(run_id, kind)].append(lease_id)
+    for run_id, kind in sorted(by_run):
+        kind_of(kind).requeue(
+            session, run_id, by_run[(run_id, kind)], reason, count_attempt=count_attempt
         )
-        queue.requeue(session, run_id, row_ids, reason, count_attempt=count_attempt)

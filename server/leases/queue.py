@@ -30,11 +30,10 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session
 
 from protocol.schemas import INT_MAX
-from protocol.seeds import seed_prefix, seed_sql
+from protocol.seeds import derived_seed, seed_prefix, seed_sql
 from server.db_types import JSONType, db_now, postgres_text
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
@@ -336,8 +335,6 @@ ORDER BY picked.queue_pos
         adapter_files=JSONType,
     )
 )
-# The same statement for psycopg's own async connections (server/leases/fast_repository.py).
-GRANT_SQL_PSYCOPG = str(_GRANT.compile(dialect=psycopg_dialect()))
 
 
 @dataclass(frozen=True)
@@ -395,6 +392,18 @@ def grant_params(
         "group_size": group_size,
         "seed_prefix": seed_prefix(run_seed, run_id),
     }
+
+
+def lease_seed(run_seed: int, run_id: uuid.UUID, fencing: int) -> int:
+    """Deterministic per grant: the run's seed and the grant's fencing token (protocol/seeds.py;
+    the one-statement grant computes the same in SQL)."""
+    return derived_seed(run_seed, run_id, fencing)
+
+
+def seed_of(params: dict[str, Any], fencing: int) -> int:
+    """The lease seed of a grant with these parameters and this fencing token: derived_seed of
+    (run seed, run id, fencing), as the one-statement grant computes it in SQL."""
+    return derived_seed(params["seed_prefix"] + str(fencing))
 
 
 def grant_in_one_statement(session: Session, params: dict[str, Any]) -> Granted | None:

@@ -3,35 +3,32 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Row,
+    and_,
     insert,
     select,
     update,
 )
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
-from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
-from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, RolloutBatch, Run
-
-
-def candidate_runs(session: Session, models: list[str]) -> list[Run]:
-    """Running runs of these base models, fairly: higher priority first, then the run leased
-    least recently (never-leased first)."""
-    if not models:
-        return []
-    return list(
-        session.execute(
-            select(Run)
-            .options(defer(Run.config))
-            .where(Run.status.in_(LEASING_RUN_STATUSES), Run.base_model.in_(models))
-            .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
-        ).scalars()
-    )
+from server.models import (
+    AdapterVersion,
+    DatasetRow,
+    Lease,
+    PromptRow,
+    RolloutBatch,
+    Run,
+    Token,
+    Worker,
+)
+from server.tokens.repository import usable
 
 
 def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[Any]]:
@@ -89,6 +86,41 @@ def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID)
     ).first()
 
 
+def authenticated(digest: Any) -> ColumnElement[bool]:
+    """The worker calls' authentication as a join condition over Token and Worker: a usable
+    worker token (tokens.repository.usable) of a worker not revoked. The reference check
+    (server/workers/service.py worker_for_token) says which part failed."""
+    return and_(
+        Token.digest == digest,
+        Token.kind == "worker",
+        usable(Token),
+        Worker.id == Token.scope_id,
+        Worker.status != "revoked",
+    )
+
+
+def lease_of_caller(session: Session, digest: str, lease_id: uuid.UUID) -> Any:
+    """The lease (any state) with its run's fingerprint, only if the worker authenticated by
+    this token digest holds it (statements.authenticated); else None."""
+    return session.execute(
+        select(
+            Lease.id,
+            Lease.run_id,
+            Lease.worker_id,
+            Lease.fencing,
+            Lease.adapter_version,
+            Lease.n_prompts,
+            Lease.group_size,
+            Lease.kind,
+            Run.tokenizer_fingerprint,
+        )
+        .join(Worker, Worker.id == Lease.worker_id)
+        .join(Token, Token.scope_id == Worker.id)
+        .join(Run, Run.id == Lease.run_id)
+        .where(Lease.id == lease_id, authenticated(digest))
+    ).first()
+
+
 def fence(
     session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int, **values: Any
 ) -> bool:
@@ -120,12 +152,24 @@ def end_values(state: str, reason: str) -> dict[str, Any]:
     return {"state": state, "ended_at": db_now(), "end_reason": reason}
 
 
-def leased_rows(session: Session, lease_id: uuid.UUID) -> list[int]:
+def leased_rows_of(session: Session, lease_ids: Sequence[uuid.UUID]) -> list[int]:
+    """The rows still leased under these leases, in queue order."""
+    if not lease_ids:
+        return []
     return list(
         session.execute(
             select(PromptRow.id)
-            .where(PromptRow.lease_id == lease_id, PromptRow.state == "leased")
-            .order_by(PromptRow.queue_pos)
+            .where(PromptRow.lease_id.in_(list(lease_ids)), PromptRow.state == "leased")
+            .order_by(PromptRow.queue_pos, PromptRow.id)
+        ).scalars()
+    )
+
+
+def rows_of_batch(session: Session, batch_id: uuid.UUID) -> list[int]:
+    """The prompt rows a batch holds, in queue order."""
+    return list(
+        session.execute(
+            select(PromptRow.id).where(PromptRow.batch_id == batch_id).order_by(PromptRow.queue_pos)
         ).scalars()
     )
 

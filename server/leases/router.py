@@ -1,9 +1,8 @@
 """Worker calls of the rollout proxy: acquire (long-poll), heartbeat, upload, complete, release.
 
-Which path answers each call (the event loop on Postgres for the common case, else the portable
-path in one worker thread) is decided in paths.py; release is always portable (deps.as_worker:
-authentication and work in one transaction and one thread-pool hop, and no connection held
-while a request waits for a thread)."""
+Each call is answered by the one lease engine (service.py, fenced.py) in one thread-pool hop
+(units.py): no connection is held while a request waits for a thread, and a long-poll holds
+none between its tries."""
 
 from __future__ import annotations
 
@@ -28,8 +27,9 @@ from protocol.schemas import (
     format_versions_header,
 )
 from server.config import Settings
-from server.deps import Credentials, as_worker
-from server.leases import paths, service
+from server.deps import Credentials, bearer_token
+from server.leases import fenced, service
+from server.leases.units import in_thread
 from server.long_poll import long_poll
 from server.routing import TransactionalRoute
 
@@ -59,12 +59,15 @@ _VERSIONS_HEADER_DOC = {
 async def acquire(
     body: LeaseAcquireRequest, request: Request, response: Response, credentials: Credentials
 ) -> Lease | Response:
-    """Long-poll: each try authenticates and grants on its own (paths.acquire_once); the wait
+    """Long-poll: each try authenticates and grants on its own (service.acquire); the wait
     between tries is on the event loop, so idle workers hold no thread, no connection and no
     lock (nor SQLite's write lock). Both answers carry the versions the last try read."""
     settings: Settings = request.app.state.settings
+    caller = _caller(request, credentials)
     acquired, _active = await long_poll(
-        lambda _deadline: paths.acquire_once(request, credentials, body),
+        lambda _deadline: in_thread(
+            request.app.state.worker_calls, "acquire", lambda: service.acquire(caller, body)
+        ),
         lambda tried: tried[0].lease is not None or not tried[1],
         body.wait_s,
         settings.lease_long_poll_s,
@@ -83,36 +86,58 @@ async def heartbeats(
     """Heartbeats of up to 512 held leases in one call, each answered on its own (200 with the
     heartbeat, or 404 / 409 as its single heartbeat would answer): a worker holding many
     leases makes one call per interval. Leases are processed in lease-id order."""
-    return await paths.heartbeats(request, credentials, body)
+    caller = _caller(request, credentials)
+    return await in_thread(
+        request.app.state.worker_calls,
+        "heartbeat",
+        lambda: fenced.heartbeats(caller, body),
+        count=len(body.leases),
+    )
 
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(
     lease_id: uuid.UUID, body: HeartbeatRequest, request: Request, credentials: Credentials
 ) -> HeartbeatResponse:
-    return await paths.heartbeat(request, credentials, lease_id, body)
+    caller = _caller(request, credentials)
+    return await in_thread(
+        request.app.state.worker_calls,
+        "heartbeat",
+        lambda: fenced.heartbeat(caller, lease_id, body),
+    )
 
 
 @router.post("/{lease_id}/upload", response_model=UploadResponse)
 async def upload(
     lease_id: uuid.UUID, body: UploadRequest, request: Request, credentials: Credentials
 ) -> UploadResponse:
-    return await paths.upload(request, credentials, lease_id, body)
+    caller = _caller(request, credentials)
+    return await in_thread(
+        request.app.state.worker_calls, "upload", lambda: fenced.upload(caller, lease_id, body)
+    )
 
 
 @router.post("/{lease_id}/complete", response_model=CompleteResponse)
 async def complete(
     lease_id: uuid.UUID, body: CompleteRequest, request: Request, credentials: Credentials
 ) -> CompleteResponse:
-    return await paths.complete(request, credentials, lease_id, body)
+    caller = _caller(request, credentials)
+    return await in_thread(
+        request.app.state.worker_calls, "complete", lambda: fenced.complete(caller, lease_id, body)
+    )
 
 
 @router.post("/{lease_id}/release", response_model=ReleaseResponse)
 async def release(
     lease_id: uuid.UUID, body: ReleaseRequest, request: Request, credentials: Credentials
 ) -> ReleaseResponse:
-    return await as_worker(
-        request,
-        credentials,
-        lambda session, worker: service.release(session, worker, lease_id, body),
+    caller = _caller(request, credentials)
+    return await in_thread(
+        request.app.state.worker_calls, "release", lambda: fenced.release(caller, lease_id, body)
     )
+
+
+def _caller(request: Request, credentials: Credentials) -> service.Caller:
+    """The call's context (401 for a missing bearer token)."""
+    state = request.app.state
+    return service.Caller(state.worker_db, state.store, state.settings, bearer_token(credentials))

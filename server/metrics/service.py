@@ -329,24 +329,24 @@ class DatabaseCollector(Collector):
         return families
 
 
-class CallPathCollector(Collector):
-    """Worker calls this server process answered, by call and path: `event_loop` (the common
-    case on Postgres, server/leases/fast_service.py) or `portable` (everything else).
+class WorkerCallCollector(Collector):
+    """Worker calls this server process answered, by call (acquire counts each long-poll try,
+    the batch heartbeat each lease).
 
     The counts live in this process, and under `--workers N` a scrape reaches any one of the N:
     the `pid` label keeps each process's counter its own series (without it Prometheus would
     read the alternation as counter resets); `sum without (pid)` gives the server's total."""
 
-    def __init__(self, counts: Mapping[tuple[str, str], int], pid: int | None = None) -> None:
+    def __init__(self, counts: Mapping[str, int], pid: int | None = None) -> None:
         self._counts = counts
         self._pid = str(os.getpid() if pid is None else pid)
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(
             "asyncgrpo_worker_calls",
-            "Worker calls answered by this server process (pid), by call and path.",
-            labels=["call", "path", "pid"],
+            "Worker calls answered by this server process (pid), by call.",
+            labels=["call", "pid"],
         )
-        for (call, path), count in sorted(self._counts.items()):
-            family.add_metric([call, path, self._pid], count)
+        for call, count in sorted(self._counts.items()):
+            family.add_metric([call, self._pid], count)
         yield family

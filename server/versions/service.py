@@ -28,8 +28,7 @@ _AFTER_ENTRY = re.compile(
 
 
 def make_watch(state: Any) -> VersionWatch:
-    """The watch of this process: on Postgres through the async pool when there is one (read
-    when the watch first runs, after the lifespan opened it), else a session in a thread."""
+    """The watch of this process: its reads run in a session in a thread."""
     factory: sessionmaker[Session] = state.sessionmaker
 
     def in_session(read: Any, *args: Any) -> Any:
@@ -37,16 +36,10 @@ def make_watch(state: Any) -> VersionWatch:
             return read(session, *args)
 
     async def read_runs() -> list[repo.RunRow]:
-        if state.pg_pool is not None:
-            async with state.pg_pool.connection() as conn:
-                return await repo.running_runs_async(conn)
         rows: list[repo.RunRow] = await to_thread.run_sync(in_session, repo.running_runs)
         return rows
 
     async def read_adapter(run_id: uuid.UUID, version: int) -> repo.Adapter | None:
-        if state.pg_pool is not None:
-            async with state.pg_pool.connection() as conn:
-                return await repo.adapter_async(conn, run_id, version)
         found: repo.Adapter | None = await to_thread.run_sync(
             in_session, repo.adapter, run_id, version
         )

@@ -1,15 +1,13 @@
 """Fixtures of the lease tests.
 
 Every test that goes through the app (HTTP) takes `lease_path` (through `lease_app`, or
-directly) and so runs three times, the path in its id: `pg-event-loop` (Postgres, the common
-case on the event loop), `pg-portable` (Postgres with `worker_calls_on_event_loop` off) and
-`sqlite` (tests/server/leases/lease_paths.py). After each, `lease_app` checks that the
-path held: on pg-event-loop some calls were answered on the event loop, on the other two none.
-The Postgres ones take turns on one migrated database, emptied before each test.
+directly) and so runs once per database, its name in the id: `postgres` and `sqlite`
+(tests/server/leases/lease_paths.py). The Postgres runs take turns on one migrated database,
+emptied before each test.
 
-Tests that call the service, queue or repository functions directly on a session (no HTTP, so
-no path to choose: `any_session`) run on Postgres and SQLite only (`db_url`). Tests that compare
-the two Postgres paths side by side take `servers` (Postgres only).
+Tests that call the queue or repository functions directly on a session take `any_session`
+(Postgres and SQLite, `db_url`). Tests that compare the two databases side by side take
+`servers` (tests/server/leases/twins.py).
 """
 
 from __future__ import annotations
@@ -77,7 +75,7 @@ def emptied_lease_pg_database(lease_pg_database: str) -> str:
 
 @pytest.fixture(params=ALL_PATHS)
 def lease_path(request: pytest.FixtureRequest) -> LeasePath:
-    """pg-event-loop, pg-portable or sqlite, on an empty migrated database."""
+    """postgres or sqlite, on an empty migrated database."""
     database = "sqlite_url" if request.param == SQLITE else "emptied_lease_pg_database"
     return LeasePath(request.param, str(request.getfixturevalue(database)))
 
@@ -90,12 +88,11 @@ def lease_app(lease_path: LeasePath, tmp_path: Path) -> Iterator[FastAPI]:
     application = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
     yield application
     application.state.engine.dispose()
-    Answered(application.state.call_paths, lease_path).check_the_path_held()
 
 
 @pytest.fixture
 def answered(lease_app: FastAPI, lease_path: LeasePath) -> Answered:
-    return Answered(lease_app.state.call_paths, lease_path)
+    return Answered(lease_app.state.worker_calls, lease_path)
 
 
 @pytest.fixture

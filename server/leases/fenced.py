@@ -1,0 +1,240 @@
+"""The lease engine's fenced calls (docs/architecture.md, "The lease engine"; invariants 2, 6,
+10): heartbeat, upload, complete and release of a lease the worker holds. Each is one
+compare-and-set on the lease row in database time (repository.fence's rule), inside one unit;
+when it changes nothing the call answers 404 or 409 (service.refuse says which) and has changed
+nothing. What the lease's rows do next is its kind's business (server/leases/ledger.py)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import bindparam, update
+
+from protocol import layout
+from protocol.error_codes import ErrorCode
+from protocol.schemas import (
+    ATTEMPT_COUNTING_RELEASES,
+    CompleteRequest,
+    CompleteResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    HeartbeatsRequest,
+    HeartbeatsResponse,
+    LeaseBeatAnswer,
+    ReleaseRequest,
+    ReleaseResponse,
+    UploadRequest,
+    UploadResponse,
+)
+from protocol.storage import ObjectStore
+from server.db_types import db_now
+from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
+from server.leases import ledger, statements
+from server.leases import repository as repo
+from server.leases.runs_of_leases import LEASE_RUNS
+from server.leases.service import Caller, config_of_run, refuse
+from server.models import Lease, Worker
+from server.workers.repository import touch
+
+_BEAT = statements.beat_statements(ledger.abort_reason())
+_LEASE_LOST = "lease lost: fencing token, state or expiry no longer holds; drop the work"
+
+
+def _lost() -> FencingLost:
+    return FencingLost(_LEASE_LOST, code=ErrorCode.fencing_lost)
+
+
+# -- heartbeat ---------------------------------------------------------------------------------
+
+
+def heartbeat(caller: Caller, lease_id: uuid.UUID, body: HeartbeatRequest) -> HeartbeatResponse:
+    """Extend the lease by the run's TTL, or abort it (its rows back to their queue) when its
+    kind says so: the run no longer runs, or (training) its version left the window."""
+    db = caller.db
+    run_id = LEASE_RUNS.run_of(db.unit, lease_id)
+    if run_id is None:
+        refuse(caller, lease_id)
+    assert run_id is not None
+    config = config_of_run(db, run_id)
+    params = {
+        "digest": caller.digest,
+        "lease_id": lease_id,
+        "held_fencing": body.fencing,
+        "ttl_s": config.lease_ttl_s,
+        "admission": config.admission_control,
+        "max_staleness": config.max_staleness,
+    }
+    with db.statement() as session:
+        beat = statements.beat(session, db.postgres, _BEAT, params)
+    if beat is None:
+        refuse(caller, lease_id)
+    assert beat is not None
+    if beat.extended:
+        return HeartbeatResponse(
+            current_version=beat.current_version, abort=False, ttl_s=config.lease_ttl_s
+        )
+    if not beat.held or beat.reason is None:
+        raise _lost()
+    _abort(caller, lease_id, beat, body.fencing)
+    return HeartbeatResponse(
+        current_version=beat.current_version, abort=True, ttl_s=0.0, reason=beat.reason
+    )
+
+
+def _abort(caller: Caller, lease_id: uuid.UUID, beat: statements.Beat, fencing: int) -> None:
+    assert beat.reason is not None
+    kind = ledger.kind_of(beat.kind)
+    with caller.db.unit() as session:
+        ended = repo.end_values("aborted", beat.reason)
+        if not repo.fence(session, lease_id, beat.worker_id, fencing, **ended):
+            raise _lost()
+        counted = kind.counts_abort(beat.reason)
+        kind.requeue(session, beat.run_id, [lease_id], "aborted", count_attempt=counted)
+        touch(session, beat.worker_id)
+
+
+def heartbeats(caller: Caller, body: HeartbeatsRequest) -> HeartbeatsResponse:
+    """Each lease's heartbeat on its own, as its single heartbeat would answer, in lease-id
+    order (two such calls never lock in a cycle): one lost lease (404, 409) changes nothing of
+    it and does not stop the others."""
+    answers: dict[uuid.UUID, LeaseBeatAnswer] = {}
+    for beat in sorted(body.leases, key=lambda b: b.lease_id):
+        single = HeartbeatRequest(fencing=beat.fencing)
+        try:
+            answer = heartbeat(caller, beat.lease_id, single)
+        except (NotFound, FencingLost) as refused:
+            answers[beat.lease_id] = LeaseBeatAnswer(
+                lease_id=beat.lease_id,
+                status=refused.status_code,
+                detail=refused.message,
+                code=refused.code,
+            )
+            continue
+        answers[beat.lease_id] = LeaseBeatAnswer(
+            lease_id=beat.lease_id, status=200, heartbeat=answer
+        )
+    return HeartbeatsResponse(results=[answers[b.lease_id] for b in body.leases])
+
+
+# -- upload ------------------------------------------------------------------------------------
+
+_UPLOADING = (
+    update(Lease)
+    .where(
+        Lease.id == bindparam("lease_id"),
+        Lease.worker_id == Worker.id,
+        repo.authenticated(bindparam("digest")),
+        statements.held_now(),
+    )
+    .values(last_heartbeat_at=db_now())
+    .returning(Lease.run_id, Lease.fencing)
+    .execution_options(synchronize_session=False)
+)
+
+
+def upload(caller: Caller, lease_id: uuid.UUID, body: UploadRequest) -> UploadResponse:
+    """A presigned PUT for the lease's one batch key, bound to this size and sha256."""
+    limit = caller.settings.security.max_blob_bytes
+    if body.size > limit:
+        _lease_of(caller, lease_id)  # 401/404 come first
+        raise PayloadTooLarge(
+            f"size exceeds {limit} bytes", field="size", code=ErrorCode.upload_too_large
+        )
+    params = {"digest": caller.digest, "lease_id": lease_id, "held_fencing": body.fencing}
+    with caller.db.statement() as session:
+        row = session.execute(_UPLOADING, params).first()
+    if row is None:
+        refuse(caller, lease_id)
+    assert row is not None
+    key = layout.batch_key(row.run_id, lease_id, row.fencing)
+    ttl = caller.settings.security.url_ttl_s
+    put = caller.store.presign_put(
+        key, size=body.size, sha256_hex=body.sha256, ttl_s=ttl, if_none_match=True
+    )
+    return UploadResponse(key=key, url=put.url, headers=dict(put.headers), expires_in_s=ttl)
+
+
+# -- complete ----------------------------------------------------------------------------------
+
+
+def _lease_of(caller: Caller, lease_id: uuid.UUID) -> Any:
+    """The lease as this authenticated worker holds it (any state), else the refusal."""
+    with caller.db.statement() as session:
+        lease = repo.lease_of_caller(session, caller.digest, lease_id)
+    if lease is None:
+        refuse(caller, lease_id)
+    return lease
+
+
+def _refuse_unsigned_digest(store: ObjectStore, key: str, claimed: str) -> None:
+    """The manifest's sha256 must be the one the upload URL was signed with (the store kept it
+    when it enforced it): 422, the lease untouched, so the worker can complete again."""
+    stored = store.sha256(key)
+    if stored is not None and stored != claimed:
+        raise Unprocessable(
+            f"manifest.sha256 {claimed} is not the sha256 the batch was uploaded with ({stored})",
+            field="manifest.sha256",
+            code=ErrorCode.digest_mismatch,
+        )
+
+
+def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> CompleteResponse:
+    """Accept the batch when its object exists with the manifest's size and the sample count
+    matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way."""
+    lease = _lease_of(caller, lease_id)
+    manifest = body.manifest
+    key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
+    if manifest.key != key:
+        raise Unprocessable(
+            "manifest.key is not this lease's batch key",
+            field="manifest.key",
+            code=ErrorCode.wrong_batch_key,
+        )
+    info = caller.store.head(key)  # object-store I/O before the compare-and-set's unit
+    if info is not None and info.size == manifest.size:  # else rejected below
+        _refuse_unsigned_digest(caller.store, key, manifest.sha256)
+    reject = None
+    if info is None:
+        reject = "missing_object"
+    elif info.size != manifest.size:
+        reject = "size_mismatch"
+    values = {
+        "bucket_key": key,
+        "sha256": manifest.sha256,
+        "bytes": manifest.size,
+        "n_samples": manifest.n_samples,
+        "n_tokens": manifest.n_tokens,
+        "generation_seconds": manifest.generation_seconds,
+        "manifest": manifest.model_dump(mode="json"),
+    }
+    with caller.db.unit() as session:
+        done = ledger.kind_of(lease.kind).complete(session, lease, body.fencing, values, reject)
+    if done is None:
+        raise _lost()
+    batch_id, reject = done
+    return CompleteResponse(
+        batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
+    )
+
+
+# -- release -----------------------------------------------------------------------------------
+
+
+def release(caller: Caller, lease_id: uuid.UUID, body: ReleaseRequest) -> ReleaseResponse:
+    """Rows back to the front of the queue now; an attempt counted only when the engine died
+    generating them (`prompt_too_long`: only the rows named)."""
+    lease = _lease_of(caller, lease_id)
+    reason = body.reason or "release"
+    kind = ledger.kind_of(lease.kind)
+    only = body.prompt_row_ids if reason == "prompt_too_long" else None
+    with caller.db.unit() as session:
+        ended = repo.end_values("released", reason)
+        if not repo.fence(session, lease_id, lease.worker_id, body.fencing, **ended):
+            raise _lost()
+        counted = reason in ATTEMPT_COUNTING_RELEASES
+        released = kind.requeue(
+            session, lease.run_id, [lease_id], reason, count_attempt=counted, only=only
+        )
+        touch(session, lease.worker_id)
+    return ReleaseResponse(released=released)

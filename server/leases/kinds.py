@@ -1,0 +1,103 @@
+"""The work ledger's kinds (docs/architecture.md, "The work ledger"): rollout work and eval work
+are two kinds of one ledger — a row is leased, its lease ends in a batch, the batch is claimed
+and consumed — and the lease engine (service.py, fenced.py, expiry.py) asks the lease's kind,
+never tests it. A kind says which rows a grant takes and under which bound, how a lease's
+sampling reads, when a heartbeat aborts it, and where its rows go when it ends or its batch
+is accepted or rejected. `KINDS` holds both, by the name stored on leases and batches."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import ColumnElement
+from sqlalchemy.orm import Session
+
+from protocol.run_config import RunConfig
+from server.leases.queue import Granted
+
+
+class WorkKind(Protocol):
+    """One kind of work in the ledger."""
+
+    name: str
+
+    def offered(self, config: RunConfig, run_status: str) -> bool:
+        """Whether a run in this status, with this config, hands out this kind's leases."""
+        ...
+
+    def goes_first(self, fencing_seq: int) -> bool:
+        """Whether the run's next grant offers this kind before the others."""
+        ...
+
+    def grants_in_one_statement(self) -> bool:
+        """Whether a grant is one statement on Postgres (run autocommitted: units.py)."""
+        ...
+
+    def grant(
+        self,
+        session: Session,
+        run: Any,
+        worker_id: uuid.UUID,
+        lease_id: uuid.UUID,
+        config: RunConfig,
+        waiting_window_s: float,
+    ) -> Granted | None:
+        """Lease this kind's next rows of the run to the worker, its bound permitting, the
+        worker's `waiting` cleared; None changes nothing. `run`: its id, base_model and
+        groups_in_flight as the try read them; `waiting_window_s`: fair_share's window."""
+        ...
+
+    def sampling(self, config: RunConfig) -> tuple[dict[str, Any], int]:
+        """A lease's sampling and group size."""
+        ...
+
+    def abort_reason(
+        self,
+        run_status: Any,
+        current_version: Any,
+        adapter_version: Any,
+        admission: Any,
+        max_staleness: Any,
+    ) -> ColumnElement[Any]:
+        """Why a heartbeat aborts a held lease of this kind (SQL; NULL: it does not)."""
+        ...
+
+    def counts_abort(self, reason: str) -> bool:
+        """Whether a heartbeat abort for this reason counts an attempt of the rows."""
+        ...
+
+    def requeue(
+        self,
+        session: Session,
+        run_id: uuid.UUID,
+        lease_ids: Sequence[uuid.UUID],
+        reason: str,
+        *,
+        count_attempt: bool,
+        only: Sequence[int] | None = None,
+    ) -> int:
+        """The rows still out under these ended leases back to the front of their queue
+        (`only`: just these rows, the others back without an attempt). How many."""
+        ...
+
+    def requeue_batch(
+        self, session: Session, run_id: uuid.UUID, batch_id: uuid.UUID, reason: str
+    ) -> tuple[int, int]:
+        """A claimed batch the learner rejected: its rows back to the front of their queue, an
+        attempt counted. How many went back, and how many were dropped (attempts used up)."""
+        ...
+
+    def complete(
+        self,
+        session: Session,
+        lease: Any,
+        fencing: int,
+        values: dict[str, Any],
+        reject: str | None,
+    ) -> tuple[uuid.UUID, str | None] | None:
+        """End the held lease `completed` (the fenced compare-and-set) with its batch row:
+        accepted, or rejected with its rows re-queued; the worker's counter raised. The batch id
+        and the reject reason, or None when the fence refused (nothing changed)."""
+        ...

@@ -1,0 +1,356 @@
+"""The lease engine's statements whose SQL differs between the databases, one small named helper
+each with one result type (docs/architecture.md, "The lease engine"). On Postgres each is one
+statement (writable CTEs: one round trip, the row locks taken in the engine's order); SQLite
+has no writable CTEs, so there the same rule is a few statements in the unit's `BEGIN
+IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms are
+built from the same expressions (the token rule, the held-lease rule, the abort reason), and
+tests/server/leases run every call on both databases.
+
+Everything else the engine runs is written once for both (repository.py, queue.py)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    and_,
+    bindparam,
+    exists,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session, aliased
+
+from protocol.schemas import LEASING_RUN_STATUSES
+from server.db_types import db_now, db_now_plus, postgres_text
+from server.leases import queue
+from server.leases import repository as repo
+from server.models import Lease, Run, Token, Worker
+from server.tokens.repository import usable
+from server.workers.repository import touch, touch_sql
+
+# -- acquire: mark the worker seen and read what it may be granted -----------------------------
+
+
+@dataclass(frozen=True)
+class CandidateRun:
+    """A run that hands out leases of one of the worker's models, fairest first."""
+
+    id: uuid.UUID
+    base_model: str
+    status: str
+    current_version: int
+    groups_in_flight: int
+    fencing_seq: int
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An acquire try's first statement: the active worker, marked seen and waiting."""
+
+    worker_id: uuid.UUID
+    environments: list[str] | None
+    trusted: bool
+    any_expired: bool
+    runs: list[CandidateRun]
+
+
+_LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
+_USABLE_PG = postgres_text(usable(aliased(Token, name="t")))
+
+# Touching the worker first is safe here: the statement is its own transaction and locks
+# nothing else. The worker is waiting from this try until a grant clears it.
+_SEEN_PG = f"""
+UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
+FROM tokens t
+WHERE t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE_PG}
+  AND w.id = t.scope_id AND w.status = 'active' AND w.models @> %(asked)s
+RETURNING w.id AS worker_id, w.environments, w.trusted,
+    EXISTS (SELECT 1 FROM leases
+            WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
+    (SELECT coalesce(json_agg(json_build_object(
+                'id', r.id, 'base_model', r.base_model, 'status', r.status,
+                'current_version', r.current_version, 'groups_in_flight', r.groups_in_flight,
+                'fencing_seq', r.fencing_seq)
+            ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id), '[]')
+     FROM runs r
+     WHERE r.status IN ({_LEASING})
+       AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
+"""
+
+_ACTIVE_WORKER = (
+    select(Worker.id, Worker.models, Worker.environments, Worker.trusted)
+    .join(Token, Token.scope_id == Worker.id)
+    .where(repo.authenticated(bindparam("digest")), Worker.status == "active")
+)
+_ANY_EXPIRED = select(exists().where(Lease.state == "active", Lease.expires_at <= db_now()))
+_CANDIDATES = (
+    select(
+        Run.id,
+        Run.base_model,
+        Run.status,
+        Run.current_version,
+        Run.groups_in_flight,
+        Run.fencing_seq,
+    )
+    .where(
+        Run.status.in_(LEASING_RUN_STATUSES),
+        Run.base_model.in_(bindparam("models", expanding=True)),
+    )
+    .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
+)
+
+
+def seen_for_acquire(
+    session: Session,
+    postgres: bool,
+    digest: str,
+    asked: list[str] | None,
+    environments: list[str] | None,
+) -> Seen | None:
+    """Mark the authenticated active worker seen and waiting (storing the environments it
+    declares now; None keeps them): its id, environments, trust, whether any lease has
+    expired, and the leasing runs of its registered models, fairest first. None, changing
+    nothing: no live token of an active worker, or it asked for a model it did not register."""
+    if postgres:
+        params = {
+            "digest": digest,
+            "asked": Jsonb(asked or []),
+            "environments": None if environments is None else Jsonb(environments),
+        }
+        row = session.connection().exec_driver_sql(_SEEN_PG, params).first()
+        if row is None:
+            return None
+        runs = [CandidateRun(**{**r, "id": uuid.UUID(r["id"])}) for r in row.runs]
+        return Seen(row.worker_id, row.environments, bool(row.trusted), bool(row.any_expired), runs)
+    found = session.execute(_ACTIVE_WORKER, {"digest": digest}).first()
+    if found is None or not set(asked or ()) <= set(found.models or ()):
+        return None
+    touch(session, found.id, waiting=True, environments=environments)
+    models = list(found.models or ())
+    runs = [CandidateRun(*r) for r in session.execute(_CANDIDATES, {"models": models})]
+    return Seen(
+        found.id,
+        environments if environments is not None else found.environments,
+        bool(found.trusted),
+        bool(session.execute(_ANY_EXPIRED).scalar()),
+        runs,
+    )
+
+
+# -- a grant of training rows (the one-statement grant, or its steps) -------------------------
+
+
+def grant_rows(session: Session, postgres: bool, params: dict[str, Any]) -> queue.Granted | None:
+    """Lease up to n queued rows of the run to the worker within the admission bound and the
+    worker's cap (queue.grant_params), clearing the worker's waiting; None changes nothing."""
+    if postgres:
+        return queue.grant_in_one_statement(session, params)
+    rows = repo.lock_queued_rows(session, params["run_id"], params["n"])
+    if not rows:
+        return None
+    admitted = queue.admit(
+        session,
+        params["run_id"],
+        len(rows),
+        params["bound"],
+        worker_id=params["worker_id"],
+        worker_cap=params["worker_cap"],
+    )
+    if admitted is None:
+        return None
+    fencing, version, fingerprint = admitted
+    seed = queue.seed_of(params, fencing)
+    repo.insert_lease(
+        session,
+        id=params["lease_id"],
+        run_id=params["run_id"],
+        worker_id=params["worker_id"],
+        adapter_version=version,
+        fencing=fencing,
+        state="active",
+        expires_at=db_now_plus(params["ttl_s"]),
+        seed=seed,
+        n_prompts=len(rows),
+        group_size=params["group_size"],
+    )
+    repo.mark_rows_leased(session, [r.id for r in rows], params["lease_id"])
+    touch(session, params["worker_id"], waiting=False)
+    adapter = repo.adapter_version(session, params["run_id"], version) if version > 0 else None
+    return queue.Granted(
+        fencing=fencing,
+        seed=seed,
+        version=version,
+        fingerprint=fingerprint,
+        rows=list(rows),
+        adapter=None if adapter is None else (adapter.sha256, adapter.files),
+    )
+
+
+# -- heartbeat: extend a held lease, or say why not --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat's statement: the lease as the worker holds it, and whether it was extended."""
+
+    kind: str
+    run_id: uuid.UUID
+    worker_id: uuid.UUID
+    current_version: int
+    held: bool
+    reason: str | None
+    extended: bool
+
+
+def held_now() -> ColumnElement[bool]:
+    """The held-lease rule's columns (repository.fence's WHERE), for the token in `fencing`."""
+    return and_(
+        Lease.fencing == bindparam("held_fencing"),
+        Lease.state == "active",
+        Lease.expires_at > db_now(),
+    )
+
+
+@dataclass(frozen=True)
+class BeatStatements:
+    """The heartbeat's statements for one abort-reason expression (server/leases/ledger.py)."""
+
+    seen: Select[Any]
+    in_one: Select[Any]
+
+
+def beat_statements(reason: ColumnElement[Any]) -> BeatStatements:
+    seen = (
+        select(
+            Lease.id,
+            Lease.kind,
+            Lease.run_id,
+            Lease.worker_id,
+            Run.current_version,
+            held_now().label("held"),
+            reason.label("reason"),
+        )
+        .join(Worker, Worker.id == Lease.worker_id)
+        .join(Token, Token.scope_id == Worker.id)
+        .join(Run, Run.id == Lease.run_id)
+        .where(Lease.id == bindparam("lease_id"), repo.authenticated(bindparam("digest")))
+    )
+    found = seen.cte("seen")
+    extended = (
+        update(Lease)
+        .where(
+            Lease.id
+            == select(found.c.id).where(found.c.held, found.c.reason.is_(None)).scalar_subquery(),
+            held_now(),
+        )
+        .values(expires_at=db_now_plus(bindparam("ttl_s")), last_heartbeat_at=db_now())
+        .returning(Lease.worker_id)
+        .cte("extended")
+    )
+    touched = (
+        update(Worker)
+        .where(Worker.id == select(extended.c.worker_id).scalar_subquery())
+        .values(last_seen_at=db_now())
+        .cte("touched")
+    )
+    in_one = select(
+        found.c.kind,
+        found.c.run_id,
+        found.c.worker_id,
+        found.c.current_version,
+        found.c.held,
+        found.c.reason,
+        exists(select(extended.c.worker_id)).label("extended"),
+    ).add_cte(touched)
+    return BeatStatements(seen, in_one)
+
+
+def beat(
+    session: Session,
+    postgres: bool,
+    statements: BeatStatements,
+    params: dict[str, Any],
+) -> Beat | None:
+    """Extend the worker's lease by ttl_s when it is held and its kind has no reason to abort it
+    (the worker seen); else change nothing. None: no such lease of this authenticated worker.
+    `params`: digest, lease_id, held_fencing, ttl_s, admission, max_staleness."""
+    if postgres:
+        row = session.execute(statements.in_one, params).first()
+        return None if row is None else Beat(*row)
+    row = session.execute(statements.seen, params).first()
+    if row is None:
+        return None
+    extended = False
+    if row.held and row.reason is None:
+        extended = repo.fence(
+            session,
+            row.id,
+            row.worker_id,
+            params["held_fencing"],
+            **repo.extend_values(params["ttl_s"]),
+        )
+        touch(session, row.worker_id)
+    return Beat(
+        row.kind, row.run_id, row.worker_id, row.current_version, row.held, row.reason, extended
+    )
+
+
+# -- complete: accept a training batch in one statement ---------------------------------------
+
+_ACCEPT_PG = f"""
+WITH completed AS (
+    UPDATE leases l SET state = 'completed', ended_at = clock_timestamp(),
+                        end_reason = 'completed'
+    FROM runs r
+    WHERE l.id = %(lease_id)s AND l.worker_id = %(worker_id)s AND l.fencing = %(fencing)s
+      AND l.state = 'active' AND l.expires_at > clock_timestamp() AND r.id = l.run_id
+      AND (SELECT count(*) FROM prompt_rows p
+           WHERE p.lease_id = l.id AND p.state = 'leased') = l.n_prompts
+    RETURNING l.id, l.run_id, l.worker_id, l.adapter_version, l.n_prompts,
+              r.tokenizer_fingerprint
+), batch AS (
+    INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version, bucket_key,
+                                 sha256, bytes, n_samples, n_tokens, n_groups,
+                                 tokenizer_fingerprint, state, generation_seconds, manifest)
+    SELECT %(batch_id)s, run_id, id, worker_id, adapter_version, %(bucket_key)s, %(sha256)s,
+           %(bytes)s, %(n_samples)s, %(n_tokens)s, n_prompts, tokenizer_fingerprint,
+           'accepted', %(generation_seconds)s, %(manifest)s
+    FROM completed RETURNING id
+), accepted AS (
+    UPDATE prompt_rows SET state = 'accepted', batch_id = %(batch_id)s
+    WHERE lease_id = %(lease_id)s AND state = 'leased' AND EXISTS (SELECT 1 FROM batch)
+), touched AS (
+    UPDATE workers SET {touch_sql(counters=("accepted_batches",))}
+    WHERE id = (SELECT worker_id FROM completed)
+)
+SELECT id FROM batch
+"""
+
+
+def accept_in_one_statement(
+    session: Session,
+    lease_id: uuid.UUID,
+    worker_id: uuid.UUID,
+    fencing: int,
+    values: dict[str, Any],
+) -> uuid.UUID | None:
+    """Postgres: end the held training lease `completed`, insert its batch `accepted`, mark its
+    rows accepted and count the worker's batch, in one statement, when every row of the lease is
+    still leased to it. None: nothing changed."""
+    batch_id = uuid.uuid4()
+    params = {
+        **values,
+        "manifest": Jsonb(values["manifest"]),
+        "batch_id": batch_id,
+        "lease_id": lease_id,
+        "worker_id": worker_id,
+        "fencing": fencing,
+    }
+    row = session.connection().exec_driver_sql(_ACCEPT_PG, params).first()
+    return None if row is None else batch_id
