@@ -3,15 +3,17 @@ complete against a real server (uvicorn) on Postgres with the local store, and t
 as raw SQL through psycopg in the same run.
 
     .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10 --repeats 3 \
-        [--uvicorn-workers 2] [--skip-portable] [--json]
+        [--baseline-tree ../asyncgrpo-before] [--uvicorn-workers 2] [--json]
 
-The API is measured twice per point: with the worker calls' common case on the event loop (the
-default) and with every call on the portable thread-pool path (worker_calls_on_event_loop off).
+`--baseline-tree` names another checkout of asyncgrpo (e.g. `git worktree add ../before
+<commit>`): its server is measured in the same sitting, point by point and repeat by repeat
+alternating with this tree's, on the same database and with the same load, with its own
+default settings, so the two compare as a ratio (this tree / baseline).
 
 The load generator is aiohttp in one process (an httpx one capped near 100–180 cycles/s by
-itself). The raw-SQL side runs the server's own statements for the cycle (the event-loop path's,
-server/leases/fast_repository.py) through psycopg, without HTTP, on 8 pooled connections shared
-by the N simulated workers, each with its own worker and token as on the API side.
+itself). The raw-SQL side runs the engine's own Postgres statements for the cycle
+(bench/raw_cycle.py) through psycopg, without HTTP, on 8 pooled connections shared by the N
+simulated workers, each with its own worker and token as on the API side.
 
 Needs Postgres at ASYNCGRPO_BENCH_PG (default postgresql+psycopg://postgres@127.0.0.1:5432);
 creates and drops a scratch database.
@@ -54,7 +56,7 @@ SQL_CONNECTIONS = 8
 
 
 def grant_params(run_id: str, worker_id: str, lease_id: uuid.UUID) -> dict[str, object]:
-    """The server's one-statement grant (server/leases/repository.py) for one prompt."""
+    """The server's one-statement grant (server/leases/queue.py) for one prompt."""
     from server.leases.queue import grant_params as params
 
     return params(run_id=uuid.UUID(run_id), worker_id=uuid.UUID(worker_id), lease_id=lease_id,
@@ -141,37 +143,34 @@ async def http_worker(base: str, token: str, store: object, stop: float, stats: 
 
 async def sql_worker(pool: AsyncConnectionPool, run_id: str, worker: tuple[str, str],
                      stop: float, stats: Stats) -> None:  # fmt: skip
-    """The same cycle straight through psycopg: the server's own statements (the event-loop
-    path's, autocommitted, authentication included) without HTTP, FastAPI or the service code —
-    the floor the API is compared to."""
-    from server.leases import fast_repository as sql
+    """The same cycle straight through psycopg: the engine's own statements (bench/raw_cycle.py,
+    autocommitted, authentication included) without HTTP, FastAPI or the service code — the
+    floor the API is compared to."""
+    from bench import raw_cycle as sql
 
     digest, worker_id = worker
-    batch = {"key": "k", "sha256": SHA, "bytes": len(DATA), "n_samples": 2, "n_tokens": 10,
-             "generation_seconds": 0.0, "manifest": {}}  # fmt: skip
+    batch = {"bucket_key": "k", "sha256": SHA, "bytes": len(DATA), "n_samples": 2,
+             "n_tokens": 10, "generation_seconds": 0.0, "manifest": {}}  # fmt: skip
     while time.monotonic() < stop:
         t = time.perf_counter()
         lid = uuid.uuid4()
         async with pool.connection() as conn:
-            granted = await sql.grant(conn, grant_params(run_id, worker_id, lid))
-        if granted is None:
+            fencing = await sql.grant(conn, grant_params(run_id, worker_id, lid))
+        if fencing is None:
             stats.errors += 1
             continue
         stats.add("acquire", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            await sql.extend(conn, digest, lid, granted.fencing, ttl_s=60.0, admission=False,
-                             max_staleness=0)  # fmt: skip
+            await sql.extend(conn, digest, lid, fencing)
         stats.add("heartbeat", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            await sql.mark_uploading(conn, digest, lid, granted.fencing)
+            await sql.mark_uploading(conn, digest, lid, fencing)
         stats.add("upload", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            accepted = await sql.accept(
-                conn, digest, lid, granted.fencing, {**batch, "batch_id": uuid.uuid4()}
-            )
+            accepted = await sql.accept(conn, lid, worker_id, fencing, batch)
         stats.add("complete", time.perf_counter() - t)
         if accepted:
             stats.cycles += 1
@@ -206,23 +205,21 @@ async def run_sql(dsn: str, run_id: str, workers: list[tuple[str, str]], n: int,
 
 
 @contextlib.contextmanager
-def serve(db_url: str, bucket: Path, on_event_loop: bool, processes: int) -> Iterator[str]:
-    """The server (uvicorn) on a free port, with the worker calls' common case on the event
-    loop or every call on the portable thread-pool path."""
+def serve(db_url: str, bucket: Path, processes: int, tree: Path = ROOT) -> Iterator[str]:
+    """The server (uvicorn) of the checkout `tree` on a free port, with its default settings."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "ASYNCGRPO_DATABASE_URL": db_url, "ASYNCGRPO_BUCKET_URL": str(bucket),
            "ASYNCGRPO_SECURITY__SECRET_KEY": SECRET, "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
-           "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}",
-           "ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP": str(on_event_loop).lower(),
+           "ASYNCGRPO_PUBLIC_URL": f"http://127.0.0.1:{port}", "PYTHONPATH": str(tree),
            # the raw-SQL phase needs its own N connections under max_connections (100)
            "ASYNCGRPO_DATABASE_POOL_SIZE": str(24 // processes),
            "ASYNCGRPO_DATABASE_MAX_OVERFLOW": "0"}  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
          "--port", str(port), "--workers", str(processes), "--log-level",
-         "warning", "--no-access-log"], cwd=ROOT, env=env)  # fmt: skip
+         "warning", "--no-access-log"], cwd=tree, env=env)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -230,7 +227,7 @@ def serve(db_url: str, bucket: Path, on_event_loop: bool, processes: int) -> Ite
                 socket.create_connection(("127.0.0.1", port), 0.5).close()
                 break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or proc.poll() is not None:
                     raise
                 time.sleep(0.2)
         yield f"http://127.0.0.1:{port}"
@@ -244,12 +241,11 @@ def serve(db_url: str, bucket: Path, on_event_loop: bool, processes: int) -> Ite
 
 
 def measure_api(args: argparse.Namespace, db_url: str, bucket: Path, tokens: list[str],
-                on_event_loop: bool, n: int) -> float:  # fmt: skip
+                tree: Path, label: str, n: int) -> float:  # fmt: skip
     from protocol.storage_local import LocalStore
 
-    with serve(db_url, bucket, on_event_loop, args.uvicorn_workers) as base:
+    with serve(db_url, bucket, args.uvicorn_workers, tree) as base:
         store = LocalStore(root=str(bucket), base_url=base + "/blobs", secret_key=SECRET)
-        label = "event loop" if on_event_loop else "portable"
         # Warm-up (not counted): the first grant of a run parses its config (100,000 rows).
         asyncio.run(run_http(base, tokens, store, min(n, 4), 2.0, "warm-up"))
         return asyncio.run(run_http(base, tokens, store, n, args.seconds, label))
@@ -262,8 +258,8 @@ def main() -> None:
     parser.add_argument("--uvicorn-workers", type=int, default=1)
     parser.add_argument("--rows", type=int, default=100000)
     parser.add_argument("--repeats", type=int, default=1, help="Runs per point (medians).")
-    parser.add_argument("--skip-portable", action="store_true",
-                        help="Do not measure the portable (thread-pool) path.")  # fmt: skip
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="Another checkout whose server is measured beside this one.")  # fmt: skip
     report.add_json_flag(parser)
     args = parser.parse_args()
     name = f"agr_bench_{uuid.uuid4().hex[:8]}"
@@ -272,7 +268,9 @@ def main() -> None:
         c.execute(text(f'CREATE DATABASE "{name}"'))
     db_url = f"{PG}/{name}"
     bucket = Path(tempfile.mkdtemp(prefix="agr-bench-"))
-    paths = [True] if args.skip_portable else [True, False]
+    trees = {"engine": ROOT}
+    if args.baseline_tree is not None:
+        trees["baseline"] = args.baseline_tree.resolve()
     try:
         run_id, tokens = setup(db_url, bucket, args.rows, max(args.workers))
         dsn = db_url.replace("postgresql+psycopg", "postgresql")
@@ -284,33 +282,35 @@ def main() -> None:
 
         workers = [(digest(token), owners[digest(token)]) for token in tokens]
         print(f"bench/leases.py: {args.seconds:.0f} s per point, uvicorn workers "
-              f"{args.uvicorn_workers}, Postgres, local store")  # fmt: skip
+              f"{args.uvicorn_workers}, Postgres, local store; "
+              f"baseline {trees.get('baseline', 'none')}")  # fmt: skip
         summary = []
         for n in args.workers:
-            runs: dict[str, list[float]] = {"event loop": [], "portable": [], "raw SQL": []}
+            runs: dict[str, list[float]] = {"engine": [], "baseline": [], "raw SQL": []}
             for _ in range(args.repeats):
-                for on_event_loop in paths:
-                    rate = measure_api(args, db_url, bucket, tokens, on_event_loop, n)
-                    runs["event loop" if on_event_loop else "portable"].append(rate)
+                for label, tree in trees.items():
+                    runs[label].append(measure_api(args, db_url, bucket, tokens, tree, label, n))
                 runs["raw SQL"].append(asyncio.run(run_sql(dsn, run_id, workers, n, args.seconds)))
             medians = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}
             summary.append((n, medians))
-            print(f"  N={n}: API/raw SQL = {medians['event loop'] / medians['raw SQL']:.2f} "
+            print(f"  N={n}: engine/baseline = {medians['engine'] / medians['baseline']:.2f}, "
+                  f"engine/raw SQL = {medians['engine'] / medians['raw SQL']:.2f} "
                   f"(medians of {args.repeats})")  # fmt: skip
-        print(
-            "\n  workers  API cycles/s  portable path  raw SQL cycles/s  API/raw SQL  API/portable"
-        )
+        print("\n  workers  engine cycles/s  baseline cycles/s  raw SQL cycles/s"
+              "  engine/baseline  engine/raw SQL")  # fmt: skip
         for n, m in summary:
-            api, portable, raw = m["event loop"], m["portable"], m["raw SQL"]
-            print(f"  {n:>7}  {api:>12.0f}  {portable:>13.0f}  {raw:>16.0f}  {api / raw:>11.2f}"
-                  f"  {api / portable:>12.2f}")  # fmt: skip
+            api, base, raw = m["engine"], m["baseline"], m["raw SQL"]
+            print(f"  {n:>7}  {api:>15.0f}  {base:>17.0f}  {raw:>16.0f}  {api / base:>15.2f}"
+                  f"  {api / raw:>14.2f}")  # fmt: skip
         report.emit(args, {
             "seconds": args.seconds, "repeats": args.repeats,
             "uvicorn_workers": args.uvicorn_workers,
-            "points": [{"workers": n, "event_loop_cycles_per_s": m["event loop"],
-                        "portable_cycles_per_s": m["portable"],
+            "baseline_tree": str(trees.get("baseline")),
+            "points": [{"workers": n, "engine_cycles_per_s": m["engine"],
+                        "baseline_cycles_per_s": m["baseline"],
                         "raw_sql_cycles_per_s": m["raw SQL"],
-                        "api_over_raw_sql": m["event loop"] / m["raw SQL"]}
+                        "engine_over_baseline": m["engine"] / m["baseline"],
+                        "engine_over_raw_sql": m["engine"] / m["raw SQL"]}
                        for n, m in summary],
         })  # fmt: skip
     finally:

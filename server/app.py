@@ -17,6 +17,7 @@ from server.bucket import BucketWatch
 from server.config import Settings, get_settings
 from server.datasets.router import DATASETS_PATH
 from server.db import make_engine, make_sessionmaker, transaction
+from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.leases.units import WorkerCalls, WorkerDb
@@ -57,11 +58,15 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
         scheduler = start_if_inprocess(settings, app.state.sessionmaker, app.state.store)
         app.state.scheduler = scheduler
+        app.state.worker_db.pool = await open_pool(settings)
         try:
             yield
         finally:
             app.state.bucket_watch.stop()
             await app.state.version_watch.close()
+            if app.state.worker_db.pool is not None:
+                await app.state.worker_db.pool.close()
+                app.state.worker_db.pool = None
             if scheduler is not None:
                 scheduler.stop()
             engine.dispose()
@@ -77,7 +82,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
-    app.state.worker_db = WorkerDb.of(engine, app.state.sessionmaker)
+    # the lease engine's database; on Postgres its async pool is opened by the lifespan
+    app.state.worker_db = WorkerDb(app.state.sessionmaker, engine.dialect.name == "postgresql")
     app.state.worker_calls = WorkerCalls()
     app.state.version_watch = make_watch(app.state)
     app.state.store = make_store(settings)

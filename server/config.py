@@ -178,6 +178,16 @@ class Settings(BaseSettings):
         le=1000,
         description="Extra Postgres connections each server process may open under load.",
     )
+    database_async_pool_size: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="Postgres connections each server process keeps for the lease engine's "
+        "one-statement units (acquire's read and grant, heartbeat, upload, complete's accept), "
+        "which run on the event loop with psycopg's async driver instead of a request thread; "
+        "counts toward max_connections beside the pool above. Grants on a run serialise on its "
+        "run row, so more connections only queue inside Postgres (bench/leases.py).",
+    )
     server_threads: int = Field(
         8,
         ge=1,
@@ -286,8 +296,6 @@ class Settings(BaseSettings):
 RETIRED_SETTINGS = {
     "ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP": "every worker call is answered by the one lease "
     "engine on both databases; remove the variable",
-    "ASYNCGRPO_DATABASE_ASYNC_POOL_SIZE": "the worker calls use the database pool "
-    "(ASYNCGRPO_DATABASE_POOL_SIZE); remove the variable",
 }
 
 

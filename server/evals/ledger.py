@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, null
+from sqlalchemy import ColumnElement, and_, case, null
 from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
@@ -18,6 +18,7 @@ from protocol.schemas import LEASING_RUN_STATUSES
 from server.evals import service
 from server.leases import repository as leases_repo
 from server.leases.queue import Granted, lease_seed
+from server.leases.units import WorkerDb
 from server.workers.repository import touch
 
 
@@ -30,29 +31,29 @@ class EvalKind:
     def goes_first(self, fencing_seq: int) -> bool:
         return service.eval_first(fencing_seq)
 
-    def grants_in_one_statement(self) -> bool:
-        return False
-
-    def grant(
+    async def grant(
         self,
-        session: Session,
+        db: WorkerDb,
         run: Any,
         worker_id: uuid.UUID,
         lease_id: uuid.UUID,
         config: RunConfig,
         waiting_window_s: float,
     ) -> Granted | None:
-        granted = service.grant(
-            session,
-            run.id,
-            worker_id,
-            lease_id,
-            config,
-            lambda fencing: lease_seed(config.seed, run.id, fencing),
-        )
-        if granted is not None:
-            touch(session, worker_id, waiting=False)
-        return granted
+        def granting(session: Session) -> Granted | None:
+            granted = service.grant(
+                session,
+                run.id,
+                worker_id,
+                lease_id,
+                config,
+                lambda fencing: lease_seed(config.seed, run.id, fencing),
+            )
+            if granted is not None:
+                touch(session, worker_id, waiting=False)
+            return granted
+
+        return await db.unit(granting)
 
     def sampling(self, config: RunConfig) -> tuple[dict[str, Any], int]:
         ev = config.eval
@@ -69,7 +70,8 @@ class EvalKind:
         admission: Any,
         max_staleness: Any,
     ) -> ColumnElement[Any]:
-        return case((run_status.not_in(LEASING_RUN_STATUSES), "run_" + run_status), else_=null())
+        stopped = and_(*(run_status != status for status in LEASING_RUN_STATUSES))
+        return case((stopped, "run_" + run_status), else_=null())
 
     def counts_abort(self, reason: str) -> bool:
         return False
@@ -91,23 +93,29 @@ class EvalKind:
     ) -> tuple[int, int]:
         return service.requeue_batch(session, batch_id), 0
 
-    def complete(
+    async def complete(
         self,
-        session: Session,
+        db: WorkerDb,
         lease: Any,
         fencing: int,
         values: dict[str, Any],
         reject: str | None,
     ) -> tuple[uuid.UUID, str | None] | None:
-        ended = leases_repo.end_values("completed", "completed")
-        if not leases_repo.fence(session, lease.id, lease.worker_id, fencing, **ended):
-            return None
-        batch_id, reject = service.accept(session, lease, lease.worker_id, values, reject)
-        if reject:
-            touch(session, lease.worker_id, rejected_batches=1)
-        else:
-            touch(session, lease.worker_id, accepted_batches=1)
-        return batch_id, reject
+        return await db.unit(lambda session: _complete(session, lease, fencing, values, reject))
+
+
+def _complete(
+    session: Session, lease: Any, fencing: int, values: dict[str, Any], reject: str | None
+) -> tuple[uuid.UUID, str | None] | None:
+    ended = leases_repo.end_values("completed", "completed")
+    if not leases_repo.fence(session, lease.id, lease.worker_id, fencing, **ended):
+        return None
+    batch_id, reject = service.accept(session, lease, lease.worker_id, values, reject)
+    if reject:
+        touch(session, lease.worker_id, rejected_batches=1)
+    else:
+        touch(session, lease.worker_id, accepted_batches=1)
+    return batch_id, reject
 
 
 EVAL = EvalKind()

@@ -22,13 +22,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from psycopg import AsyncConnection
 from sqlalchemy import Select, bindparam, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from protocol.schemas import INT_MAX
-from server.db import is_postgres
 from server.db_types import db_now_plus
+from server.leases.units import Statement, WorkerDb
 from server.models import Lease, Worker
 
 NO_CAP = INT_MAX  # admission control off, or the share cannot matter for this try
@@ -76,8 +75,7 @@ def _contenders_sqlite() -> Select[Any]:
 
 
 _CONTENDERS_SQLITE = _contenders_sqlite()
-# The same on Postgres, for psycopg (the event-loop acquire, and the portable one through
-# exec_driver_sql): `models ? base_model` is jsonb's "has this string element".
+# The same on Postgres: `models ? base_model` is jsonb's "has this string element".
 CONTENDERS_SQL_PSYCOPG = """
 SELECT count(*) FROM workers w
 WHERE w.status = 'active' AND w.id <> %(worker_id)s AND w.models ? %(base_model)s
@@ -99,8 +97,15 @@ def _params(
     }
 
 
-def cap(
-    session: Session,
+def _contenders_on_sqlite(session: Session, params: dict[str, Any]) -> list[Any]:
+    return list(session.execute(_CONTENDERS_SQLITE, params).all())
+
+
+_CONTENDERS = Statement(CONTENDERS_SQL_PSYCOPG, _contenders_on_sqlite)
+
+
+async def cap(
+    db: WorkerDb,
     *,
     run_id: uuid.UUID,
     base_model: str,
@@ -110,33 +115,8 @@ def cap(
     n: int,
     window_s: float,
 ) -> int:
-    """The grant's `worker_cap` on the portable path."""
+    """The grant's `worker_cap`: its own one-statement unit, a read before the grant."""
     if not needed(bound, in_flight, n):
         return NO_CAP
-    params = _params(run_id, base_model, worker_id, window_s)
-    if is_postgres(session):
-        others = session.connection().exec_driver_sql(CONTENDERS_SQL_PSYCOPG, params).scalar_one()
-    else:
-        others = session.execute(_CONTENDERS_SQLITE, params).scalar_one()
-    return worker_cap(bound, n, 1 + int(others))
-
-
-async def cap_async(
-    conn: AsyncConnection[Any],
-    *,
-    run_id: uuid.UUID,
-    base_model: str,
-    worker_id: uuid.UUID,
-    bound: int,
-    in_flight: int,
-    n: int,
-    window_s: float,
-) -> int:
-    """The grant's `worker_cap` on the event loop (Postgres), the same rule."""
-    if not needed(bound, in_flight, n):
-        return NO_CAP
-    cursor = await conn.execute(
-        CONTENDERS_SQL_PSYCOPG, _params(run_id, base_model, worker_id, window_s)
-    )
-    row = await cursor.fetchone()
+    row = await db.first(_CONTENDERS, _params(run_id, base_model, worker_id, window_s))
     return worker_cap(bound, n, 1 + int(row[0] if row else 0))

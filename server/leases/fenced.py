@@ -9,7 +9,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from anyio import to_thread
 from sqlalchemy import bindparam, update
+from sqlalchemy.orm import Session
 
 from protocol import layout
 from protocol.error_codes import ErrorCode
@@ -34,10 +36,11 @@ from server.leases import ledger, statements
 from server.leases import repository as repo
 from server.leases.runs_of_leases import LEASE_RUNS
 from server.leases.service import Caller, config_of_run, refuse
+from server.leases.units import Statement
 from server.models import Lease, Worker
 from server.workers.repository import touch
 
-_BEAT = statements.beat_statements(ledger.abort_reason())
+_BEAT = statements.beat_statement(ledger.abort_reason())
 _LEASE_LOST = "lease lost: fencing token, state or expiry no longer holds; drop the work"
 
 
@@ -48,15 +51,16 @@ def _lost() -> FencingLost:
 # -- heartbeat ---------------------------------------------------------------------------------
 
 
-def heartbeat(caller: Caller, lease_id: uuid.UUID, body: HeartbeatRequest) -> HeartbeatResponse:
+async def heartbeat(
+    caller: Caller, lease_id: uuid.UUID, body: HeartbeatRequest
+) -> HeartbeatResponse:
     """Extend the lease by the run's TTL, or abort it (its rows back to their queue) when its
     kind says so: the run no longer runs, or (training) its version left the window."""
     db = caller.db
-    run_id = LEASE_RUNS.run_of(db.unit, lease_id)
+    run_id = await LEASE_RUNS.run_of(db, lease_id)
     if run_id is None:
-        refuse(caller, lease_id)
-    assert run_id is not None
-    config = config_of_run(db, run_id)
+        await refuse(caller, lease_id)
+    config = await config_of_run(db, run_id)
     params = {
         "digest": caller.digest,
         "lease_id": lease_id,
@@ -65,36 +69,34 @@ def heartbeat(caller: Caller, lease_id: uuid.UUID, body: HeartbeatRequest) -> He
         "admission": config.admission_control,
         "max_staleness": config.max_staleness,
     }
-    with db.statement() as session:
-        beat = statements.beat(session, db.postgres, _BEAT, params)
+    beat = await statements.beat(db, _BEAT, params)
     if beat is None:
-        refuse(caller, lease_id)
-    assert beat is not None
+        await refuse(caller, lease_id)
     if beat.extended:
         return HeartbeatResponse(
             current_version=beat.current_version, abort=False, ttl_s=config.lease_ttl_s
         )
     if not beat.held or beat.reason is None:
         raise _lost()
-    _abort(caller, lease_id, beat, body.fencing)
+    await caller.db.unit(lambda session: _abort(session, lease_id, beat, body.fencing))
     return HeartbeatResponse(
         current_version=beat.current_version, abort=True, ttl_s=0.0, reason=beat.reason
     )
 
 
-def _abort(caller: Caller, lease_id: uuid.UUID, beat: statements.Beat, fencing: int) -> None:
+def _abort(session: Session, lease_id: uuid.UUID, beat: statements.Beat, fencing: int) -> None:
+    """End the held lease `aborted` with the heartbeat's reason, its rows back by its kind."""
     assert beat.reason is not None
     kind = ledger.kind_of(beat.kind)
-    with caller.db.unit() as session:
-        ended = repo.end_values("aborted", beat.reason)
-        if not repo.fence(session, lease_id, beat.worker_id, fencing, **ended):
-            raise _lost()
-        counted = kind.counts_abort(beat.reason)
-        kind.requeue(session, beat.run_id, [lease_id], "aborted", count_attempt=counted)
-        touch(session, beat.worker_id)
+    ended = repo.end_values("aborted", beat.reason)
+    if not repo.fence(session, lease_id, beat.worker_id, fencing, **ended):
+        raise _lost()
+    counted = kind.counts_abort(beat.reason)
+    kind.requeue(session, beat.run_id, [lease_id], "aborted", count_attempt=counted)
+    touch(session, beat.worker_id)
 
 
-def heartbeats(caller: Caller, body: HeartbeatsRequest) -> HeartbeatsResponse:
+async def heartbeats(caller: Caller, body: HeartbeatsRequest) -> HeartbeatsResponse:
     """Each lease's heartbeat on its own, as its single heartbeat would answer, in lease-id
     order (two such calls never lock in a cycle): one lost lease (404, 409) changes nothing of
     it and does not stop the others."""
@@ -102,7 +104,7 @@ def heartbeats(caller: Caller, body: HeartbeatsRequest) -> HeartbeatsResponse:
     for beat in sorted(body.leases, key=lambda b: b.lease_id):
         single = HeartbeatRequest(fencing=beat.fencing)
         try:
-            answer = heartbeat(caller, beat.lease_id, single)
+            answer = await heartbeat(caller, beat.lease_id, single)
         except (NotFound, FencingLost) as refused:
             answers[beat.lease_id] = LeaseBeatAnswer(
                 lease_id=beat.lease_id,
@@ -119,7 +121,7 @@ def heartbeats(caller: Caller, body: HeartbeatsRequest) -> HeartbeatsResponse:
 
 # -- upload ------------------------------------------------------------------------------------
 
-_UPLOADING = (
+_UPLOADING_STATEMENT = (
     update(Lease)
     .where(
         Lease.id == bindparam("lease_id"),
@@ -131,22 +133,22 @@ _UPLOADING = (
     .returning(Lease.run_id, Lease.fencing)
     .execution_options(synchronize_session=False)
 )
+_UPLOADING = Statement.of(_UPLOADING_STATEMENT)
+_LEASE_OF_CALLER = Statement.of(repo.lease_of_caller())
 
 
-def upload(caller: Caller, lease_id: uuid.UUID, body: UploadRequest) -> UploadResponse:
+async def upload(caller: Caller, lease_id: uuid.UUID, body: UploadRequest) -> UploadResponse:
     """A presigned PUT for the lease's one batch key, bound to this size and sha256."""
     limit = caller.settings.security.max_blob_bytes
     if body.size > limit:
-        _lease_of(caller, lease_id)  # 401/404 come first
+        await _lease_of(caller, lease_id)  # 401/404 come first
         raise PayloadTooLarge(
             f"size exceeds {limit} bytes", field="size", code=ErrorCode.upload_too_large
         )
     params = {"digest": caller.digest, "lease_id": lease_id, "held_fencing": body.fencing}
-    with caller.db.statement() as session:
-        row = session.execute(_UPLOADING, params).first()
+    row = await caller.db.first(_UPLOADING, params)
     if row is None:
-        refuse(caller, lease_id)
-    assert row is not None
+        await refuse(caller, lease_id)
     key = layout.batch_key(row.run_id, lease_id, row.fencing)
     ttl = caller.settings.security.url_ttl_s
     put = caller.store.presign_put(
@@ -158,12 +160,12 @@ def upload(caller: Caller, lease_id: uuid.UUID, body: UploadRequest) -> UploadRe
 # -- complete ----------------------------------------------------------------------------------
 
 
-def _lease_of(caller: Caller, lease_id: uuid.UUID) -> Any:
+async def _lease_of(caller: Caller, lease_id: uuid.UUID) -> Any:
     """The lease as this authenticated worker holds it (any state), else the refusal."""
-    with caller.db.statement() as session:
-        lease = repo.lease_of_caller(session, caller.digest, lease_id)
+    params = {"digest": caller.digest, "lease_id": lease_id}
+    lease = await caller.db.first(_LEASE_OF_CALLER, params)
     if lease is None:
-        refuse(caller, lease_id)
+        await refuse(caller, lease_id)
     return lease
 
 
@@ -179,10 +181,10 @@ def _refuse_unsigned_digest(store: ObjectStore, key: str, claimed: str) -> None:
         )
 
 
-def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> CompleteResponse:
+async def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> CompleteResponse:
     """Accept the batch when its object exists with the manifest's size and the sample count
     matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way."""
-    lease = _lease_of(caller, lease_id)
+    lease = await _lease_of(caller, lease_id)
     manifest = body.manifest
     key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
     if manifest.key != key:
@@ -191,9 +193,10 @@ def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> Comp
             field="manifest.key",
             code=ErrorCode.wrong_batch_key,
         )
-    info = caller.store.head(key)  # object-store I/O before the compare-and-set's unit
+    # the bucket's I/O off the event loop, before the compare-and-set's unit
+    info = await to_thread.run_sync(caller.store.head, key)
     if info is not None and info.size == manifest.size:  # else rejected below
-        _refuse_unsigned_digest(caller.store, key, manifest.sha256)
+        await to_thread.run_sync(_refuse_unsigned_digest, caller.store, key, manifest.sha256)
     reject = None
     if info is None:
         reject = "missing_object"
@@ -208,8 +211,7 @@ def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> Comp
         "generation_seconds": manifest.generation_seconds,
         "manifest": manifest.model_dump(mode="json"),
     }
-    with caller.db.unit() as session:
-        done = ledger.kind_of(lease.kind).complete(session, lease, body.fencing, values, reject)
+    done = await ledger.kind_of(lease.kind).complete(caller.db, lease, body.fencing, values, reject)
     if done is None:
         raise _lost()
     batch_id, reject = done
@@ -221,20 +223,23 @@ def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> Comp
 # -- release -----------------------------------------------------------------------------------
 
 
-def release(caller: Caller, lease_id: uuid.UUID, body: ReleaseRequest) -> ReleaseResponse:
+async def release(caller: Caller, lease_id: uuid.UUID, body: ReleaseRequest) -> ReleaseResponse:
     """Rows back to the front of the queue now; an attempt counted only when the engine died
     generating them (`prompt_too_long`: only the rows named)."""
-    lease = _lease_of(caller, lease_id)
+    lease = await _lease_of(caller, lease_id)
     reason = body.reason or "release"
     kind = ledger.kind_of(lease.kind)
     only = body.prompt_row_ids if reason == "prompt_too_long" else None
-    with caller.db.unit() as session:
+    counted = reason in ATTEMPT_COUNTING_RELEASES
+
+    def releasing(session: Session) -> int:
         ended = repo.end_values("released", reason)
         if not repo.fence(session, lease_id, lease.worker_id, body.fencing, **ended):
             raise _lost()
-        counted = reason in ATTEMPT_COUNTING_RELEASES
         released = kind.requeue(
             session, lease.run_id, [lease_id], reason, count_attempt=counted, only=only
         )
         touch(session, lease.worker_id)
-    return ReleaseResponse(released=released)
+        return released
+
+    return ReleaseResponse(released=await caller.db.unit(releasing))

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
 from server.leases.queue import Granted
+from server.leases.units import WorkerDb
 
 
 class WorkKind(Protocol):
@@ -31,13 +32,9 @@ class WorkKind(Protocol):
         """Whether the run's next grant offers this kind before the others."""
         ...
 
-    def grants_in_one_statement(self) -> bool:
-        """Whether a grant is one statement on Postgres (run autocommitted: units.py)."""
-        ...
-
-    def grant(
+    async def grant(
         self,
-        session: Session,
+        db: WorkerDb,
         run: Any,
         worker_id: uuid.UUID,
         lease_id: uuid.UUID,
@@ -89,15 +86,16 @@ class WorkKind(Protocol):
         attempt counted. How many went back, and how many were dropped (attempts used up)."""
         ...
 
-    def complete(
+    async def complete(
         self,
-        session: Session,
+        db: WorkerDb,
         lease: Any,
         fencing: int,
         values: dict[str, Any],
         reject: str | None,
     ) -> tuple[uuid.UUID, str | None] | None:
-        """End the held lease `completed` (the fenced compare-and-set) with its batch row:
+        """End the held lease `completed` (the fenced compare-and-set) with its batch row, in
+        one unit:
         accepted, or rejected with its rows re-queued; the worker's counter raised. The batch id
         and the reject reason, or None when the fence refused (nothing changed)."""
         ...

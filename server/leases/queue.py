@@ -255,7 +255,7 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # lease seed is leases.service.lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
-_GRANT = (
+GRANT = (
     text(
         """
 WITH picked AS (
@@ -404,10 +404,3 @@ def seed_of(params: dict[str, Any], fencing: int) -> int:
     """The lease seed of a grant with these parameters and this fencing token: derived_seed of
     (run seed, run id, fencing), as the one-statement grant computes it in SQL."""
     return derived_seed(params["seed_prefix"] + str(fencing))
-
-
-def grant_in_one_statement(session: Session, params: dict[str, Any]) -> Granted | None:
-    """Lease up to n queued rows of the run to the worker, or None (no queued row, the run is
-    not running, the admission bound refuses, or the current version has no adapter row to
-    hand out)."""
-    return granted_from_rows(list(session.execute(_GRANT, params).all()))

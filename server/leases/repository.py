@@ -10,6 +10,7 @@ from sqlalchemy import (
     ColumnElement,
     Row,
     and_,
+    bindparam,
     insert,
     select,
     update,
@@ -99,10 +100,10 @@ def authenticated(digest: Any) -> ColumnElement[bool]:
     )
 
 
-def lease_of_caller(session: Session, digest: str, lease_id: uuid.UUID) -> Any:
+def lease_of_caller() -> Any:
     """The lease (any state) with its run's fingerprint, only if the worker authenticated by
-    this token digest holds it (statements.authenticated); else None."""
-    return session.execute(
+    the token digest (parameters `digest`, `lease_id`) holds it; else no row."""
+    return (
         select(
             Lease.id,
             Lease.run_id,
@@ -117,8 +118,8 @@ def lease_of_caller(session: Session, digest: str, lease_id: uuid.UUID) -> Any:
         .join(Worker, Worker.id == Lease.worker_id)
         .join(Token, Token.scope_id == Worker.id)
         .join(Run, Run.id == Lease.run_id)
-        .where(Lease.id == lease_id, authenticated(digest))
-    ).first()
+        .where(Lease.id == bindparam("lease_id"), authenticated(bindparam("digest")))
+    )
 
 
 def fence(

@@ -1,8 +1,8 @@
 """Worker calls of the rollout proxy: acquire (long-poll), heartbeat, upload, complete, release.
 
-Each call is answered by the one lease engine (service.py, fenced.py) in one thread-pool hop
-(units.py): no connection is held while a request waits for a thread, and a long-poll holds
-none between its tries."""
+Each call is answered by the one lease engine (service.py, fenced.py; its units: units.py),
+and counted by name for /metrics; a long-poll holds no connection, thread or lock between its
+tries."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from protocol.schemas import (
 from server.config import Settings
 from server.deps import Credentials, bearer_token
 from server.leases import fenced, service
-from server.leases.units import in_thread
+from server.leases.units import counted
 from server.long_poll import long_poll
 from server.routing import TransactionalRoute
 
@@ -65,8 +65,8 @@ async def acquire(
     settings: Settings = request.app.state.settings
     caller = _caller(request, credentials)
     acquired, _active = await long_poll(
-        lambda _deadline: in_thread(
-            request.app.state.worker_calls, "acquire", lambda: service.acquire(caller, body)
+        lambda _deadline: counted(
+            request.app.state.worker_calls, "acquire", service.acquire(caller, body)
         ),
         lambda tried: tried[0].lease is not None or not tried[1],
         body.wait_s,
@@ -87,10 +87,10 @@ async def heartbeats(
     heartbeat, or 404 / 409 as its single heartbeat would answer): a worker holding many
     leases makes one call per interval. Leases are processed in lease-id order."""
     caller = _caller(request, credentials)
-    return await in_thread(
+    return await counted(
         request.app.state.worker_calls,
         "heartbeat",
-        lambda: fenced.heartbeats(caller, body),
+        fenced.heartbeats(caller, body),
         count=len(body.leases),
     )
 
@@ -100,10 +100,8 @@ async def heartbeat(
     lease_id: uuid.UUID, body: HeartbeatRequest, request: Request, credentials: Credentials
 ) -> HeartbeatResponse:
     caller = _caller(request, credentials)
-    return await in_thread(
-        request.app.state.worker_calls,
-        "heartbeat",
-        lambda: fenced.heartbeat(caller, lease_id, body),
+    return await counted(
+        request.app.state.worker_calls, "heartbeat", fenced.heartbeat(caller, lease_id, body)
     )
 
 
@@ -112,8 +110,8 @@ async def upload(
     lease_id: uuid.UUID, body: UploadRequest, request: Request, credentials: Credentials
 ) -> UploadResponse:
     caller = _caller(request, credentials)
-    return await in_thread(
-        request.app.state.worker_calls, "upload", lambda: fenced.upload(caller, lease_id, body)
+    return await counted(
+        request.app.state.worker_calls, "upload", fenced.upload(caller, lease_id, body)
     )
 
 
@@ -122,8 +120,8 @@ async def complete(
     lease_id: uuid.UUID, body: CompleteRequest, request: Request, credentials: Credentials
 ) -> CompleteResponse:
     caller = _caller(request, credentials)
-    return await in_thread(
-        request.app.state.worker_calls, "complete", lambda: fenced.complete(caller, lease_id, body)
+    return await counted(
+        request.app.state.worker_calls, "complete", fenced.complete(caller, lease_id, body)
     )
 
 
@@ -132,8 +130,8 @@ async def release(
     lease_id: uuid.UUID, body: ReleaseRequest, request: Request, credentials: Credentials
 ) -> ReleaseResponse:
     caller = _caller(request, credentials)
-    return await in_thread(
-        request.app.state.worker_calls, "release", lambda: fenced.release(caller, lease_id, body)
+    return await counted(
+        request.app.state.worker_calls, "release", fenced.release(caller, lease_id, body)
     )
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+from sqlalchemy.orm import Session
 
 from protocol import layout
 from protocol.environments import SINGLE_TURN, worker_can_run
@@ -54,39 +56,38 @@ class Acquired:
     versions: dict[uuid.UUID, int]
 
 
-def acquire(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, bool]:
+async def acquire(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, bool]:
     """One try: a grant from the fairest admissible run (or none), and whether the worker is
     active (an inactive one gets no lease however long it waits)."""
     db = caller.db
-    with db.statement() as session:
-        seen = statements.seen_for_acquire(
-            session, db.postgres, caller.digest, body.models, body.environments
-        )
+    seen = await statements.seen_for_acquire(db, caller.digest, body.models, body.environments)
     if seen is None:
-        return _not_seen(caller, body)
+        return await _not_seen(caller, body)
     if seen.any_expired:  # invariant 4: in its own transaction, before any grant
-        with db.unit() as session:
-            expiry.sweep_expired(session)
+        await db.unit(expiry.sweep_expired)
     versions = {run.id: run.current_version for run in seen.runs}
     declared = declared_environments(seen.environments, None)
     for run in seen.runs:
         if body.models is not None and run.base_model not in body.models:
             continue
-        config = config_of_run(db, run.id)
+        config = await config_of_run(db, run.id)
         if not worker_can_run(config.environment, declared, seen.trusted):
             continue  # the run waits for a worker that can run its environment
-        lease = _grant(caller, run, seen.worker_id, config)
+        lease = await _grant(caller, run, seen.worker_id, config)
         if lease is not None:
             return Acquired(lease, versions), True
     return Acquired(None, versions), True
 
 
-def _not_seen(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, bool]:
+async def _not_seen(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, bool]:
     """Why the try's statement matched nothing: the token's refusal (401/403), an inactive
     worker (no lease), or a model the worker did not register (409)."""
-    with caller.db.unit() as session:
+
+    def read(session: Session) -> tuple[str, list[str]]:
         worker = worker_for_token(session, caller.token)
-        status, served = worker.status, list(worker.models or [])
+        return worker.status, list(worker.models or [])
+
+    status, served = await caller.db.unit(read)
     if status != "active":
         return Acquired(None, {}), False
     _refuse_unregistered_models(served, body.models)
@@ -116,36 +117,35 @@ def _refuse_unregistered_models(served: list[str], asked: list[str] | None) -> N
         )
 
 
-def config_of_run(db: WorkerDb, run_id: uuid.UUID) -> RunConfig:
+async def config_of_run(db: WorkerDb, run_id: uuid.UUID) -> RunConfig:
+    """The run's parsed config: this process's cache, else read (and parsed) in a unit."""
     config = runs.cached_config(run_id)
     if config is None:
-        with db.unit() as session:
-            config = runs.config_of(session, run_id)
+        config = await db.unit(lambda session: runs.config_of(session, run_id))
     return config
 
 
-def _grant(
+async def _grant(
     caller: Caller, run: statements.CandidateRun, worker_id: uuid.UUID, config: RunConfig
 ) -> Lease | None:
     """A lease of the run: its kinds in the run's grant order, the first that grants."""
     for kind in ledger.grant_order(config, run.status, run.fencing_seq):
-        lease = _grant_kind(caller, kind, run, worker_id, config)
+        lease = await _grant_kind(caller, kind, run, worker_id, config)
         if lease is not None:
             return lease
     return None
 
 
-def _grant_kind(
+async def _grant_kind(
     caller: Caller,
     kind: WorkKind,
     run: statements.CandidateRun,
     worker_id: uuid.UUID,
     config: RunConfig,
 ) -> Lease | None:
-    db, lease_id = caller.db, uuid.uuid4()
+    lease_id = uuid.uuid4()
     window_s = fair_share.waiting_window_s(caller.settings.lease_long_poll_s)
-    with db.statement() if kind.grants_in_one_statement() else db.unit() as session:
-        granted = kind.grant(session, run, worker_id, lease_id, config, window_s)
+    granted = await kind.grant(caller.db, run, worker_id, lease_id, config, window_s)
     if granted is None:
         return None
     LEASE_RUNS.remember(lease_id, run.id)
@@ -229,13 +229,16 @@ def adapter_ref(
 # -- the refusals of the fenced calls ----------------------------------------------------------
 
 
-def refuse(caller: Caller, lease_id: uuid.UUID) -> None:
+async def refuse(caller: Caller, lease_id: uuid.UUID) -> NoReturn:
     """Why a fenced call's compare-and-set matched nothing, in the order every call checks it:
     the token (401/403), a lease this worker does not hold (404), or a lost lease (409). Runs
     in a unit of its own, after the call's unit has ended."""
-    with caller.db.unit() as session:
+
+    def read(session: Session) -> Any:
         worker = worker_for_token(session, caller.token)
-        lease = repo.lease_of_worker(session, lease_id, worker.id)
+        return repo.lease_of_worker(session, lease_id, worker.id)
+
+    lease = await caller.db.unit(read)
     if lease is None:
         raise NotFound("lease not found", code=ErrorCode.lease_not_found)
     raise FencingLost(

@@ -1,18 +1,19 @@
-"""The lease engine's statements whose SQL differs between the databases, one small named helper
-each with one result type (docs/architecture.md, "The lease engine"). On Postgres each is one
-statement (writable CTEs: one round trip, the row locks taken in the engine's order); SQLite
-has no writable CTEs, so there the same rule is a few statements in the unit's `BEGIN
-IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms are
-built from the same expressions (the token rule, the held-lease rule, the abort reason), and
-tests/server/leases run every call on both databases.
+"""The lease engine's one-statement units whose SQL differs between the databases, one small
+named helper each with one result type (docs/architecture.md, "The lease engine"). On Postgres
+each is one statement (writable CTEs: one round trip, the row locks taken in the engine's
+order); SQLite has no writable CTEs, so there the same rule is a few statements in the unit's
+`BEGIN IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms
+are built from the same expressions (the token rule, the held-lease rule, the abort reason),
+and tests/server/leases run every call on both databases.
 
-Everything else the engine runs is written once for both (repository.py, queue.py)."""
+Everything else the engine runs is written once for both (repository.py, queue.py, and the
+statements compiled for both by units.Statement.of)."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 from sqlalchemy import (
@@ -30,6 +31,7 @@ from protocol.schemas import LEASING_RUN_STATUSES
 from server.db_types import db_now, db_now_plus, postgres_text
 from server.leases import queue
 from server.leases import repository as repo
+from server.leases.units import SqliteForm, Statement, WorkerDb
 from server.models import Lease, Run, Token, Worker
 from server.tokens.repository import usable
 from server.workers.repository import touch, touch_sql
@@ -106,54 +108,72 @@ _CANDIDATES = (
 )
 
 
-def seen_for_acquire(
-    session: Session,
-    postgres: bool,
-    digest: str,
-    asked: list[str] | None,
-    environments: list[str] | None,
+class _SeenRow(NamedTuple):
+    worker_id: uuid.UUID
+    environments: list[str] | None
+    trusted: bool
+    any_expired: bool
+    runs: list[dict[str, Any]]
+
+
+def _seen_sqlite(session: Session, params: dict[str, Any]) -> list[_SeenRow]:
+    found = session.execute(_ACTIVE_WORKER, {"digest": params["digest"]}).first()
+    if found is None or not set(params["asked"]) <= set(found.models or ()):
+        return []
+    environments = params["environments"]
+    touch(session, found.id, waiting=True, environments=environments)
+    models = list(found.models or ())
+    runs = [r._asdict() for r in session.execute(_CANDIDATES, {"models": models})]
+    declared = environments if environments is not None else found.environments
+    expired = bool(session.execute(_ANY_EXPIRED).scalar())
+    return [_SeenRow(found.id, declared, bool(found.trusted), expired, runs)]
+
+
+_SEEN = Statement(_SEEN_PG, _seen_sqlite)
+
+
+async def seen_for_acquire(
+    db: WorkerDb, digest: str, asked: list[str] | None, environments: list[str] | None
 ) -> Seen | None:
     """Mark the authenticated active worker seen and waiting (storing the environments it
     declares now; None keeps them): its id, environments, trust, whether any lease has
     expired, and the leasing runs of its registered models, fairest first. None, changing
     nothing: no live token of an active worker, or it asked for a model it did not register."""
-    if postgres:
-        params = {
-            "digest": digest,
-            "asked": Jsonb(asked or []),
-            "environments": None if environments is None else Jsonb(environments),
-        }
-        row = session.connection().exec_driver_sql(_SEEN_PG, params).first()
-        if row is None:
-            return None
-        runs = [CandidateRun(**{**r, "id": uuid.UUID(r["id"])}) for r in row.runs]
-        return Seen(row.worker_id, row.environments, bool(row.trusted), bool(row.any_expired), runs)
-    found = session.execute(_ACTIVE_WORKER, {"digest": digest}).first()
-    if found is None or not set(asked or ()) <= set(found.models or ()):
+    params: dict[str, Any] = {"digest": digest, "asked": asked or [], "environments": environments}
+    if db.postgres:
+        params["asked"] = Jsonb(params["asked"])
+        params["environments"] = None if environments is None else Jsonb(environments)
+    row = await db.first(_SEEN, params)
+    if row is None:
         return None
-    touch(session, found.id, waiting=True, environments=environments)
-    models = list(found.models or ())
-    runs = [CandidateRun(*r) for r in session.execute(_CANDIDATES, {"models": models})]
-    return Seen(
-        found.id,
-        environments if environments is not None else found.environments,
-        bool(found.trusted),
-        bool(session.execute(_ANY_EXPIRED).scalar()),
-        runs,
-    )
+    runs = [CandidateRun(**{**r, "id": uuid.UUID(str(r["id"]))}) for r in row.runs]
+    return Seen(row.worker_id, row.environments, bool(row.trusted), bool(row.any_expired), runs)
 
 
 # -- a grant of training rows (the one-statement grant, or its steps) -------------------------
 
 
-def grant_rows(session: Session, postgres: bool, params: dict[str, Any]) -> queue.Granted | None:
-    """Lease up to n queued rows of the run to the worker within the admission bound and the
-    worker's cap (queue.grant_params), clearing the worker's waiting; None changes nothing."""
-    if postgres:
-        return queue.grant_in_one_statement(session, params)
+class _GrantedRow(NamedTuple):
+    """One leased prompt of a grant, as the one-statement grant returns it."""
+
+    id: int
+    dataset_row_id: int
+    epoch: int
+    prompt: Any
+    fencing: int
+    seed: int
+    adapter_version: int
+    tokenizer_fingerprint: str | None
+    adapter_sha256: str | None
+    adapter_files: dict[str, Any] | None
+
+
+def _grant_sqlite(session: Session, params: dict[str, Any]) -> list[_GrantedRow]:
+    """The one-statement grant's steps: lock the first queued rows, the admission
+    compare-and-set (taking the fencing token), insert the lease, mark the rows."""
     rows = repo.lock_queued_rows(session, params["run_id"], params["n"])
     if not rows:
-        return None
+        return []
     admitted = queue.admit(
         session,
         params["run_id"],
@@ -163,7 +183,7 @@ def grant_rows(session: Session, postgres: bool, params: dict[str, Any]) -> queu
         worker_cap=params["worker_cap"],
     )
     if admitted is None:
-        return None
+        return []
     fencing, version, fingerprint = admitted
     seed = queue.seed_of(params, fencing)
     repo.insert_lease(
@@ -182,14 +202,31 @@ def grant_rows(session: Session, postgres: bool, params: dict[str, Any]) -> queu
     repo.mark_rows_leased(session, [r.id for r in rows], params["lease_id"])
     touch(session, params["worker_id"], waiting=False)
     adapter = repo.adapter_version(session, params["run_id"], version) if version > 0 else None
-    return queue.Granted(
-        fencing=fencing,
-        seed=seed,
-        version=version,
-        fingerprint=fingerprint,
-        rows=list(rows),
-        adapter=None if adapter is None else (adapter.sha256, adapter.files),
-    )
+    sha256, files = (None, None) if adapter is None else (adapter.sha256, adapter.files)
+    return [
+        _GrantedRow(
+            r.id,
+            r.dataset_row_id,
+            r.epoch,
+            r.prompt,
+            fencing,
+            seed,
+            version,
+            fingerprint,
+            sha256,
+            files,
+        )  # fmt: skip
+        for r in rows
+    ]
+
+
+_GRANT = Statement.of(queue.GRANT, _grant_sqlite)
+
+
+async def grant_rows(db: WorkerDb, params: dict[str, Any]) -> queue.Granted | None:
+    """Lease up to n queued rows of the run to the worker within the admission bound and the
+    worker's cap (queue.grant_params), clearing the worker's waiting; None changes nothing."""
+    return queue.granted_from_rows(await db.one(_GRANT, params))
 
 
 # -- heartbeat: extend a held lease, or say why not --------------------------------------------
@@ -217,15 +254,8 @@ def held_now() -> ColumnElement[bool]:
     )
 
 
-@dataclass(frozen=True)
-class BeatStatements:
-    """The heartbeat's statements for one abort-reason expression (server/leases/ledger.py)."""
-
-    seen: Select[Any]
-    in_one: Select[Any]
-
-
-def beat_statements(reason: ColumnElement[Any]) -> BeatStatements:
+def beat_statement(reason: ColumnElement[Any]) -> Statement:
+    """The heartbeat's unit for one abort-reason expression (server/leases/ledger.py)."""
     seen = (
         select(
             Lease.id,
@@ -268,37 +298,40 @@ def beat_statements(reason: ColumnElement[Any]) -> BeatStatements:
         found.c.reason,
         exists(select(extended.c.worker_id)).label("extended"),
     ).add_cte(touched)
-    return BeatStatements(seen, in_one)
+    return Statement.of(in_one, _beat_sqlite(seen))
 
 
-def beat(
-    session: Session,
-    postgres: bool,
-    statements: BeatStatements,
-    params: dict[str, Any],
-) -> Beat | None:
+def _beat_sqlite(seen: Select[Any]) -> SqliteForm:
+    def steps(session: Session, params: dict[str, Any]) -> list[Beat]:
+        row = session.execute(seen, params).first()
+        if row is None:
+            return []
+        extended = False
+        if row.held and row.reason is None:
+            extend = repo.extend_values(params["ttl_s"])
+            extended = repo.fence(session, row.id, row.worker_id, params["held_fencing"], **extend)
+            touch(session, row.worker_id)
+        return [
+            Beat(
+                row.kind,
+                row.run_id,
+                row.worker_id,
+                row.current_version,
+                row.held,
+                row.reason,
+                extended,
+            )  # fmt: skip
+        ]
+
+    return steps
+
+
+async def beat(db: WorkerDb, statement: Statement, params: dict[str, Any]) -> Beat | None:
     """Extend the worker's lease by ttl_s when it is held and its kind has no reason to abort it
     (the worker seen); else change nothing. None: no such lease of this authenticated worker.
     `params`: digest, lease_id, held_fencing, ttl_s, admission, max_staleness."""
-    if postgres:
-        row = session.execute(statements.in_one, params).first()
-        return None if row is None else Beat(*row)
-    row = session.execute(statements.seen, params).first()
-    if row is None:
-        return None
-    extended = False
-    if row.held and row.reason is None:
-        extended = repo.fence(
-            session,
-            row.id,
-            row.worker_id,
-            params["held_fencing"],
-            **repo.extend_values(params["ttl_s"]),
-        )
-        touch(session, row.worker_id)
-    return Beat(
-        row.kind, row.run_id, row.worker_id, row.current_version, row.held, row.reason, extended
-    )
+    row = await db.first(statement, params)
+    return row if row is None or isinstance(row, Beat) else Beat(*row)
 
 
 # -- complete: accept a training batch in one statement ---------------------------------------
@@ -333,16 +366,19 @@ SELECT id FROM batch
 """
 
 
-def accept_in_one_statement(
-    session: Session,
-    lease_id: uuid.UUID,
-    worker_id: uuid.UUID,
-    fencing: int,
-    values: dict[str, Any],
+_ACCEPT = Statement(_ACCEPT_PG, lambda _session, _params: [])
+
+
+async def accept_in_one_statement(
+    db: WorkerDb, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int, values: dict[str, Any]
 ) -> uuid.UUID | None:
-    """Postgres: end the held training lease `completed`, insert its batch `accepted`, mark its
-    rows accepted and count the worker's batch, in one statement, when every row of the lease is
-    still leased to it. None: nothing changed."""
+    """End the held training lease `completed`, insert its batch `accepted`, mark its rows
+    accepted and count the worker's batch, in one statement, when every row of the lease is
+    still leased to it (Postgres). None changed nothing: the fence refused, the rows are not all
+    leased, or the database is SQLite, which has no such statement: the caller takes the steps
+    (server/leases/train.py)."""
+    if not db.postgres:
+        return None
     batch_id = uuid.uuid4()
     params = {
         **values,
@@ -352,5 +388,4 @@ def accept_in_one_statement(
         "worker_id": worker_id,
         "fencing": fencing,
     }
-    row = session.connection().exec_driver_sql(_ACCEPT_PG, params).first()
-    return None if row is None else batch_id
+    return batch_id if await db.first(_ACCEPT, params) is not None else None

@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
 from protocol.staleness import outside_window
-from server.db import is_postgres
 from server.leases import fair_share, queue, statements
 from server.leases import repository as repo
+from server.leases.units import WorkerDb
 from server.workers.repository import touch
 
 UNLIMITED_GROUPS = queue.INT_MAX  # the admission bound of a run with admission control off
@@ -37,12 +37,9 @@ class TrainKind:
     def goes_first(self, fencing_seq: int) -> bool:
         return False
 
-    def grants_in_one_statement(self) -> bool:
-        return True
-
-    def grant(
+    async def grant(
         self,
-        session: Session,
+        db: WorkerDb,
         run: Any,
         worker_id: uuid.UUID,
         lease_id: uuid.UUID,
@@ -50,8 +47,8 @@ class TrainKind:
         waiting_window_s: float,
     ) -> queue.Granted | None:
         bound = admission_bound(config)
-        worker_cap = fair_share.cap(
-            session,
+        worker_cap = await fair_share.cap(
+            db,
             run_id=run.id,
             base_model=run.base_model,
             worker_id=worker_id,
@@ -71,7 +68,7 @@ class TrainKind:
             run_seed=config.seed,
             worker_cap=worker_cap,
         )
-        return statements.grant_rows(session, is_postgres(session), params)
+        return await statements.grant_rows(db, params)
 
     def sampling(self, config: RunConfig) -> tuple[dict[str, Any], int]:
         return config.sampling.model_dump(mode="json"), config.group_size
@@ -121,9 +118,9 @@ class TrainKind:
         result = queue.requeue(session, run_id, rows, reason, count_attempt=True)
         return len(result.requeued), len(result.dropped)
 
-    def complete(
+    async def complete(
         self,
-        session: Session,
+        db: WorkerDb,
         lease: Any,
         fencing: int,
         values: dict[str, Any],
@@ -131,38 +128,47 @@ class TrainKind:
     ) -> tuple[uuid.UUID, str | None] | None:
         if reject is None and lease.n_prompts * lease.group_size != values["n_samples"]:
             reject = "invalid"
-        if reject is None and is_postgres(session):
-            batch_id = statements.accept_in_one_statement(
-                session, lease.id, lease.worker_id, fencing, values
+        if reject is None:
+            batch_id = await statements.accept_in_one_statement(
+                db, lease.id, lease.worker_id, fencing, values
             )
             if batch_id is not None:
                 return batch_id, None
-        # Step by step (SQLite; a rejection; or a lease whose rows are not all still leased)
-        ended = repo.end_values("completed", "completed")
-        if not repo.fence(session, lease.id, lease.worker_id, fencing, **ended):
-            return None
-        rows = repo.leased_rows_of(session, [lease.id])
-        if reject is None and values["n_samples"] != len(rows) * lease.group_size:
-            reject = "invalid"
-        batch_id = repo.insert_batch(
-            session,
-            **values,
-            run_id=lease.run_id,
-            lease_id=lease.id,
-            worker_id=lease.worker_id,
-            adapter_version=lease.adapter_version,
-            n_groups=len(rows),
-            tokenizer_fingerprint=lease.tokenizer_fingerprint,
-            state="rejected" if reject else "accepted",
-            reject_reason=reject,
+        return await db.unit(
+            lambda session: _complete_steps(session, lease, fencing, values, reject)
         )
-        if reject is None:
-            repo.accept_rows(session, rows, batch_id)
-            touch(session, lease.worker_id, accepted_batches=1)
-        else:
-            queue.requeue(session, lease.run_id, rows, "invalid", count_attempt=True)
-            touch(session, lease.worker_id, rejected_batches=1)
-        return batch_id, reject
+
+
+def _complete_steps(
+    session: Session, lease: Any, fencing: int, values: dict[str, Any], reject: str | None
+) -> tuple[uuid.UUID, str | None] | None:
+    """complete step by step: SQLite, a rejection, or a lease whose rows are not all still
+    leased (the one statement refused)."""
+    ended = repo.end_values("completed", "completed")
+    if not repo.fence(session, lease.id, lease.worker_id, fencing, **ended):
+        return None
+    rows = repo.leased_rows_of(session, [lease.id])
+    if reject is None and values["n_samples"] != len(rows) * lease.group_size:
+        reject = "invalid"
+    batch_id = repo.insert_batch(
+        session,
+        **values,
+        run_id=lease.run_id,
+        lease_id=lease.id,
+        worker_id=lease.worker_id,
+        adapter_version=lease.adapter_version,
+        n_groups=len(rows),
+        tokenizer_fingerprint=lease.tokenizer_fingerprint,
+        state="rejected" if reject else "accepted",
+        reject_reason=reject,
+    )
+    if reject is None:
+        repo.accept_rows(session, rows, batch_id)
+        touch(session, lease.worker_id, accepted_batches=1)
+    else:
+        queue.requeue(session, lease.run_id, rows, "invalid", count_attempt=True)
+        touch(session, lease.worker_id, rejected_batches=1)
+    return batch_id, reject
 
 
 TRAIN = TrainKind()

@@ -1,65 +1,107 @@
-"""How a worker call reaches the database (docs/architecture.md, "The lease engine"): the whole
-call runs in one request thread (one thread-pool hop), as one or more *units*, each its own
-transaction committed before the next starts. A call's compare-and-set is always inside one
-unit, so a refusal changes nothing; a call never holds one unit's locks while it runs another.
+"""How a worker call reaches the database (docs/architecture.md, "The lease engine").
 
-A `statement` unit holds one statement on Postgres and runs autocommitted there: the locks it
-takes (the run row of a grant, which every grant on the run waits for) are held for that
-statement only, not across a COMMIT round trip. On SQLite a statement unit is a `BEGIN
-IMMEDIATE` transaction like any other, since the helpers that run several statements where
-Postgres needs one (server/leases/statements.py) run in it."""
+A call is an async function written once for both databases. It runs its work as *units*, each
+its own transaction committed before the next starts, so a call never holds one unit's locks
+while it runs another, and a refusal changes nothing:
+
+- `one(statement, params)`: a unit of one `Statement`. On Postgres it is one autocommitted
+  statement on psycopg's async pool, answered on the event loop (no thread hop, no BEGIN or
+  COMMIT round trip, and the locks it takes, such as the run row of a grant, held for the
+  statement only). On SQLite, whose single writer serialises anyway, it is the statement's
+  SQLite form (the same rule as one or a few statements) in a `BEGIN IMMEDIATE` transaction in a
+  request thread.
+- `unit(work)`: a unit of any number of statements (the rarer branches: a heartbeat's abort, a
+  rejected batch, a release, a sweep, an eval grant, the refusal's diagnosis), `work(session)`
+  in one transaction in a request thread, on both databases.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+import psycopg
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import Engine
+from psycopg.rows import namedtuple_row
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db import make_sessionmaker, transaction
+from server.db import transaction
 
 T = TypeVar("T")
+SqliteForm = Callable[[Session, dict[str, Any]], Sequence[Any]]
 
 
 @dataclass(frozen=True)
-class WorkerDb:
-    """The lease engine's two kinds of unit on one database."""
+class Statement:
+    """One unit's SQL on both databases: the Postgres text (psycopg's parameter style) with the
+    constants its compilation bound, and the SQLite form run on a session."""
 
-    sessions: sessionmaker[Session]
-    statements: sessionmaker[Session]
-    postgres: bool
+    postgres: str
+    sqlite: SqliteForm
+    constants: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, engine: Engine, sessions: sessionmaker[Session]) -> WorkerDb:
-        postgres = engine.dialect.name == "postgresql"
-        single = engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else engine
-        return cls(sessions, make_sessionmaker(single) if postgres else sessions, postgres)
+    def of(cls, statement: Any, sqlite: SqliteForm | None = None) -> Statement:
+        """A SQLAlchemy statement: compiled once for psycopg, executed as it is on SQLite
+        (unless `sqlite` gives the SQLite form)."""
+        compiled = statement.compile(dialect=psycopg_dialect())
+        constants = {k: v for k, v in compiled.params.items() if v is not None}
 
-    @contextmanager
-    def unit(self) -> Iterator[Session]:
-        """A transaction (BEGIN IMMEDIATE on SQLite), committed on leaving, rolled back on error."""
-        with transaction(self.sessions) as session:
-            yield session
+        def as_is(session: Session, params: dict[str, Any]) -> Sequence[Any]:
+            return session.execute(statement, params).all()
 
-    @contextmanager
-    def statement(self) -> Iterator[Session]:
-        """A unit of one statement: autocommitted on Postgres, a transaction on SQLite."""
-        with transaction(self.statements) as session:
-            yield session
+        return cls(str(compiled), sqlite or as_is, constants)
+
+
+@dataclass
+class WorkerDb:
+    """The lease engine's database: the sessions of its units and, on Postgres, the async pool
+    of its one-statement units (opened by the app's lifespan, server/db_async.py)."""
+
+    sessions: sessionmaker[Session]
+    postgres: bool
+    pool: AsyncConnectionPool | None = None
+
+    async def one(self, statement: Statement, params: dict[str, Any]) -> list[Any]:
+        """The statement's rows, in a unit of its own."""
+        if self.pool is None:
+            return await self.unit(lambda session: list(statement.sqlite(session, params)))
+        try:
+            async with self.pool.connection() as conn:
+                cursor = conn.cursor(row_factory=namedtuple_row)
+                await cursor.execute(statement.postgres, {**statement.constants, **params})
+                return await cursor.fetchall() if cursor.description else []
+        except psycopg.OperationalError:
+            # The database dropped its connections (a restart): test the idle ones now, so
+            # that one request answers 503 rather than one per dead pooled connection.
+            await self.pool.check()
+            raise
+
+    async def first(self, statement: Statement, params: dict[str, Any]) -> Any:
+        rows = await self.one(statement, params)
+        return rows[0] if rows else None
+
+    async def unit(self, work: Callable[[Session], T]) -> T:
+        """`work` in one transaction (BEGIN IMMEDIATE on SQLite) in a request thread."""
+
+        def run() -> T:
+            with transaction(self.sessions) as session:
+                return work(session)
+
+        return await run_in_threadpool(run)
 
 
 class WorkerCalls(Counter[str]):
     """How many worker calls this process answered, by call: exported on /metrics."""
 
 
-async def in_thread(calls: WorkerCalls, name: str, call: Callable[[], T], count: int = 1) -> T:
-    """The call's one thread-pool hop, counted (answered or refused) under its name."""
+async def counted(calls: WorkerCalls, name: str, call: Awaitable[T], count: int = 1) -> T:
+    """The call's answer, counted (answered or refused) under its name."""
     try:
-        return await run_in_threadpool(call)
+        return await call
     finally:
         calls[name] += count
