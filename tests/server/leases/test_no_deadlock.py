@@ -53,7 +53,7 @@ TTL_S = 0.5  # lease_ttl_s: any positive number is allowed; short enough to expi
 # through to the next tier.
 RUNS = [(1, False), (3, True), (2, True), (3, True), (1, False), (2, True)]
 WORKERS = 16  # simulated workers, one thread and one registered worker each
-LOAD_S = 30.0  # the load's bound in time
+LOAD_S = 20.0  # the load's bound in time
 MAX_ACQUIRES = 2_000  # ... and in acquires, per worker
 SERVER_ENV = {  # two processes well under max_connections (100), with room for other tests
     "ASYNCGRPO_DATABASE_POOL_SIZE": "8",
@@ -87,6 +87,12 @@ class Load:
                 self.unexpected.append(f"{call} {response.status_code}: {response.text[:300]}")
 
 
+OTHER_BACKENDS = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
 def _deadlocks(admin: Engine) -> int:
     with admin.connect() as conn:
         conn.execute(text("SELECT pg_stat_clear_snapshot()"))
@@ -102,11 +108,10 @@ def _settled_deadlocks(admin: Engine, timeout_s: float = 30.0) -> int:
     flushes its counters when it exits; the detecting backend counts the deadlock) and the
     counter reads the same three times running."""
     deadline = time.monotonic() + timeout_s
-    others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"  # noqa: E501
     while True:
         with admin.connect() as conn:
             conn.execute(text("SELECT pg_stat_clear_snapshot()"))
-            left = int(conn.execute(text(others)).scalar_one())
+            left = int(conn.execute(text(OTHER_BACKENDS)).scalar_one())
         if left == 0:
             break
         assert time.monotonic() < deadline, f"{left} backends still on the database"
@@ -170,7 +175,9 @@ def _complete(
     sha = hashlib.sha256(data).hexdigest()
     fencing = lease["fencing"]
     up = client.post(
-        f"{path}/upload", json={"fencing": fencing, "size": len(data), "sha256": sha}, headers=headers
+        f"{path}/upload",
+        json={"fencing": fencing, "size": len(data), "sha256": sha},
+        headers=headers,
     )
     load.answered("upload", up)
     if up.status_code != 200:
@@ -195,13 +202,58 @@ def _sweep_loop(ctx: JobContext, load: Load, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             swept = run_job("sweep", ctx)
-        except Exception as failed:  # noqa: BLE001 - recorded, asserted on afterwards
+        except Exception as failed:  # recorded, asserted on afterwards
             with load.lock:
                 load.sweep_errors.append(repr(failed)[:500])
         else:
             with load.lock:
                 load.swept += swept
         stop.wait(0.02)
+
+
+def _load(
+    bases: list[str],
+    tokens: list[str],
+    completable: set[uuid.UUID],
+    ctx: JobContext,
+    store: Any,
+    load: Load,
+) -> float:
+    """The simulated workers and the sweep job loop, for LOAD_S at most; how long it ran."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=_sweep_loop, args=(ctx, load, stop), daemon=True)]
+    threads += [
+        threading.Thread(
+            target=_work, args=(i, token, bases, completable, store, load, stop), daemon=True
+        )
+        for i, token in enumerate(tokens)
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        stop.wait(LOAD_S)  # the load's bound (each worker also stops after MAX_ACQUIRES)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not any(thread.is_alive() for thread in threads), "a load thread did not stop"
+    return time.monotonic() - started
+
+
+def _sweep_until_none_active(ctx: JobContext, timeout_s: float = 30.0) -> None:
+    """The sweep job until no lease is active (every one left expires within TTL_S)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run_job("sweep", ctx)
+        with ctx.factory() as db:
+            active = db.execute(
+                select(func.count()).select_from(Lease).where(Lease.state == "active")
+            ).scalar_one()
+        if active == 0:
+            return
+        assert time.monotonic() < deadline, f"{active} leases still active"
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -230,51 +282,18 @@ def test_two_servers_and_the_sweep_job_never_deadlock(
             )  # fmt: skip
         tokens = [make_worker(db, name=f"w{i}")[1] for i in range(WORKERS)]
         db.commit()
-    completable = {run_id for run_id, (_, admission) in zip(run_ids, RUNS) if not admission}
+    completable = {r for r, (_, admission) in zip(run_ids, RUNS, strict=True) if not admission}
     ctx = JobContext(app.state.settings, factory, lambda: app.state.store)
     before = _deadlocks(admin)
     load = Load()
-    stop = threading.Event()
     logs = [tmp_path / "server-a.log", tmp_path / "server-b.log"]
     with ExitStack() as servers:
         bases = [
-            servers.enter_context(serve_in_process(pg_url, bucket, log, settings_env=SERVER_ENV))[
-                0
-            ]
+            servers.enter_context(serve_in_process(pg_url, bucket, log, settings_env=SERVER_ENV))[0]
             for log in logs
         ]
-        threads = [threading.Thread(target=_sweep_loop, args=(ctx, load, stop), daemon=True)]
-        threads += [
-            threading.Thread(
-                target=_work,
-                args=(i, token, bases, completable, app.state.store, load, stop),
-                daemon=True,
-            )
-            for i, token in enumerate(tokens)
-        ]
-        started = time.monotonic()
-        for thread in threads:
-            thread.start()
-        try:
-            stop.wait(LOAD_S)  # the load's bound (each worker also stops after MAX_ACQUIRES)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(60)
-        loaded_s = time.monotonic() - started
-        assert not any(thread.is_alive() for thread in threads), "a load thread did not stop"
-        # Every lease left ends: a final sweep once all have expired.
-        deadline = time.monotonic() + 30
-        while True:
-            run_job("sweep", ctx)
-            with factory() as db:
-                active = db.execute(
-                    select(func.count()).select_from(Lease).where(Lease.state == "active")
-                ).scalar_one()
-            if active == 0:
-                break
-            assert time.monotonic() < deadline, f"{active} leases still active"
-            time.sleep(0.1)
+        loaded_s = _load(bases, tokens, completable, ctx, app.state.store, load)
+        _sweep_until_none_active(ctx)
     app.state.engine.dispose()
     after = _settled_deadlocks(admin)
 
@@ -296,13 +315,12 @@ def test_two_servers_and_the_sweep_job_never_deadlock(
         still_leased = db.execute(
             select(func.count()).select_from(PromptRow).where(PromptRow.state == "leased")
         ).scalar_one()
-        granted_by_run = Counter(
-            db.execute(select(Lease.run_id)).scalars()
-        )
+        granted_by_run = Counter(db.execute(select(Lease.run_id)).scalars())
     app.state.engine.dispose()
     summary = (
         f"load {loaded_s:.1f} s; answers {dict(load.answers)}; leases {dict(ended)}; "
-        f"by run {[granted_by_run[r] for r in run_ids]}; swept by the job {load.swept}; "
+        f"by run {[granted_by_run[r] for r in run_ids]}; swept by the job {load.swept}, "
+        f"{len(load.sweep_errors)} sweep job failures; "
         f"deadlocks {before} -> {after}"
     )
     print(summary)
