@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,16 @@ def serve_in_thread(
 
 @contextmanager
 def serve_in_process(
-    database_url: str, bucket: Path, log: Path, start_timeout_s: float = 60.0
+    database_url: str,
+    bucket: Path,
+    log: Path,
+    start_timeout_s: float = 60.0,
+    settings_env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, int]]:
     """`asyncgrpo server` in a process of its own on the database and bucket given (made by
     the test's app: migrated, its bucket recorded); yields its base URL and pid. No background
-    jobs run in it (celery mode), so what it holds is what requests hold."""
+    jobs run in it (celery mode), so what it holds is what requests hold. `settings_env`: more
+    ASYNCGRPO_* settings for it (pool sizes, the worker calls' path)."""
     import httpx
 
     from tests.conftest import TEST_SECRET
@@ -67,6 +72,7 @@ def serve_in_process(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.update(settings_env or {})
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "asyncgrpo.cli", "server", "--port", str(port)],
