@@ -168,9 +168,9 @@ def test_a_refused_option_is_one_line_and_exit_2(monkeypatch, args, reason) -> N
 def test_the_server_settings_under_the_part_prefixes_are_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP and ASYNCGRPO_LEARNER_LEASE_TTL_S are the server's
-    (a shared environment holds them); a real setting of the prefix is no unknown name."""
-    monkeypatch.setenv("ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "false")
+    """ASYNCGRPO_LEARNER_LEASE_TTL_S is the server's (a shared environment holds it; the server
+    has no setting under the worker's prefix any more); a real setting of the prefix is no
+    unknown name."""
     monkeypatch.setenv("ASYNCGRPO_LEARNER_LEASE_TTL_S", "60")
     monkeypatch.setenv("ASYNCGRPO_WORKER_SIMULATED_STEP_S", "0.5")
     monkeypatch.setenv("ASYNCGRPO_LEARNER_OUTBOUND_ALLOW_PRIVATE", "true")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from server.config import Settings
+from server.config import RETIRED_SETTINGS, Settings, setting_variables
 
 
 def test_embedded_default_needs_no_configuration(monkeypatch, tmp_path):
@@ -95,19 +95,39 @@ def test_other_parts_variables_and_real_settings_are_accepted(monkeypatch):
         "ASYNCGRPO_BENCH_PG_URL",
     ):
         monkeypatch.setenv(name, "x")
-    monkeypatch.setenv("ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "false")  # a server setting
+    # No server setting is named under the worker's prefix any more; the learner's holds one.
+    monkeypatch.setenv("ASYNCGRPO_LEARNER_LEASE_TTL_S", "45")  # a server setting
     monkeypatch.setenv("ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100", "5.5")
     monkeypatch.setenv("ASYNCGRPO_JOBS__SWEEP_INTERVAL_S", "3")
     settings = Settings()
-    assert settings.worker_calls_on_event_loop is False
+    assert settings.learner_lease_ttl_s == 45.0
     assert settings.dashboard.on_demand_prices["h100"] == 5.5
     assert settings.jobs.sweep_interval_s == 3.0
 
 
-def test_a_wrong_value_of_a_worker_named_server_setting_is_still_checked(monkeypatch):
-    monkeypatch.setenv("ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "perhaps")
-    with pytest.raises(ValidationError, match="worker_calls_on_event_loop"):
+def test_a_wrong_value_of_a_part_named_server_setting_is_still_checked(monkeypatch):
+    monkeypatch.setenv("ASYNCGRPO_LEARNER_LEASE_TTL_S", "perhaps")
+    with pytest.raises(ValidationError, match="learner_lease_ttl_s"):
         Settings()
+
+
+@pytest.mark.parametrize("name", sorted(RETIRED_SETTINGS))
+@pytest.mark.parametrize("value", ["false", "true", "8"])
+def test_a_retired_setting_is_refused_by_name(monkeypatch, name, value):
+    """A setting that is gone (server/config.py RETIRED_SETTINGS) is refused, naming it and
+    saying it is gone and what to do instead, whatever its value: never silently ignored, and
+    not taken for a typo."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    message = str(caught.value)
+    assert f"{name} is gone: {RETIRED_SETTINGS[name]}" in message
+    assert f"{name} is not a server setting" not in message
+
+
+def test_the_event_loop_switch_is_retired_and_no_retired_setting_is_read():
+    assert "ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP" in RETIRED_SETTINGS
+    assert not set(RETIRED_SETTINGS) & set(setting_variables())
 
 
 def test_the_parts_know_the_server_settings_under_their_prefixes():

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.run_config import RunConfig
 from protocol.schemas import LeaseAcquireRequest
@@ -75,14 +75,42 @@ def new_worker(
     return worker
 
 
+def worker_caller(session: Session, store: ObjectStore, settings: Settings, worker: Worker) -> Any:
+    """The lease engine's caller (server/leases/service.Caller) for the worker, with a fresh
+    worker token, whose units run on the session's connection, each a savepoint of the session's
+    transaction, so that they see its rows and it sees theirs (objects the session already holds
+    keep their attributes until refreshed). It has no async pool (a pooled connection could
+    not see the test's uncommitted rows)."""
+    from server.leases.service import Caller
+    from server.leases.units import WorkerDb
+    from server.tokens import service as tokens
+
+    token = tokens.mint(session, "worker", name=worker.name, scope_id=worker.id).plaintext
+    session.flush()
+    units = sessionmaker(
+        bind=session.connection(), join_transaction_mode="create_savepoint", expire_on_commit=False
+    )
+    db = WorkerDb(units, postgres=session.get_bind().dialect.name == "postgresql")
+    return Caller(db, store, settings, token)
+
+
+def engine_call(call: Any) -> Any:
+    """Run one of the lease engine's (async) calls to its answer, from a test's thread."""
+    import anyio
+
+    return anyio.run(lambda: call)
+
+
 def acquire(
     session: Session, store: ObjectStore, settings: Settings, worker: Worker
 ) -> uuid.UUID | None:
-    """A real lease from the lease engine; its id, or None when nothing is admissible."""
+    """A real lease from the lease engine (one acquire try, as the worker); its id, or None
+    when nothing is admissible."""
     from server.leases.service import acquire as engine_acquire
 
-    lease = engine_acquire(session, store, settings, worker, LeaseAcquireRequest()).lease
-    return lease.lease_id if lease is not None else None
+    caller = worker_caller(session, store, settings, worker)
+    acquired, _active = engine_call(engine_acquire(caller, LeaseAcquireRequest()))
+    return acquired.lease.lease_id if acquired.lease is not None else None
 
 
 def expire(session: Session, lease_id: uuid.UUID) -> None:

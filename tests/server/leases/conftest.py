@@ -46,7 +46,7 @@ def any_session(db_url: str) -> Iterator[Session]:
 def servers(
     pg_admin: Engine, pg_template: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Servers]:
-    """The event-loop server and the portable one, each on its own database, for the module
+    """The Postgres server and the SQLite one, each on its own database, for the module
     (tests/server/leases/twins.py; a test empties them first)."""
     with twin_servers(pg_admin, pg_template, tmp_path_factory.mktemp("twins")) as made:
         yield made

@@ -1,15 +1,22 @@
 """Whole rows of the tables the worker calls write, and whole answers, made comparable across two
-databases on which the same thing was done (one served on the event loop, one portable).
+databases on which the same thing was done: one Postgres, one SQLite (tests/server/leases/
+twins.py).
 
-Only what must differ between the two is normalised, explicitly:
+Every value is compared as the models read it back (their column types, server/db_types.py
+among them, give both databases the same Python values: UUIDs, aware datetimes, JSON as dicts
+and lists, booleans), and only what must differ between the two is normalised, explicitly:
 - random ids: a lease's, a batch's (and any id the arrangement did not fix) become labels named
   after what they identify (`lease:<run>#<fencing>`, `batch:<lease label>`), also inside text
   such as bucket keys and manifests; runs and workers get their names;
-- timestamps: `as before` (unchanged by the call) or `written` (by the call; or null), and a
-  lease whose expiry the call wrote also gets its lifetime (expires_at minus the heartbeat or
-  the grant that set it) in seconds;
+- timestamps: `as before` (unchanged by the call) or `written` (by the call; or null), each
+  compared with the same database's value before the call, and a lease whose expiry the call
+  wrote also gets its lifetime (expires_at minus the heartbeat or the grant that set it) in
+  seconds;
 - in a signed blob URL, the wall-clock expiry and the signature over it.
-Prompt and dataset row ids are serials: equal when both databases were arranged the same way.
+Prompt and dataset row ids are serials: equal when both databases were arranged the same way
+(twins.empty restarts them). JSON objects compare as dicts, so the key order each database
+keeps (jsonb's own, SQLite's as written) does not count; nothing else is normalised, so a
+difference in a value, a null or a row's presence fails.
 """
 
 from __future__ import annotations

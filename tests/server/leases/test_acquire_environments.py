@@ -1,6 +1,6 @@
 """Grants go only to workers that can run the run's environment (declared at registration or
 with the acquire), and runs whose environment requires a trusted worker only to trusted ones;
-on every path (Postgres on the event loop, Postgres portable, SQLite)."""
+on both databases (Postgres and SQLite)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_an_old_worker_gets_single_turn_runs_only(
     assert lease["environment"]["name"] == "single_turn"
     status, lease = _acquire(lease_client, token)
     assert status == 200 and lease is not None and lease["run_id"] == str(plain.id)
-    answered.expect(on_event_loop={"acquire": 2})
+    answered.expect({"acquire": 2})
 
 
 def test_a_run_nobody_declared_waits(lease_client: TestClient, db: Session) -> None:
@@ -65,7 +65,7 @@ def test_the_acquire_declaration_is_kept(
     db.rollback()  # end the read (SQLite's single writer)
     # later tries without the field use what it declared last
     assert _acquire(lease_client, token)[0] == 200
-    answered.expect(on_event_loop={"acquire": 2})
+    answered.expect({"acquire": 2})
 
 
 def test_module_declarations_cover_their_classes(lease_client: TestClient, db: Session) -> None:

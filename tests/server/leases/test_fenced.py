@@ -6,6 +6,7 @@ import hashlib
 import uuid
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -13,6 +14,7 @@ from sqlalchemy.orm import Session
 from protocol import layout
 from server.db_types import db_now, db_now_plus
 from server.models import Lease, PromptRow, RolloutBatch, Run, Worker
+from tests.conftest import terminate_other_backends
 from tests.server.leases.helpers import (
     acquire_lease,
     batch_manifest,
@@ -22,7 +24,8 @@ from tests.server.leases.helpers import (
     make_worker,
     snapshot,
 )
-from tests.server.leases.lease_paths import Answered
+from tests.server.leases.lease_paths import POSTGRES, SQLITE, Answered, LeasePath
+from tests.server.leases.twins import Outcome, Sent, Servers, Side, empty, send
 
 BASE = "/api/v1/leases"
 
@@ -113,7 +116,7 @@ def test_stale_heartbeat_aborts_and_requeues_at_the_front(
     assert run.groups_in_flight == in_flight(db, run.id) == 0
     db.commit()
     assert _call(lease_client, token, lease, "heartbeat").status_code == 409
-    # The abort and the 409 are the portable path's.
+    # The beat that aborts and the one refused 409 are counted like any other.
     answered.expect({"acquire": 1, "heartbeat": 1 + 2})
 
 
@@ -332,6 +335,9 @@ def test_expired_and_reissued_lease_fences_out_the_old_holder(
         p["prompt_row_id"] for p in old["prompts"]
     ]
     assert new["fencing"] > old["fencing"] and new["lease_id"] != old["lease_id"]
+    swept = db.execute(select(Lease.state).where(Lease.id == uuid.UUID(old["lease_id"])))
+    assert swept.scalar_one() == "expired"
+    db.commit()
     data = b"late batch"
     lease_app.state.store.put_bytes(old["batch_key"], data)
     before = snapshot(db, run.id)
@@ -371,3 +377,102 @@ def test_rows_are_dropped_after_max_attempts(lease_client: TestClient, db: Sessi
     }
     db.refresh(run)
     assert run.groups_in_flight == 0
+
+
+CYCLE = ("acquire", "heartbeat", "upload", "complete")
+BATCH = b"the same batch bytes on both databases"
+
+
+def _cycle(side: Side) -> dict[str, Outcome]:
+    """A worker's whole lease: acquire, heartbeat, upload (then the PUT through its URL) and
+    complete, on a run with a tokenizer fingerprint; each call's outcome."""
+    side.run(n_rows=8, prompts_per_lease=2)
+    side.execute(update(Run).values(tokenizer_fingerprint="tok-1"))
+    headers = bearer(side.worker())
+    done = {"acquire": send(side, Sent(f"{BASE}/acquire", {}, headers))}
+    lease = done["acquire"].raw
+    path, fencing = f"{BASE}/{lease['lease_id']}", lease["fencing"]
+    done["heartbeat"] = send(side, Sent(f"{path}/heartbeat", {"fencing": fencing}, headers))
+    manifest = batch_manifest(lease, BATCH, n_tokens=77, generation_seconds=2.5)
+    upload = {"fencing": fencing, "size": len(BATCH), "sha256": manifest["sha256"]}
+    done["upload"] = send(side, Sent(f"{path}/upload", upload, headers))
+    put = done["upload"].raw
+    assert side.client.put(put["url"], content=BATCH, headers=put["headers"]).status_code == 200
+    complete = {"fencing": fencing, "manifest": manifest}
+    done["complete"] = send(side, Sent(f"{path}/complete", complete, headers))
+    return done
+
+
+@pytest.mark.postgres
+def test_a_whole_lease_writes_the_same_on_both_databases(servers: Servers) -> None:
+    """The same cycle on Postgres and SQLite arranged the same way (the grant, the heartbeat
+    and the accept are each written once per database: server/leases/statements.py): after
+    each call, the same whole answer and the same whole rows (ids and times normalised:
+    tests/server/leases/rows.py), each call counted once; and what both wrote is what the
+    cycle must write."""
+    namespace = uuid.uuid4()
+    cycles = {}
+    for database, (app, client) in servers.items():
+        empty(app)
+        cycles[database] = _cycle(Side(app, client, namespace))
+
+    for call in CYCLE:
+        postgres, sqlite = cycles[POSTGRES][call], cycles[SQLITE][call]
+        assert postgres.status == 200, postgres.body
+        assert (sqlite.status, sqlite.body) == (postgres.status, postgres.body), call
+        assert sqlite.rows == postgres.rows, call
+        assert postgres.changed and sqlite.changed, call
+        assert postgres.calls == sqlite.calls == {call: 1}
+    granted = cycles[POSTGRES]["acquire"]
+    assert [lease["lifetime_s"] for lease in granted.rows["leases"]] == [60.0]  # the run's TTL
+    (seen,) = granted.rows["workers"]
+    assert (seen["last_seen_at"], seen["waiting_since"]) == ("written", None)  # a grant clears it
+    beat = cycles[POSTGRES]["heartbeat"]
+    assert [lease["lifetime_s"] for lease in beat.rows["leases"]] == [60.0]
+    assert beat.body == {"current_version": 0, "abort": False, "ttl_s": 60.0, "reason": None}
+    done = cycles[POSTGRES]["complete"]
+    batch = "batch:lease:run:run#1"
+    assert done.body == {"batch_id": batch, "state": "accepted", "reject_reason": None}
+    assert [
+        (row["state"], row["attempts"]) for row in done.rows["prompt_rows"] if row["batch_id"]
+    ] == [("accepted", 0)] * 2
+    (lease,) = done.rows["leases"]
+    assert (lease["state"], lease["end_reason"], lease["ended_at"]) == (
+        "completed",
+        "completed",
+        "written",
+    )
+    (written,) = done.rows["rollout_batches"]
+    assert (
+        written["id"],
+        written["state"],
+        written["n_tokens"],
+        written["n_groups"],
+        written["generation_seconds"],
+        written["tokenizer_fingerprint"],
+    ) == (batch, "accepted", 77, 2, 2.5, "tok-1")
+    (worker,) = done.rows["workers"]
+    assert worker["accepted_batches"] == 1
+
+
+@pytest.mark.parametrize(
+    "lease_path", [pytest.param(POSTGRES, marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_restarted_database_is_one_503_then_the_worker_calls_recover(
+    lease_client: TestClient, db: Session, lease_path: LeasePath, answered: Answered
+) -> None:
+    """The worker calls' units take pooled connections that are not pinged per call: when the
+    database drops them, the call that meets a dead one answers 503 + Retry-After (the worker
+    backs off and retries), and the next runs on a fresh connection."""
+    make_run(db, n_rows=8)
+    _, token = make_worker(db)
+    db.commit()
+    db.close()
+    lease = acquire_lease(lease_client, token)
+    assert _call(lease_client, token, lease, "heartbeat").status_code == 200
+    assert terminate_other_backends(lease_path.database_url) >= 1
+    failed = _call(lease_client, token, lease, "heartbeat")
+    assert failed.status_code == 503 and failed.headers["Retry-After"] == "1", failed.text
+    assert failed.json()["code"] == "database_unavailable"
+    assert _call(lease_client, token, lease, "heartbeat").json()["abort"] is False
+    answered.expect({"acquire": 1, "heartbeat": 3})

@@ -1,22 +1,19 @@
 """Every refusal of the worker calls, as a table: the call, how to arrange it, and the answer.
 
-The event-loop path (server/leases/fast_service.py) answers only the common case and hands
-everything else to the portable path (service.py), the reference for every rule. For each row,
-the same arrangement is made on two servers, each on its own Postgres database: one answering
-the common case on the event loop, one with `worker_calls_on_event_loop` off. The test checks
-that the portable server answers what the table says (status and the body's fields written
-there), that the event-loop server answers exactly the same (status and whole body) and leaves
-exactly the same rows (tests/server/leases/rows.py), that the event-loop server answered it on
-the path the table says (call_paths), and, where the table says so, that nothing changed.
+The one lease engine (server/leases/service.py, fenced.py) runs the same code on Postgres and
+SQLite, but a few of its statements are written twice, once per database
+(server/leases/statements.py): the acquire's first statement, the grant, the heartbeat, the
+accept. For each row, the same arrangement is made on two servers (tests/server/leases/twins.py),
+one on a Postgres database and one on a SQLite file, with the same run and worker ids. The test
+checks that each server answers what the table says (status, and the body's fields written
+there), that the two answer exactly the same (status and whole body) and leave exactly the same
+rows (tests/server/leases/rows.py: ids, times and the databases' representations of a value
+normalised, nothing else), that each counted the call once in app.state.worker_calls (or not at
+all, where the table says `counted=False`: the request was refused before the endpoint, by
+request validation or for a missing bearer token), and, where the table says so, that nothing
+changed.
 
-Which path the event-loop server answers a row on (`on_event_loop`):
-- "portable": handed over (fast_service raised Fallback with nothing changed);
-- "event_loop": answered there: a missing or malformed bearer token is refused before any
-  query, and an acquire with nothing to grant is the common case's own 204;
-- None: refused before the endpoint (request validation), or release, which has no
-  event-loop path: not counted on either server.
-
-No difference between the paths is known: a row that finds one fails.
+No difference between the databases is known: a row that finds one fails.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -35,14 +32,14 @@ from protocol import layout
 from protocol.error_codes import status_of
 from server.config import SecuritySettings
 from server.db_types import db_now, db_now_plus
-from server.leases.paths import EVENT_LOOP, PORTABLE
 from server.models import Lease, Run, Token, Worker
 from tests.server.leases.helpers import batch_manifest
+from tests.server.leases.lease_paths import POSTGRES, SQLITE
 from tests.server.leases.twins import BASE, Outcome, Sent, Servers, Side, bearer, empty, send
 
 pytestmark = pytest.mark.postgres
 
-DATA = b"the batch bytes, the same on both servers"
+DATA = b"the batch bytes, the same on both databases"
 FENCED_CALLS = ("heartbeat", "upload", "complete", "release")
 MAX_BLOB_BYTES = SecuritySettings().max_blob_bytes
 
@@ -81,27 +78,24 @@ def _on_lease(call: str, lease: dict[str, Any], headers: dict[str, str], **body:
 @dataclass(frozen=True)
 class Answer:
     """The status; fields the JSON body must have (or the whole text of another body; None: no
-    body); the path the event-loop server answers on (see the module docstring); whether every
-    row must stay as it was."""
+    body); whether the call is counted in worker_calls (False: refused before the endpoint, see
+    the module docstring); whether every row must stay as it was."""
 
     status: int
     fields: dict[str, Any] | str | None
-    on_event_loop: str | None = PORTABLE
+    counted: bool = True
     changes_nothing: bool = True
 
 
-def refused(
-    status: int, detail: str, code: str, on_event_loop: str = PORTABLE, **more: Any
-) -> Answer:
+def refused(status: int, detail: str, code: str, counted: bool = True, **more: Any) -> Answer:
     """A refusal: its status, message and error code (the code's status is the table's)."""
     assert status_of(code) == status
-    return Answer(status, {"detail": detail, "code": code, **more}, on_event_loop)
+    return Answer(status, {"detail": detail, "code": code, **more}, counted)
 
 
 def changed(status: int, **fields: Any) -> Answer:
-    """Handed over, answered `status` with these fields, and rows written (an abort, a
-    rejected batch…)."""
-    return Answer(status, fields, PORTABLE, changes_nothing=False)
+    """Answered `status` with these fields, and rows written (an abort, a rejected batch…)."""
+    return Answer(status, fields, changes_nothing=False)
 
 
 NOT_FOUND = refused(404, "lease not found", "lease_not_found")
@@ -114,10 +108,10 @@ WRONG_KEY = refused(
     422, "manifest.key is not this lease's batch key", "wrong_batch_key", field="manifest.key"
 )
 INVALID_REQUEST = Answer(
-    422, {"detail": "invalid request", "code": "validation_failed"}, on_event_loop=None
+    422, {"detail": "invalid request", "code": "validation_failed"}, counted=False
 )
-INACTIVE_WORKER = Answer(204, None, PORTABLE)
-NOTHING_TO_GRANT = Answer(204, None, EVENT_LOOP, changes_nothing=False)  # the worker is seen
+INACTIVE_WORKER = Answer(204, None)
+NOTHING_TO_GRANT = Answer(204, None, changes_nothing=False)  # the worker is seen
 UNREGISTERED_MODEL = refused(
     409,
     "this worker asks for leases of 'another-model' (--model) but registered with "
@@ -178,9 +172,9 @@ def _wrong_kind(kind: str) -> tuple[Credentials, Answer]:
 CREDENTIALS: dict[str, tuple[Credentials, Answer]] = {
     "no-bearer-token": (
         _no_header,
-        refused(401, "missing bearer token", "token_missing", EVENT_LOOP),
+        refused(401, "missing bearer token", "token_missing", counted=False),
     ),
-    "not-a-token": (_not_a_token, refused(401, "invalid token", "token_invalid", EVENT_LOOP)),
+    "not-a-token": (_not_a_token, refused(401, "invalid token", "token_invalid")),
     "unknown-token": (_unknown_token, refused(401, "invalid token", "token_invalid")),
     "revoked-token": (_revoke_token, refused(401, "token revoked", "token_revoked")),
     "expired-token": (_expire_token, refused(401, "token expired", "token_expired")),
@@ -348,7 +342,7 @@ def _paused_and_expired(side: Side) -> None:
 
 
 def _quarantined_worker(call: str) -> Arrange:
-    """A worker quarantined while it holds a lease still finishes it (not the common case)."""
+    """A worker quarantined while it holds a lease still finishes it (it gets no new one)."""
 
     def arrange(side: Side) -> Sent:
         token, lease = _held(side)
@@ -427,11 +421,6 @@ class Refusal:
         return self.name.split("-", 1)[0]
 
 
-def _counted_as(call: str, answer: Answer) -> Answer:
-    """Release has no event-loop path and is not counted on either server."""
-    return replace(answer, on_event_loop=None) if call == "release" else answer
-
-
 CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
     # acquire: no lease
     ("acquire-quarantined-worker", _acquire(status="quarantined"), INACTIVE_WORKER),
@@ -441,8 +430,8 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
     ("acquire-unserved-model", _acquire(models=["another-model"]), NOTHING_TO_GRANT),
     ("acquire-models-narrowed-to-none", _acquire({"models": []}), NOTHING_TO_GRANT),
     ("acquire-unregistered-model", _acquire({"models": ["another-model"]}), UNREGISTERED_MODEL),
-    # acquire: granted, but the expired lease is first swept (its rows re-granted) on the
-    # portable path
+    # acquire: granted, but the expired lease is first swept (its rows re-granted), in a unit
+    # of its own before the grant
     ("acquire-sweeps-an-expired-lease", _acquire_after(_with_an_expired_lease),
      changed(200, fencing=2, adapter_version=0)),
     # heartbeat: abort (the lease ends `aborted`, its rows are re-queued)
@@ -472,8 +461,7 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
     ("complete-wrong-sample-count", _complete(put=DATA, n_samples=3),
      changed(200, state="rejected", reject_reason="invalid")),
     ("complete-missing-object-lost-fencing", _complete(put=None, fencing_lost=True), LOST),
-    # a quarantined worker finishes the lease it holds (it gets no new one): not refused, but
-    # not the common case either
+    # a quarantined worker finishes the lease it holds (it gets no new one): not refused
     ("heartbeat-quarantined-worker", _quarantined_worker("heartbeat"),
      changed(200, abort=False, ttl_s=60.0)),
     ("upload-quarantined-worker", _quarantined_worker("upload"), changed(200, expires_in_s=900)),
@@ -496,7 +484,7 @@ CALL_SPECIFIC: list[tuple[str, Arrange, Answer]] = [
 
 
 # A run at a version with no adapter_versions row (a broken database: versions are published
-# with their row) has nothing a lease could carry: no grant on either path, nothing changed.
+# with their row) has nothing a lease could carry: no grant on either database, nothing changed.
 UNPUBLISHED_VERSION = Refusal(
     "acquire-version-without-its-adapter-row",
     _acquire_after(_with_a_version_without_its_adapter),
@@ -506,12 +494,12 @@ UNPUBLISHED_VERSION = Refusal(
 
 def _table() -> list[Refusal]:
     rows = [
-        Refusal(f"{call}-{name}", _credentials(call, credentials), _counted_as(call, answer))
+        Refusal(f"{call}-{name}", _credentials(call, credentials), answer)
         for call in ("acquire", *FENCED_CALLS)
         for name, (credentials, answer) in CREDENTIALS.items()
     ]
     rows += [
-        Refusal(f"{call}-{name}", _lease_condition(call, condition), _counted_as(call, answer))
+        Refusal(f"{call}-{name}", _lease_condition(call, condition), answer)
         for call in FENCED_CALLS
         for name, (condition, answer) in LEASE_CONDITIONS.items()
     ]
@@ -535,31 +523,27 @@ def _has(body: Any, fields: dict[str, Any] | str | None) -> bool:
     return isinstance(body, dict) and all(body.get(k) == v for k, v in fields.items())
 
 
-def _counted(refusal: Refusal, path: str | None) -> Counter[tuple[str, str]]:
-    """call_paths after the row's one call answered on `path`: nothing counted for a request
-    refused before the endpoint, or a release."""
-    if path is None or refusal.expected.on_event_loop is None:
-        return Counter()
-    return Counter({(refusal.call, path): 1})
+def _counted(refusal: Refusal) -> Counter[str]:
+    """worker_calls after the row's one call: the call once, or nothing for a request refused
+    before the endpoint."""
+    return Counter({refusal.call: 1}) if refusal.expected.counted else Counter()
 
 
 @pytest.mark.parametrize("refusal", [pytest.param(r, id=r.name, marks=r.marks) for r in TABLE])
-def test_the_event_loop_server_refuses_as_the_portable_one(
-    servers: Servers, refusal: Refusal
-) -> None:
+def test_postgres_and_sqlite_refuse_alike(servers: Servers, refusal: Refusal) -> None:
     namespace = uuid.uuid4()  # the run's and workers' ids, the same on both servers
     outcome = {
-        path: _outcome(Side(app, client, namespace), refusal)
-        for path, (app, client) in servers.items()
+        database: _outcome(Side(app, client, namespace), refusal)
+        for database, (app, client) in servers.items()
     }
-    portable, event_loop = outcome[PORTABLE], outcome[EVENT_LOOP]
+    postgres, sqlite = outcome[POSTGRES], outcome[SQLITE]
     expected = refusal.expected
 
-    assert portable.status == expected.status, portable.body
-    assert _has(portable.body, expected.fields), portable.body
-    assert (event_loop.status, event_loop.body) == (portable.status, portable.body)
-    assert event_loop.rows == portable.rows
-    assert portable.paths == _counted(refusal, PORTABLE)
-    assert event_loop.paths == _counted(refusal, expected.on_event_loop)
-    if expected.changes_nothing:
-        assert not portable.changed and not event_loop.changed
+    for database, answered in outcome.items():
+        assert answered.status == expected.status, (database, answered.body)
+        assert _has(answered.body, expected.fields), (database, answered.body)
+        assert answered.calls == _counted(refusal), database
+        if expected.changes_nothing:
+            assert not answered.changed, database
+    assert (sqlite.status, sqlite.body) == (postgres.status, postgres.body)
+    assert sqlite.rows == postgres.rows

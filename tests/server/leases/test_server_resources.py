@@ -1,6 +1,7 @@
-"""What the worker calls hold while they wait, over real HTTP (uvicorn) on Postgres: an idle
-acquire long-poll holds no request thread, and more concurrent requests than database
-connections queue instead of deadlocking the thread pool against the connection pool."""
+"""What the worker calls hold while they wait, over real HTTP (uvicorn): an idle acquire
+long-poll holds no request thread between its tries (on both databases), and on Postgres more
+concurrent requests than database connections queue instead of deadlocking the thread pool
+against the connection pool."""
 
 from __future__ import annotations
 
@@ -14,12 +15,7 @@ import pytest
 
 from tests.live_server import serve_in_thread
 from tests.server.leases.helpers import make_run, make_worker
-from tests.server.leases.lease_paths import (
-    PG_EVENT_LOOP,
-    POSTGRES_PATHS,
-    Answered,
-    LeasePath,
-)
+from tests.server.leases.lease_paths import POSTGRES, Answered, LeasePath
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,16 +24,13 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-# Each poll waits out its 10 s: on the event-loop path only (the long-poll's wait is the same
-# code on every path: server/leases/router.py).
-@pytest.mark.parametrize(
-    "lease_path", [pytest.param(PG_EVENT_LOOP, marks=pytest.mark.postgres)], indirect=True
-)
+# Each poll waits out its 10 s, on each database (`lease_path`): every try is one
+# service.acquire, the wait between tries on the event loop (server/leases/router.py).
 def test_idle_long_polls_leave_the_only_thread_free(
     lease_path: LeasePath, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from server.app import create_app
-    from server.leases import fast_service, service
+    from server.leases import service
 
     settings = lease_path.settings(tmp_path / "bucket", server_threads=1, lease_long_poll_s=10)
     app = create_app(settings, migrate=True)
@@ -46,25 +39,17 @@ def test_idle_long_polls_leave_the_only_thread_free(
         db.commit()
     tries: list[int] = []
     all_waiting = threading.Event()
-    real_acquire, real_fast_acquire = service.acquire, fast_service.acquire
+    real_acquire = service.acquire
 
-    def tried() -> None:
+    async def counting_acquire(*args: Any, **kwargs: Any) -> Any:
+        """The engine's acquire; the try counted once it returns."""
+        tried = await real_acquire(*args, **kwargs)
         tries.append(1)
         if len(tries) >= 3:  # every poll has tried once and is now waiting
             all_waiting.set()
-
-    def counting_acquire(*args: Any, **kwargs: Any) -> Any:
-        lease = real_acquire(*args, **kwargs)
-        tried()
-        return lease
-
-    async def counting_fast_acquire(*args: Any, **kwargs: Any) -> Any:
-        lease = await real_fast_acquire(*args, **kwargs)
-        tried()
-        return lease
+        return tried
 
     monkeypatch.setattr(service, "acquire", counting_acquire)
-    monkeypatch.setattr(fast_service, "acquire", counting_fast_acquire)
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as client:
         with ThreadPoolExecutor(3) as pool:
             polls = [
@@ -79,18 +64,20 @@ def test_idle_long_polls_leave_the_only_thread_free(
             assert client.get("/healthz").status_code == 200
             assert not any(p.done() for p in polls)
             assert [p.result().status_code for p in polls] == [204, 204, 204]
-    Answered(app.state.call_paths, lease_path).expect(on_event_loop={"acquire": len(tries)})
+    Answered(app.state.worker_calls, lease_path).expect({"acquire": len(tries)})
 
 
-@pytest.mark.parametrize("lease_path", POSTGRES_PATHS, indirect=True)
+@pytest.mark.parametrize(
+    "lease_path", [pytest.param(POSTGRES, marks=pytest.mark.postgres)], indirect=True
+)
 def test_more_requests_than_connections_queue_without_deadlock(
     lease_path: LeasePath, tmp_path: Path
 ) -> None:
-    """2 connections, 8 threads, 48 concurrent heartbeats. Portable path: each one
-    authenticates in one thread-pool hop and runs in another; an auth transaction kept open
-    across the hops would leave the requests that hold both connections waiting for a thread
-    while every thread waits for a connection (until the 30 s pool timeout: 500s). Event-loop
-    path: the 48 queue for the async pool's 2 connections."""
+    """2 connections, 8 threads, 48 concurrent heartbeats. Each is one thread-pool hop
+    (server/leases/units.py) whose units take a connection in turn and give it back before the
+    next; a connection held across hops (an auth transaction kept open while the request waited
+    for a thread) would leave the requests that hold both connections waiting for a thread
+    while every thread waits for a connection (until the 30 s pool timeout: 500s)."""
     from server.app import create_app
 
     settings = lease_path.settings(
@@ -98,7 +85,6 @@ def test_more_requests_than_connections_queue_without_deadlock(
         server_threads=8,
         database_pool_size=2,
         database_max_overflow=0,
-        database_async_pool_size=2,
     )
     app = create_app(settings, migrate=True)
     with app.state.sessionmaker() as db:
@@ -118,4 +104,4 @@ def test_more_requests_than_connections_queue_without_deadlock(
             with ThreadPoolExecutor(48) as pool:
                 codes = list(pool.map(beat, range(48)))
     assert codes == [200] * 48
-    Answered(app.state.call_paths, lease_path).expect(on_event_loop={"acquire": 1, "heartbeat": 48})
+    Answered(app.state.worker_calls, lease_path).expect({"acquire": 1, "heartbeat": 48})

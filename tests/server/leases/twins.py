@@ -1,8 +1,10 @@
-"""Two servers, each on its own Postgres database: one answering the worker calls' common case
-on the event loop, one with `worker_calls_on_event_loop` off (portable). The same arrangement on
-both (`Side`, with the same run and worker ids), then the same request: what each answered, on
-which path, and the rows before and after, made comparable (tests/server/leases/rows.py).
-Their clients see a server error as a client would (a 500 answer), so that it compares too."""
+"""Two servers running the one lease engine, one on a Postgres database (a clone of the migrated
+template) and one on a SQLite file: the same arrangement on both (`Side`, with the same run and
+worker ids), then the same request: what each answered, which worker calls it counted
+(app.state.worker_calls), and the rows before and after, made comparable
+(tests/server/leases/rows.py). Where the engine's SQL differs between the databases
+(server/leases/statements.py), this is what shows that both forms follow one rule. Their clients
+see a server error as a client would (a 500 answer), so that it compares too."""
 
 from __future__ import annotations
 
@@ -19,38 +21,50 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from server.leases import expiry
-from server.leases.paths import EVENT_LOOP, PORTABLE
 from server.tokens import service as tokens
 from tests.conftest import cloned_database, empty_database, make_settings
 from tests.server.leases.helpers import bearer, make_run, make_worker
+from tests.server.leases.lease_paths import POSTGRES, SQLITE
 from tests.server.leases.rows import id_labels, normalised_answer, normalised_rows, table_rows
 
 BASE = "/api/v1/leases"
-Servers = dict[str, tuple[FastAPI, TestClient]]  # EVENT_LOOP or PORTABLE -> (app, client)
+Servers = dict[str, tuple[FastAPI, TestClient]]  # POSTGRES or SQLITE -> (app, client)
 
 
 @contextmanager
-def twin_servers(pg_admin: Engine, pg_template: str, bucket_root: Path) -> Iterator[Servers]:
-    """The event-loop server and the portable one, each on a fresh database of its own."""
+def twin_servers(pg_admin: Engine, pg_template: str, root: Path) -> Iterator[Servers]:
+    """The Postgres server and the SQLite one, each on a fresh database of its own."""
     from server.app import create_app
 
     made: Servers = {}
     with ExitStack() as stack:
-        for path in (EVENT_LOOP, PORTABLE):
-            url = stack.enter_context(cloned_database(pg_admin, pg_template))
-            settings = make_settings(
-                url, bucket_root / path, worker_calls_on_event_loop=path == EVENT_LOOP
-            )
+        for database in (POSTGRES, SQLITE):
+            if database == POSTGRES:
+                url = stack.enter_context(cloned_database(pg_admin, pg_template))
+            else:
+                url = f"sqlite:///{root / 'twin.db'}"
+            settings = make_settings(url, root / f"bucket-{database}")
             app = create_app(settings, migrate=True)
             stack.callback(app.state.engine.dispose)
             client = TestClient(app, raise_server_exceptions=False)
-            made[path] = (app, stack.enter_context(client))
+            made[database] = (app, stack.enter_context(client))
         yield made
 
 
 def empty(app: FastAPI) -> None:
-    """The server's database as freshly migrated."""
-    empty_database(app.state.engine)
+    """The server's database as freshly migrated: every row deleted and, on Postgres, every id
+    sequence restarted (SQLite's integer keys, without AUTOINCREMENT, start again at 1 in an
+    empty table), so that serial ids agree across the twins."""
+    engine = app.state.engine
+    if engine.dialect.name == "postgresql":
+        empty_database(engine)
+        return
+    import server.models  # noqa: F401 - every table on Base.metadata
+    from server.models.base import Base
+
+    with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
 
 
 @dataclass
@@ -119,13 +133,13 @@ class Sent:
 @dataclass
 class Outcome:
     """What one request did: its status, its answer as sent (`raw`: the JSON, the text of any
-    other body, None for none) and made comparable (`body`), the answers it added to
-    call_paths, the rows after it made comparable, and whether any row changed."""
+    other body, None for none) and made comparable (`body`), the worker calls it added to
+    app.state.worker_calls, the rows after it made comparable, and whether any row changed."""
 
     status: int
     raw: Any
     body: Any
-    paths: Counter[tuple[str, str]]
+    calls: Counter[str]
     rows: dict[str, list[Any]]
     changed: bool
 
@@ -133,10 +147,10 @@ class Outcome:
 def send(side: Side, sent: Sent) -> Outcome:
     with side.app.state.sessionmaker() as db:
         before = table_rows(db)
-    counted_before = Counter(side.app.state.call_paths)
+    counted_before = Counter(side.app.state.worker_calls)
     answer = side.client.post(sent.path, json=sent.body, headers=sent.headers)
-    paths = Counter(side.app.state.call_paths)
-    paths.subtract(counted_before)
+    calls = Counter(side.app.state.worker_calls)
+    calls.subtract(counted_before)
     with side.app.state.sessionmaker() as db:
         after = table_rows(db)
     raw = _content(answer)
@@ -144,7 +158,7 @@ def send(side: Side, sent: Sent) -> Outcome:
         status=answer.status_code,
         raw=raw,
         body=normalised_answer(raw, id_labels(after)),
-        paths=+paths,
+        calls=+calls,
         rows=normalised_rows(after, before),
         changed=after != before,
     )

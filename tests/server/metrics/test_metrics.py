@@ -115,21 +115,25 @@ def test_worker_call_counts_carry_the_answering_process(client: TestClient, app:
     series (label `pid`), so Prometheus never sees one series jump between processes."""
     import os
 
-    app.state.call_paths[("acquire", "portable")] += 3
+    app.state.worker_calls["acquire"] += 3
     samples = _samples(client.get("/metrics").text)
-    labels = (("call", "acquire"), ("path", "portable"), ("pid", str(os.getpid())))
+    labels = (("call", "acquire"), ("pid", str(os.getpid())))
     assert samples[("asyncgrpo_worker_calls_total", tuple(sorted(labels)))] == 3
+    # One series per call and process: no other label (the answering path is gone).
+    assert [k for k in samples if k[0] == "asyncgrpo_worker_calls_total"] == [
+        ("asyncgrpo_worker_calls_total", tuple(sorted(labels)))
+    ]
 
 
 def test_two_processes_counts_are_two_series() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from server.metrics.service import CallPathCollector
+    from server.metrics.service import WorkerCallCollector
 
     keys = set()
     for pid, count in ((101, 5), (202, 2)):  # what two processes' scrapes answer
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(CallPathCollector({("heartbeat", "event_loop"): count}, pid=pid))
+        registry.register(WorkerCallCollector({"heartbeat": count}, pid=pid))
         samples = _samples(generate_latest(registry).decode())
         keys |= {k for k in samples if k[0] == "asyncgrpo_worker_calls_total"}
     assert len(keys) == 2  # a series each, never one series alternating between 5 and 2

@@ -17,22 +17,30 @@ from protocol.schemas import HeartbeatRequest
 from server.dashboard import service as dashboard
 from server.jobs import alarms
 from server.jobs.common import db_time
-from server.leases import service as leases
+from server.leases import fenced
 from server.models import Lease, Run, Worker
 from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.waste import ABORTED_STALE, stale_waste
 from tests.conftest import mint_token
 from tests.server.dashboard.test_pages import login
-from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
+from tests.server.jobs.factories import (
+    acquire,
+    add_batch,
+    engine_call,
+    new_run,
+    new_worker,
+    worker_caller,
+)
 
 SAMPLES_PER_LEASE = 4  # 2 prompts × group size 2 (tests/server/jobs/factories.new_run)
 EVERY_TIMESTAMP_IN_ONE_BUCKET = 10**10
 
 
-def _heartbeat(session: Session, worker: Worker, lease_id: uuid.UUID) -> str | None:
+def _heartbeat(app: Any, session: Session, worker: Worker, lease_id: uuid.UUID) -> str | None:
     fencing = session.execute(select(Lease.fencing).where(Lease.id == lease_id)).scalar_one()
-    answer = leases.heartbeat(session, worker, lease_id, HeartbeatRequest(fencing=fencing))
+    caller = worker_caller(session, app.state.store, app.state.settings, worker)
+    answer = engine_call(fenced.heartbeat(caller, lease_id, HeartbeatRequest(fencing=fencing)))
     assert answer.abort
     return answer.reason
 
@@ -50,12 +58,12 @@ def _arrange(app: Any) -> uuid.UUID:
         add_batch(session, run, worker, rejected, state="rejected", reject_reason="stale",
                   generation_seconds=3.0)  # fmt: skip
         lifecycle.admin_action(session, run.id, "pause", None)
-        assert _heartbeat(session, worker, paused) == "run_paused"
+        assert _heartbeat(app, session, worker, paused) == "run_paused"
         # Running again (no learner has attached, so `resume` would say pending) and 5 versions on.
         session.execute(
             update(Run).where(Run.id == run.id).values(status="running", current_version=5)
         )
-        assert _heartbeat(session, worker, stale) == "stale"
+        assert _heartbeat(app, session, worker, stale) == "stale"
         session.commit()
         return run.id
     finally:

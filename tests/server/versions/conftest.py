@@ -1,6 +1,6 @@
-"""The version long-poll's tests run on the lease tests' three paths (pg-event-loop: the watch
-reads through the async pool; pg-portable and sqlite: through a session in a thread), each on a
-real server (uvicorn in a thread) so that a long-poll and a publish can overlap."""
+"""The version long-poll's tests run on the lease tests' two databases (`lease_path`: postgres
+and sqlite; the watch reads through a session in a thread on both), each on a real server
+(uvicorn in a thread) so that a long-poll and a publish can overlap."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from tests.live_server import serve_in_thread
 from tests.s3_fixtures import free_port
-from tests.server.leases.conftest import (  # noqa: F401 - the lease tests' path fixtures
+from tests.server.leases.conftest import (  # noqa: F401 - the lease tests' database fixtures
     emptied_lease_pg_database,
     lease_path,
     lease_pg_database,
