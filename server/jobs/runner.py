@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db import transaction
-from server.jobs import alarms, budgets, costs, retention, webhooks
+from server.events import webhooks
+from server.jobs import alarms, budgets, costs, retention
 
 log = logging.getLogger("asyncgrpo.jobs")
 

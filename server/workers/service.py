@@ -6,8 +6,8 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from protocol.error_codes import ErrorCode
+from server.db import db_time
 from server.errors import NotFound, Unauthorized
-from server.jobs.common import db_time
 from server.leases import expiry
 from server.models import Token, Worker
 from server.tokens import service as tokens
