@@ -27,7 +27,8 @@ from protocol.schemas import (
     format_versions_header,
 )
 from server.config import Settings
-from server.deps import Credentials, bearer_token
+from server.request_deps import Credentials
+from server.tokens.auth import bearer_token
 from server.leases import fenced, service
 from server.leases.units import counted
 from server.long_poll import long_poll
