@@ -28,6 +28,7 @@ from server.errors import ErrorBody, FieldError, document_errors, install_error_
 from server.evals.router import router as evals_router
 from server.health import router as health_router
 from server.jobs.inprocess import start_if_inprocess
+from server.learner.eval_router import router as learner_evals_router
 from server.learner.router import router as learner_router
 from server.leases.router import router as leases_router
 from server.leases.units import WorkerCalls, WorkerDb
@@ -131,6 +132,7 @@ def _include_routers(app: FastAPI) -> None:
         leases_router,
         versions_router,
         learner_router,
+        learner_evals_router,
         evals_router,
         runs_router,
         adapters_router,

@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 
 from server.evals import repository as evals_repo
 from server.evals import service as evals
+from server.evals.ledger import EVAL
 from server.learner import repository as learner_repo
-from server.leases import expiry, queue
+from server.leases import expiry, ledger, queue
 from server.leases import repository as leases_repo
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -47,3 +48,4 @@ def wire() -> None:
     lifecycle.close_ledger_with(close_ledger)
     runs.store_eval_rows_with(write_eval_rows)
     workers.end_leases_with(expiry.end_revoked_worker_leases)
+    ledger.register(EVAL)

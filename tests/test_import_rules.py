@@ -91,10 +91,6 @@ FEATURE_ORDER = [
 # Edges inside server/leases/ and server/evals/ that break the order today: removed by the
 # lease-engine change (those folders are being rewritten). The list may only shrink: an edge
 # listed here that no longer exists fails the test too.
-PENDING_LEASES_EVALS = {
-    ("leases", "evals"),  # leases/expiry.py, leases/service.py: evals.service
-    ("evals", "learner"),  # evals/router.py: learner.repository, learner.service fence/run_config
-}
 
 
 def _unit(rel: tuple[str, ...]) -> str:
@@ -149,8 +145,7 @@ def test_every_server_unit_is_in_the_order() -> None:
 
 def test_server_features_import_only_features_below_them() -> None:
     violations = order_violations(unit_edges(ROOT), FEATURE_ORDER)
-    assert {e: m for e, m in violations.items() if e not in PENDING_LEASES_EVALS} == {}
-    assert set(PENDING_LEASES_EVALS) - set(violations) == set(), "an edge is fixed: drop it"
+    assert violations == {}
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
