@@ -15,9 +15,7 @@ from pydantic_settings import BaseSettings
 # Server settings whose names begin with the worker's or the learner's prefix
 # (tests/server/test_config.py checks this against server/config.py, which worker/ and learner/
 # never import): the worker and the learner leave them alone.
-SERVER_NAMES_UNDER_PART_PREFIXES = frozenset(
-    {"ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "ASYNCGRPO_LEARNER_LEASE_TTL_S"}
-)
+SERVER_NAMES_UNDER_PART_PREFIXES = frozenset({"ASYNCGRPO_LEARNER_LEASE_TTL_S"})
 
 
 def env_prefix(settings: type[BaseSettings]) -> str:
