@@ -74,10 +74,10 @@ def unknown_variables(
         name = raw.upper()
         if not name.startswith(prefix) or name in known or name in ignore_names:
             continue
-        if name.startswith(ignore_prefixes):
-            continue
         if retired and name in retired:
             messages.append(f"{raw} is gone: {retired[name]}")
+            continue
+        if name.startswith(ignore_prefixes):
             continue
         # deeper nesting (ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100) sets a dict's key
         if delimiter and delimiter.join(name.split(delimiter)[:2]) in known:

@@ -25,6 +25,7 @@ from server.config import Settings
 from server.db import transaction
 from server.errors import NotFound
 from server.evals import service
+from server.evals.ledger import EVAL
 from server.learner import repository as learner_repo
 from server.learner.service import fence, run_config
 from server.long_poll import long_poll
@@ -115,7 +116,7 @@ def post_results(
     reward's value of every sample; the version's aggregates when its last item is scored."""
     fence(session, settings, token, run_id, body.fencing)
     batch = learner_repo.get_batch(session, run_id, body.batch_id)
-    if batch is None or batch.kind != "eval":
+    if batch is None or batch.kind != EVAL.name:
         raise NotFound("eval batch not found", code=ErrorCode.batch_not_found)
     service.refuse_unclaimed(batch, body.fencing)
     samples = [(s.item_id, s.reward, s.accuracy_value) for s in body.samples]
