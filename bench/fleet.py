@@ -20,8 +20,8 @@ admission counter stays low (the run's admission bound is 1,001,000 groups anywa
 Utilisation of a worker: time with at least one lease generating ÷ the measured window; the
 fleet's is the mean over workers. Latencies: per call, calls answered in the window (calls
 still unanswered when it ends are left out: at overload p99 is a lower bound). The
-raw-SQL floor runs the same fleet with the event-loop path's statements
-(server/leases/fast_repository.py, as bench/leases.py) on 8 pooled psycopg connections.
+raw-SQL floor runs the same fleet with the lease engine's own statements (bench/raw_cycle.py,
+as bench/leases.py) on 8 pooled psycopg connections.
 
 Everything (server, Postgres, this load generator: aiohttp in one process, as bench/leases.py
 found an httpx one capped near 100–180 cycles/s by itself) shares this machine's cores.
@@ -48,7 +48,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import common, report  # noqa: E402
+from bench import common, raw_cycle, report  # noqa: E402
 from bench.common import Window, union_overlap  # noqa: E402
 from bench.leases import SECRET, serve  # noqa: E402
 from worker.backends.simulated import lease_seconds  # noqa: E402
@@ -214,14 +214,14 @@ class HttpTransport(Transport):
 
 
 class SqlTransport(Transport):
-    """The event-loop path's statements, autocommitted, through a shared pool."""
+    """The lease engine's own one-statement units, autocommitted, through a shared pool
+    (bench/raw_cycle.py)."""
 
     def __init__(self, pool: Any, run_id: str, digest: str, worker_id: str, batch: Batch) -> None:
         self.pool, self.run_id, self.digest, self.worker_id = pool, run_id, digest, worker_id
         self.batch = batch
 
     async def acquire(self) -> Lease | None:
-        from server.leases import fast_repository as sql
         from server.leases.queue import grant_params
 
         lease_id = uuid.uuid4()
@@ -229,35 +229,28 @@ class SqlTransport(Transport):
                               lease_id=lease_id, n=1, bound=2**31 - 1, ttl_s=30.0,
                               group_size=GROUP_SIZE, run_seed=0)  # fmt: skip
         async with self.pool.connection() as conn:
-            granted = await sql.grant(conn, params)
-        if granted is None:
+            fencing = await raw_cycle.grant(conn, params)
+        if fencing is None:
             await asyncio.sleep(0.5)  # what a long-poll would have waited, roughly
             return None
-        return Lease(str(lease_id), granted.fencing, "k", lease_id)
+        return Lease(str(lease_id), fencing, "k", lease_id)
 
     async def heartbeat(self, lease: Lease) -> bool:
-        from server.leases import fast_repository as sql
-
         async with self.pool.connection() as conn:
-            await sql.extend(conn, self.digest, lease.data, lease.fencing, ttl_s=30.0,
-                             admission=False, max_staleness=0)  # fmt: skip
+            await raw_cycle.extend(conn, self.digest, lease.data, lease.fencing)
         return True
 
     async def upload(self, lease: Lease) -> None:
-        from server.leases import fast_repository as sql
-
         async with self.pool.connection() as conn:
-            await sql.mark_uploading(conn, self.digest, lease.data, lease.fencing)
+            await raw_cycle.mark_uploading(conn, self.digest, lease.data, lease.fencing)
 
     async def complete(self, lease: Lease) -> bool:
-        from server.leases import fast_repository as sql
-
-        batch = {"key": f"k/{lease.lease_id}", "sha256": self.batch.sha256,
+        batch = {"bucket_key": f"k/{lease.lease_id}", "sha256": self.batch.sha256,
                  "bytes": len(self.batch.data), "n_samples": GROUP_SIZE,
-                 "n_tokens": self.batch.n_tokens, "generation_seconds": 1.0, "manifest": {},
-                 "batch_id": uuid.uuid4()}  # fmt: skip
+                 "n_tokens": self.batch.n_tokens, "generation_seconds": 1.0,
+                 "manifest": {}}  # fmt: skip
         async with self.pool.connection() as conn:
-            return await sql.accept(conn, self.digest, lease.data, lease.fencing, batch)
+            return await raw_cycle.accept(conn, lease.data, self.worker_id, lease.fencing, batch)
 
 
 async def generate(t: Transport, lease: Lease, gen_s: float, beat_s: float, stats: Stats) -> bool:
@@ -554,13 +547,13 @@ def main() -> None:
         tokens = None
         for processes in args.server_workers:
             print(f"\nserver processes: {processes}", flush=True)
-            with serve(db, bucket, True, processes) as base:
+            with serve(db, bucket, processes) as base:
                 fleet[str(processes)], tokens = asyncio.run(
                     http_phase(base, db, bucket, args, batch, gen_s, tokens)
                 )
         if not args.no_sql and tokens is not None:
             print("\nraw SQL floor (no HTTP)", flush=True)
-            with serve(db, bucket, True, 1) as base:
+            with serve(db, bucket, 1) as base:
                 raw = asyncio.run(sql_phase(base, db, args, batch, gen_s, tokens))
     tables = {f"{p} server process(es)": points for p, points in fleet.items()}
     if raw:

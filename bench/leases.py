@@ -258,8 +258,12 @@ def main() -> None:
     parser.add_argument("--uvicorn-workers", type=int, default=1)
     parser.add_argument("--rows", type=int, default=100000)
     parser.add_argument("--repeats", type=int, default=1, help="Runs per point (medians).")
-    parser.add_argument("--baseline-tree", type=Path, default=None,
-                        help="Another checkout whose server is measured beside this one.")  # fmt: skip
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="Another checkout whose server is measured beside this one.",
+    )
     report.add_json_flag(parser)
     args = parser.parse_args()
     name = f"agr_bench_{uuid.uuid4().hex[:8]}"

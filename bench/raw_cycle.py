@@ -16,10 +16,13 @@ Conn = AsyncConnection[Any]
 
 def _statement(name: str) -> Any:
     from server.leases import fenced, statements
+    from server.wiring import wire
+
+    wire()  # every work kind registered, as the server does
 
     return {
         "grant": statements._GRANT,  # noqa: SLF001 - the engine's own units
-        "beat": fenced._BEAT,  # noqa: SLF001
+        "beat": fenced._beat(),  # noqa: SLF001
         "upload": fenced._UPLOADING,  # noqa: SLF001
         "accept": statements._ACCEPT,  # noqa: SLF001
     }[name]
@@ -54,6 +57,12 @@ async def accept(
     conn: Conn, lease_id: uuid.UUID, worker_id: str, fencing: int, batch: dict[str, Any]
 ) -> bool:
     """complete's accept in one statement (server/leases/statements.py)."""
-    params = {**batch, "manifest": Jsonb(batch["manifest"]), "batch_id": uuid.uuid4(),
-              "lease_id": lease_id, "worker_id": uuid.UUID(worker_id), "fencing": fencing}  # fmt: skip
+    params = {
+        **batch,
+        "manifest": Jsonb(batch["manifest"]),
+        "batch_id": uuid.uuid4(),
+        "lease_id": lease_id,
+        "worker_id": uuid.UUID(worker_id),
+        "fencing": fencing,
+    }
     return bool(await _fetch(conn, "accept", params))

@@ -15,9 +15,7 @@ from pydantic_settings import BaseSettings
 # Server settings whose names begin with the worker's or the learner's prefix
 # (tests/server/test_config.py checks this against server/config.py, which worker/ and learner/
 # never import): the worker and the learner leave them alone.
-SERVER_NAMES_UNDER_PART_PREFIXES = frozenset(
-    {"ASYNCGRPO_WORKER_CALLS_ON_EVENT_LOOP", "ASYNCGRPO_LEARNER_LEASE_TTL_S"}
-)
+SERVER_NAMES_UNDER_PART_PREFIXES = frozenset({"ASYNCGRPO_LEARNER_LEASE_TTL_S"})
 
 
 def env_prefix(settings: type[BaseSettings]) -> str:
@@ -76,10 +74,10 @@ def unknown_variables(
         name = raw.upper()
         if not name.startswith(prefix) or name in known or name in ignore_names:
             continue
-        if name.startswith(ignore_prefixes):
-            continue
         if retired and name in retired:
             messages.append(f"{raw} is gone: {retired[name]}")
+            continue
+        if name.startswith(ignore_prefixes):
             continue
         # deeper nesting (ASYNCGRPO_DASHBOARD__ON_DEMAND_PRICES__H100) sets a dict's key
         if delimiter and delimiter.join(name.split(delimiter)[:2]) in known:

@@ -2,8 +2,8 @@
 (docs/architecture.md, "Units of work" and invariant 5).
 
 The functions are plain arithmetic, so they take ints or SQL column expressions alike: the
-learner's claim and the portable heartbeat call them on ints, and the event-loop heartbeat's
-statement is rendered from the same expression (server/leases/fast_repository.py)."""
+learner's claim calls them on ints, and the heartbeat's statement is built from the same
+expression (server/leases/train.py abort_reason)."""
 
 from __future__ import annotations
 

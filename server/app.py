@@ -13,22 +13,41 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
 from protocol.error_codes import ErrorCode
+from server.adapters.router import router as adapters_router
+from server.api_docs import install as install_api_docs
+from server.blobs.router import router as blobs_router
 from server.bucket import BucketWatch
 from server.config import Settings, get_settings
+from server.dashboard.web import install as install_dashboard
 from server.datasets.router import DATASETS_PATH
+from server.datasets.router import router as datasets_router
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
+from server.evals.router import router as evals_router
+from server.health import router as health_router
+from server.jobs.inprocess import start_if_inprocess
+from server.learner.eval_router import router as learner_evals_router
+from server.learner.router import router as learner_router
+from server.leases.router import router as leases_router
 from server.leases.units import WorkerCalls, WorkerDb
 from server.limits import BodySizeLimit
+from server.metrics.router import router as metrics_router
+from server.runs.router import router as runs_router
 from server.security_headers import SecurityHeaders
 from server.storage_factory import make_store
+from server.tokens import service as tokens
+from server.tokens.router import router as tokens_router
+from server.versions.router import router as versions_router
 from server.versions.service import make_watch
+from server.wiring import wire
+from server.workers.router import router as workers_router
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool | None = None) -> FastAPI:
     settings = settings or get_settings()
+    wire()
     engine = make_engine(
         settings.database_url,
         **(
@@ -41,7 +60,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         ),
     )
     if migrate if migrate is not None else settings.embedded:
-        from server.migrate import upgrade
+        from server.migrate import upgrade  # Alembic loads only when the server migrates
 
         upgrade(engine)
 
@@ -54,7 +73,6 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         app.state.bucket_watch.start()
         if settings.print_admin_token:
             bootstrap_admin_token(app)
-        from server.jobs.inprocess import start_if_inprocess
 
         scheduler = start_if_inprocess(settings, app.state.sessionmaker, app.state.store)
         app.state.scheduler = scheduler
@@ -92,10 +110,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     _install_validation_handler(app)
     document_errors(app)
     _include_routers(app)
-    from server.dashboard.web import install as install_dashboard
 
     install_dashboard(app)
-    from server.api_docs import install as install_api_docs
 
     install_api_docs(app)
     app.add_middleware(
@@ -108,18 +124,6 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
 
 def _include_routers(app: FastAPI) -> None:
-    from server.adapters.router import router as adapters_router
-    from server.blobs.router import router as blobs_router
-    from server.datasets.router import router as datasets_router
-    from server.evals.router import router as evals_router
-    from server.health import router as health_router
-    from server.learner.router import router as learner_router
-    from server.leases.router import router as leases_router
-    from server.metrics.router import router as metrics_router
-    from server.runs.router import router as runs_router
-    from server.tokens.router import router as tokens_router
-    from server.versions.router import router as versions_router
-    from server.workers.router import router as workers_router
 
     # JSON API routers: text Postgres cannot store is a 422, not a 500 at the first query.
     json_api = [Depends(refuse_unstorable_text)]
@@ -128,6 +132,7 @@ def _include_routers(app: FastAPI) -> None:
         leases_router,
         versions_router,
         learner_router,
+        learner_evals_router,
         evals_router,
         runs_router,
         adapters_router,
@@ -166,7 +171,6 @@ def mint_first_admin_token(factory: sessionmaker[Session]) -> None:
     """With no admin token yet (a new database, SQLite or Postgres), mint one and print it
     once. `asyncgrpo server --workers N` calls this before it starts the N processes, so one
     token is printed, not one per process."""
-    from server.tokens import service as tokens
 
     with transaction(factory) as session:
         if tokens.admin_token_count(session) > 0:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.storage import ObjectStore, StoreError
 from server.config import Settings
+from server.db import make_engine, make_sessionmaker
 from server.installation import (
     BucketMismatch,
     BucketUnreachable,
@@ -30,6 +31,7 @@ from server.installation import (
     mismatch_message,
     recorded_bucket,
 )
+from server.storage_factory import make_store
 
 log = logging.getLogger("asyncgrpo.server")
 
@@ -102,9 +104,6 @@ def start_refusal(settings: Settings, engine: Engine, *, first: bool) -> str | N
     """Why this process must not start (one line), or None. A server (`first`) starts while
     its bucket cannot be reached (it answers 503 and binds the bucket once it can); the jobs do
     not, since they would account for and delete objects of a bucket they cannot check."""
-    from server.db import make_sessionmaker
-    from server.storage_factory import make_store
-
     try:
         check_bucket(make_sessionmaker(engine), make_store(settings), settings, first=first)
     except BucketUnreachable as exc:
@@ -122,8 +121,6 @@ def start_refusal(settings: Settings, engine: Engine, *, first: bool) -> str | N
 def exit_unless_bucket_ok(settings: Settings) -> None:
     """For the Celery app started directly: the same start check as `asyncgrpo jobs`, and an
     exit with one line (status 2) when it fails."""
-    from server.db import make_engine
-
     try:
         engine = make_engine(settings.database_url)
     except (SQLAlchemyError, ImportError) as exc:

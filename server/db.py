@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.orm import Session, sessionmaker
+
+from server.db_types import db_now
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -70,3 +73,9 @@ def is_postgres(session: Session) -> bool:
 
 def ping(session: Session) -> None:
     session.execute(text("SELECT 1"))
+
+
+def db_time(session: Session) -> datetime:
+    """The database's current time (jobs and derived states never use the local clock)."""
+    now: datetime = session.execute(select(db_now())).scalar_one()
+    return now

@@ -1,168 +1,52 @@
-"""Request dependencies as Annotated aliases."""
+"""Request dependencies as Annotated aliases, gathered from their homes for the routers above
+the workers in the feature order (docs/architecture.md, "Processes and imports"): the ones
+that know no feature (server/request_deps.py), who is calling (server/tokens/auth.py) and the
+calling worker (server/workers/auth.py). The tokens and workers routers, below this module,
+import from those homes."""
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, TypeVar
+from server.request_deps import (
+    Credentials,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    _bearer,
+    get_session,
+    get_settings,
+    get_store,
+    refuse_unstorable_text,
+    released,
+)
+from server.tokens.auth import (
+    AdminDep,
+    LearnerDep,
+    RegistrationDep,
+    bearer_digest,
+    require_admin,
+    require_learner,
+    require_registration,
+)
+from server.workers.auth import as_worker, authenticated_worker
 
-from fastapi import Depends, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
-
-from protocol.error_codes import ErrorCode
-from protocol.storage import ObjectStore
-from server.config import Settings
-from server.db import transaction
-from server.errors import Unauthorized, Unprocessable
-from server.models import Token, Worker
-from server.tokens import service as tokens
-
-_bearer = HTTPBearer(auto_error=False)
-T = TypeVar("T")
-
-
-# These three are `async` only so that FastAPI calls them on the event loop instead of taking
-# a thread-pool hop each (a sync generator dependency takes two): they do no I/O there. The
-# session's transaction is ended inside the endpoint's own thread (server/routing.py), so the
-# commit on leaving `transaction` has nothing left to send.
-async def get_session(request: Request) -> AsyncIterator[Session]:
-    with transaction(request.app.state.sessionmaker) as session:
-        yield session
-
-
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
-
-
-async def get_store(request: Request) -> ObjectStore:
-    store: ObjectStore = request.app.state.store
-    return store
-
-
-SessionDep = Annotated[Session, Depends(get_session, scope="function")]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[ObjectStore, Depends(get_store)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-def bearer_token(credentials: Credentials) -> str:
-    """The bearer token's text (401 when there is none)."""
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("missing bearer token", code=ErrorCode.token_missing)
-    return credentials.credentials
-
-
-def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token:
-    return released(session, tokens.authenticate(session, bearer_token(credentials), kinds))
-
-
-def released(session: Session, principal: T) -> T:
-    """End the (read-only) authentication transaction before the dependency returns, so its
-    connection goes back to the pool. Sync dependencies and the endpoint run in separate
-    thread-pool hops: a request holding a connection while it waits for a thread, with every
-    thread waiting for a connection, would deadlock until the pool timeout."""
-    session.commit()
-    return principal
-
-
-def require_admin(session: SessionDep, credentials: Credentials) -> Token:
-    return _principal(session, credentials, "admin")
-
-
-def require_learner(session: SessionDep, credentials: Credentials) -> Token:
-    return _principal(session, credentials, "learner")
-
-
-def require_registration(session: SessionDep, credentials: Credentials) -> Token:
-    return _principal(session, credentials, "registration")
-
-
-def bearer_digest(credentials: Credentials) -> str:
-    """The digest a bearer token is looked up by (401 for a missing or foreign token)."""
-    return tokens.digest_of_bearer(bearer_token(credentials))
-
-
-def authenticated_worker(session: Session, credentials: Credentials) -> Worker:
-    """The calling worker (401/403 as for every token); the worker calls' auth."""
-    from server.workers.service import worker_for_token
-
-    return worker_for_token(session, bearer_token(credentials))
-
-
-async def as_worker(
-    request: Request, credentials: Credentials, work: Callable[[Session, Worker], T]
-) -> T:
-    """Authenticate the worker and run `work` in one transaction, in one thread-pool hop."""
-    factory = request.app.state.sessionmaker
-
-    def run() -> T:
-        with transaction(factory) as session:
-            return work(session, authenticated_worker(session, credentials))
-
-    return await run_in_threadpool(run)
-
-
-AdminDep = Annotated[Token, Depends(require_admin)]
-LearnerDep = Annotated[Token, Depends(require_learner)]
-RegistrationDep = Annotated[Token, Depends(require_registration)]
-
-
-# JSON escapes of U+0000 and of UTF-16 surrogates (which may be unpaired).
-_SUSPECT_ESCAPE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
-
-
-async def refuse_unstorable_text(request: Request) -> None:
-    """Postgres text and jsonb cannot hold U+0000, and an unpaired surrogate cannot be encoded
-    to UTF-8, so a JSON body carrying either would end in a 500 at the first query: refuse it up
-    front with 422 and the field. (Raw NUL bytes are not valid JSON: body validation refuses
-    those.)"""
-    if "json" not in request.headers.get("content-type", ""):
-        return
-    body = await request.body()
-    if not _SUSPECT_ESCAPE.search(body):
-        return
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return  # malformed JSON: the body validation answers 422
-    field = _unstorable_field(data, ())
-    if field is not None:
-        message = "text may not contain NUL (\\u0000) or unpaired surrogates"
-        raise Unprocessable(
-            "invalid request",
-            errors=[{"field": field, "message": message, "type": "text"}],
-            code=ErrorCode.validation_failed,
-        )
-
-
-def _unstorable(text: str) -> bool:
-    if "\x00" in text:
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _unstorable_field(value: Any, path: tuple[str, ...]) -> str | None:
-    """Dotted path of the first string (or key) Postgres could not store, or None."""
-    if isinstance(value, str):
-        return ".".join(path) if _unstorable(value) else None
-    items: list[tuple[str, Any]] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if _unstorable(key):
-                return ".".join((*path, ascii(key)))
-            items.append((key, item))
-    elif isinstance(value, list):
-        items = [(str(i), item) for i, item in enumerate(value)]
-    for key, item in items:
-        found = _unstorable_field(item, (*path, key))
-        if found is not None:
-            return found
-    return None
+__all__ = [
+    "AdminDep",
+    "Credentials",
+    "LearnerDep",
+    "RegistrationDep",
+    "SessionDep",
+    "SettingsDep",
+    "StoreDep",
+    "_bearer",
+    "as_worker",
+    "authenticated_worker",
+    "bearer_digest",
+    "get_session",
+    "get_settings",
+    "get_store",
+    "refuse_unstorable_text",
+    "released",
+    "require_admin",
+    "require_learner",
+    "require_registration",
+]

@@ -13,6 +13,11 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
+from server.wiring import wire
+
+# The hooks create_app fills (server/wiring.py), for the tests that call services without an app.
+wire()
+
 PG_ADMIN_URL = os.environ.get(
     "ASYNCGRPO_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )

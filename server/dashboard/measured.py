@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
-from server.jobs.common import db_time
+from server.db import db_time
 from server.models import Lease, MetricPoint, RolloutBatch, Run, Worker
 
 LEARNER_POINTS = 20

@@ -39,13 +39,13 @@ from server.errors import (
     Unauthorized,
     Unprocessable,
 )
-from server.jobs.wake import wake
 from server.learner import trajectories
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.lifecycle import STATUSES
 from server.tokens import service as tokens
+from server.wake import wake
 from server.workers import repository as workers_repo
 from server.workers import service as workers
 

@@ -19,9 +19,9 @@ from protocol.run_config import RunConfig
 from protocol.trajectories import StopReason
 from server.adapters import service as adapters
 from server.dashboard import repository as repo
+from server.db import db_time
 from server.evals import repository as evals_repo
 from server.jobs import alarms, stats
-from server.jobs.common import db_time
 from server.learner import telemetry
 from server.learner.ledger import ledger_model
 from server.models import Run

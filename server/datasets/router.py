@@ -11,8 +11,8 @@ from protocol.schemas import BIGINT_MAX
 from server.datasets import service, upload
 from server.datasets.schemas import DatasetFormat, DatasetOut
 from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
-from server.jobs.wake import wake
 from server.routing import TransactionalRoute
+from server.wake import wake
 
 DATASETS_PATH = "/api/v1/datasets"
 router = APIRouter(prefix=DATASETS_PATH, tags=["datasets"], route_class=TransactionalRoute)

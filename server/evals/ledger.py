@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, null
+from sqlalchemy import ColumnElement, and_, case, null, select
 from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
@@ -19,6 +19,7 @@ from server.evals import service
 from server.leases import repository as leases_repo
 from server.leases.queue import Granted, lease_seed
 from server.leases.units import WorkerDb
+from server.models import EvalResult
 from server.workers.repository import touch
 
 
@@ -87,6 +88,12 @@ class EvalKind:
         only: Sequence[int] | None = None,
     ) -> int:
         return service.requeue_leases(session, lease_ids, count_attempt=count_attempt)
+
+    def retained_versions(self, run_id: uuid.UUID) -> Any:
+        """A version whose eval is pending: its leases still need the version's files."""
+        return select(EvalResult.version).where(
+            EvalResult.run_id == run_id, EvalResult.state == "pending"
+        )
 
     def requeue_batch(
         self, session: Session, run_id: uuid.UUID, batch_id: uuid.UUID, reason: str

@@ -8,10 +8,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from server.events import repository
-from server.jobs import webhooks
+from server.events import repository, webhooks
 from server.models import Event
-from server.runs.service import config_of
 
 # `info` events delivered to the run's webhook all the same: results a pipeline waits for.
 WEBHOOK_INFO_KINDS = frozenset({"eval.scored"})
@@ -41,7 +39,7 @@ def raise_event(
         data=data or {},
     )
     if run_id is not None and (severity != "info" or kind in WEBHOOK_INFO_KINDS):
-        url = config_of(session, run_id).alarms.webhook_url
+        url = repository.webhook_url(session, run_id)
         if url:
             webhooks.enqueue(session, event, url)
     return event

@@ -15,10 +15,10 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server.db import db_time
 from server.db_types import db_now
 from server.events.service import raise_event
 from server.jobs import stats
-from server.jobs.common import db_time
 from server.models import AlarmState, Run, Worker
 from server.runs.service import config_of
 from server.runs.waste import stale_waste

@@ -21,7 +21,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.jobs.common import db_time
+from server.db import db_time
 from server.models import CostMark, CostRecord, Lease, Run, Worker
 from server.runs.service import config_of
 from server.workers.liveness import is_silent

@@ -14,8 +14,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.storage import ObjectStore
 from server.config import Settings
+from server.datasets.jobs import check_pending
 from server.db import transaction
-from server.jobs import alarms, budgets, costs, retention, webhooks
+from server.events import webhooks
+from server.jobs import alarms, budgets, costs, retention
+from server.leases.expiry import sweep_expired, sweep_revoked
+from server.runs.prepare import prepare_runs as prepare
 
 log = logging.getLogger("asyncgrpo.jobs")
 
@@ -39,8 +43,6 @@ class JobContext:
 
 
 def sweep(ctx: JobContext) -> int:
-    from server.leases.expiry import sweep_expired, sweep_revoked
-
     with transaction(ctx.factory) as session:
         return sweep_expired(session) + sweep_revoked(session)
 
@@ -82,8 +84,6 @@ def deliver(ctx: JobContext) -> dict[str, int]:
 
 
 def check_datasets(ctx: JobContext) -> int:
-    from server.datasets.jobs import check_pending
-
     changed = check_pending(ctx.factory, ctx.store, ctx.settings.datasets)
     if changed:
         ctx.follow_up("run_prep")
@@ -91,8 +91,6 @@ def check_datasets(ctx: JobContext) -> int:
 
 
 def prepare_runs(ctx: JobContext) -> int:
-    from server.runs.prepare import prepare_runs as prepare
-
     return prepare(ctx.factory, ctx.store, ctx.settings.datasets)
 
 

@@ -12,6 +12,7 @@ from celery import Task
 from server.jobs.celery_app import app
 from server.jobs.runner import JOBS, JobContext, run_job
 from server.jobs.schedule import task_name
+from server.wiring import wire
 
 _context: JobContext | None = None
 
@@ -20,6 +21,7 @@ def context() -> JobContext:
     """This process's JobContext, built on first use (after a prefork worker has forked)."""
     global _context
     if _context is None:
+        wire()
         from server.config import get_settings
         from server.db import make_engine, make_sessionmaker
         from server.storage_factory import make_store

@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session, defer
 
 from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.db_types import db_now, db_now_plus
+from server.leases.ledger import KINDS
 from server.models import (
     AdapterVersion,
     DatasetRow,
-    EvalResult,
     Lease,
     MetricPoint,
     PromptRow,
@@ -393,16 +393,15 @@ def batch_stats(session: Session, run_id: uuid.UUID) -> list[Any]:
 
 
 def versions_in_use(session: Session, run_id: uuid.UUID) -> set[int]:
-    """Adapter versions named by an active lease, an unconsumed (accepted/claimed) batch or an
-    eval still pending (its leases need the version's files)."""
+    """Adapter versions named by an active lease, an unconsumed (accepted/claimed) batch, or
+    kept by a work kind (an eval still pending: server/leases/kinds.py retained_versions)."""
     leased = select(Lease.adapter_version).where(Lease.run_id == run_id, Lease.state == "active")
     batched = select(RolloutBatch.adapter_version).where(
         RolloutBatch.run_id == run_id, RolloutBatch.state.in_(("accepted", "claimed"))
     )
-    evaluating = select(EvalResult.version).where(
-        EvalResult.run_id == run_id, EvalResult.state == "pending"
-    )
-    return set(session.execute(leased.union(batched, evaluating)).scalars())
+    kept = [k.retained_versions(run_id) for k in KINDS.values()]
+    union = leased.union(batched, *(s for s in kept if s is not None))
+    return set(session.execute(union).scalars())
 
 
 def live_versions(session: Session, run_id: uuid.UUID) -> list[AdapterVersion]:

@@ -14,8 +14,7 @@ from server.db import is_postgres
 from server.db_types import db_now
 from server.leases.ledger import kind_of
 from server.models import Lease, Worker
-
-REVOKED = "revoked"  # the end reason of a revoked worker's leases, and its rows' re-queue reason
+from server.runs.waste import REVOKED  # the end reason of a revoked worker's leases
 
 
 def sweep_expired(session: Session, *, limit: int = 500) -> int:

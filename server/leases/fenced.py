@@ -7,6 +7,7 @@ nothing. What the lease's rows do next is its kind's business (server/leases/led
 from __future__ import annotations
 
 import uuid
+from functools import cache
 from typing import Any
 
 from anyio import to_thread
@@ -40,7 +41,14 @@ from server.leases.units import Statement
 from server.models import Lease, Worker
 from server.workers.repository import touch
 
-_BEAT = statements.beat_statement(ledger.abort_reason())
+
+@cache
+def _beat() -> Statement:
+    """The heartbeat's unit over every registered kind's abort reason (built at first use,
+    after the composition root registered the kinds)."""
+    return statements.beat_statement(ledger.abort_reason())
+
+
 _LEASE_LOST = "lease lost: fencing token, state or expiry no longer holds; drop the work"
 
 
@@ -69,7 +77,7 @@ async def heartbeat(
         "admission": config.admission_control,
         "max_staleness": config.max_staleness,
     }
-    beat = await statements.beat(db, _BEAT, params)
+    beat = await statements.beat(db, _beat(), params)
     if beat is None:
         await refuse(caller, lease_id)
     if beat.extended:

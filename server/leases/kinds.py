@@ -2,8 +2,9 @@
 are two kinds of one ledger — a row is leased, its lease ends in a batch, the batch is claimed
 and consumed — and the lease engine (service.py, fenced.py, expiry.py) asks the lease's kind,
 never tests it. A kind says which rows a grant takes and under which bound, how a lease's
-sampling reads, when a heartbeat aborts it, and where its rows go when it ends or its batch
-is accepted or rejected. `KINDS` holds both, by the name stored on leases and batches."""
+sampling reads, when a heartbeat aborts it, where its rows go when it ends or its batch is
+accepted or rejected, and which versions retention must keep for it. `ledger.KINDS` holds
+them by the name stored on leases and batches."""
 
 from __future__ import annotations
 
@@ -77,6 +78,11 @@ class WorkKind(Protocol):
     ) -> int:
         """The rows still out under these ended leases back to the front of their queue
         (`only`: just these rows, the others back without an attempt). How many."""
+        ...
+
+    def retained_versions(self, run_id: uuid.UUID) -> Any:
+        """Retention (invariant 13): a select of the adapter versions this kind still needs
+        beyond those its active leases and unconsumed batches name, or None for none."""
         ...
 
     def requeue_batch(

@@ -1,4 +1,8 @@
-"""The work ledger's kinds by name (server/leases/kinds.py), and the grant order they make."""
+"""The work ledger's kinds by name (server/leases/kinds.py), and the grant order they make.
+
+Training is the lease engine's own kind; eval's (server/evals/ledger.py) sits above leases in
+the feature order and is registered by the composition root (server/wiring.py) before the
+first call: an unknown kind raises rather than being skipped."""
 
 from __future__ import annotations
 
@@ -7,16 +11,23 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, case
 
 from protocol.run_config import RunConfig
-from server.evals.ledger import EVAL
 from server.leases.kinds import WorkKind
 from server.leases.train import TRAIN
 from server.models import Lease, Run
 
-KINDS: dict[str, WorkKind] = {kind.name: kind for kind in (TRAIN, EVAL)}
+KINDS: dict[str, WorkKind] = {TRAIN.name: TRAIN}
+
+
+def register(kind: WorkKind) -> None:
+    """Add a kind to the ledger (idempotent)."""
+    KINDS[kind.name] = kind
 
 
 def kind_of(name: str) -> WorkKind:
-    return KINDS[name]
+    kind = KINDS.get(name)
+    if kind is None:
+        raise LookupError(f"no work kind {name!r} is registered (server/wiring.py wire())")
+    return kind
 
 
 def grant_order(config: RunConfig, run_status: str, fencing_seq: int) -> list[WorkKind]:

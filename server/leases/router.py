@@ -27,11 +27,12 @@ from protocol.schemas import (
     format_versions_header,
 )
 from server.config import Settings
-from server.deps import Credentials, bearer_token
 from server.leases import fenced, service
 from server.leases.units import counted
 from server.long_poll import long_poll
+from server.request_deps import Credentials
 from server.routing import TransactionalRoute
+from server.tokens.auth import bearer_token
 
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], route_class=TransactionalRoute)
 

@@ -111,6 +111,9 @@ class TrainKind:
         back = queue.requeue(session, run_id, innocent, reason, count_attempt=False)
         return len(result.requeued) + len(back.requeued)
 
+    def retained_versions(self, run_id: uuid.UUID) -> Any:
+        return None  # its versions are those of its leases and batches
+
     def requeue_batch(
         self, session: Session, run_id: uuid.UUID, batch_id: uuid.UUID, reason: str
     ) -> tuple[int, int]:

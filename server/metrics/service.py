@@ -16,10 +16,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.run_config import AlarmConfig
-from server.db import transaction
+from server.db import db_time, transaction
 from server.evals import repository as evals_repo
 from server.jobs import stats
-from server.jobs.common import db_time
 from server.models import Lease, PromptRow, Run, Worker
 from server.runs.repository import config_number
 from server.runs.waste import stale_waste

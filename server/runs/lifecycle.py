@@ -6,6 +6,7 @@ names the states it may start from, so two concurrent transitions never both app
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,9 +18,6 @@ from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES
 from server.db_types import db_now
 from server.errors import Conflict, NotFound
 from server.events.service import raise_event
-from server.learner import repository as learner_repo
-from server.leases import queue
-from server.leases import repository as leases_repo
 from server.models import Run
 from server.runs import repository
 
@@ -55,6 +53,24 @@ TRANSITIONS: dict[str, Transition] = {
     "complete": Transition("learner", LIVE, "completed"),
     "fail": Transition("learner", LIVE, "failed"),
 }
+# Closing a run's ledger (its unfinished prompt rows dropped, its unconsumed batches rejected,
+# its active leases aborted; of one kind, or all when None) is the business of the lease
+# engine and the learner, above runs in the feature order: the composition root hands the
+# closer in (server/wiring.py).
+LedgerCloser = Callable[[Session, uuid.UUID, str, "str | None"], None]
+_ledger_closer: list[LedgerCloser] = []
+
+
+def close_ledger_with(closer: LedgerCloser) -> None:
+    _ledger_closer[:] = [closer]
+
+
+def _close_ledger(session: Session, run_id: uuid.UUID, reason: str, kind: str | None) -> None:
+    if not _ledger_closer:
+        raise RuntimeError("no ledger closer: call server.wiring.wire() at start")
+    _ledger_closer[0](session, run_id, reason, kind)
+
+
 ADMIN_ACTIONS = tuple(name for name, t in TRANSITIONS.items() if t.actor == "admin")
 
 
@@ -117,10 +133,7 @@ def complete(session: Session, run_id: uuid.UUID, reason: str) -> None:
     `run_completed`, unconsumed batches rejected, active leases aborted; nothing in flight."""
     if not move(session, run_id, "complete", reason):
         raise Conflict("the run has already ended", code=ErrorCode.run_ended)
-    closed = "run_completed"
-    queue.drop_unfinished(session, run_id, closed)
-    learner_repo.reject_unconsumed(session, run_id, closed)
-    leases_repo.abort_active(session, run_id, closed)
+    _close_ledger(session, run_id, "run_completed", None)
 
 
 def finish_training(session: Session, run_id: uuid.UUID, reason: str) -> None:
@@ -130,10 +143,7 @@ def finish_training(session: Session, run_id: uuid.UUID, reason: str) -> None:
     the eval ledger stays open until every due version is scored (then `complete`)."""
     if not move(session, run_id, "evaluate", reason):
         raise Conflict("the run has already ended", code=ErrorCode.run_ended)
-    closed = "run_completed"
-    queue.drop_unfinished(session, run_id, closed)
-    learner_repo.reject_unconsumed(session, run_id, closed, kind="train")
-    leases_repo.abort_active(session, run_id, closed, kind="train")
+    _close_ledger(session, run_id, "run_completed", "train")
 
 
 def describe() -> str:

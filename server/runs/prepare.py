@@ -36,6 +36,7 @@ from server.db import transaction
 from server.events.service import raise_event
 from server.models import Dataset
 from server.runs import lifecycle, repository
+from server.runs.service import store_eval_rows
 
 log = logging.getLogger("asyncgrpo.jobs.run_prep")
 
@@ -122,13 +123,9 @@ def _insert_eval_rows(
 ) -> None:
     """The eval rows, in one transaction (at most eval.max_prompts of them: the reader stops
     there, a large test split is not read to its end)."""
-    from server.evals import repository as evals_repo
-    from server.evals.service import insert_eval_rows
-
     rows = datasets.iter_mapped_rows(store, dataset, spec, max_row_bytes=limits.max_row_bytes)
     with transaction(factory) as session:
-        evals_repo.delete_rows(session, run_id)
-        insert_eval_rows(session, run_id, rows)
+        store_eval_rows(session, run_id, rows, replace=True)
 
 
 def _check(dataset: Dataset, spec: StoredDataset, epochs: int) -> None:

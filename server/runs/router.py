@@ -10,10 +10,10 @@ from fastapi import APIRouter, Query, Request, status
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
-from server.jobs.wake import wake
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
+from server.wake import wake
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=TransactionalRoute)
 

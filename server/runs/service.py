@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sqlalchemy.orm import Session, object_session
@@ -30,6 +30,31 @@ from server.models import Dataset, Run
 from server.runs import repository
 from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
 from server.tokens import service as tokens
+
+# Eval rows are stored by the evals feature (server/evals/service.py insert_eval_rows), above
+# runs in the feature order: the composition root hands the writer in (server/wiring.py).
+# The writer's last argument: replace the rows already stored (a preparation starting again).
+EvalRowWriter = Callable[[Session, uuid.UUID, Iterable[tuple[Any, dict[str, Any]]], bool], int]
+_eval_row_writer: list[EvalRowWriter] = []
+
+
+def store_eval_rows_with(writer: EvalRowWriter) -> None:
+    _eval_row_writer[:] = [writer]
+
+
+def store_eval_rows(
+    session: Session,
+    run_id: uuid.UUID,
+    rows: Iterable[tuple[Any, dict[str, Any]]],
+    *,
+    replace: bool = False,
+) -> int:
+    """The run's eval rows stored (at most eval.max_prompts in all; with `replace`, instead of
+    any already stored); how many were."""
+    if not _eval_row_writer:
+        raise RuntimeError("no eval row writer: call server.wiring.wire() at start")
+    return _eval_row_writer[0](session, run_id, rows, replace)
+
 
 # -- creation and config ------------------------------------------------------------------------
 
@@ -133,9 +158,7 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
     _remember(run.id, config)
     if isinstance(eval_ds, GeneratorDataset | InlineDataset):
-        from server.evals.service import insert_eval_rows
-
-        insert_eval_rows(session, run.id, dataset_rows(eval_ds))
+        store_eval_rows(session, run.id, dataset_rows(eval_ds))
     return run, minted.plaintext
 
 

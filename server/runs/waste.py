@@ -27,10 +27,12 @@ from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now_plus, epoch_bucket, epoch_seconds
-from server.leases.expiry import REVOKED
 from server.models import Lease, RolloutBatch
 
 STALE = "stale"
+# The end reason of a revoked worker's leases (server/leases/expiry.py ends them so), here
+# because runs sit below leases in the feature order.
+REVOKED = "revoked"
 # How a stale-aborted lease shows among the rejection reasons of the dashboard's chart and
 # among the wasted spend's causes.
 ABORTED_STALE = "aborted_stale"

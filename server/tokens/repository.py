@@ -23,8 +23,9 @@ def insert(session: Session, **fields: Any) -> Token:
 
 
 # Bearer authentication's rule, one definition: a token authenticates unless it is revoked or
-# expired (in database time). The portable path reads both flags with the token (to say which
-# failed); the event-loop path renders them into its statements (server/leases/fast_repository.py).
+# expired (in database time). Authentication reads both flags with the token (to say which
+# failed: server/tokens/service.py); the lease engine joins them into its statements
+# (server/leases/repository.py authenticated, server/leases/statements.py).
 
 
 def revoked(tokens: Any = Token) -> ColumnElement[bool]:

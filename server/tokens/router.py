@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from server.deps import AdminDep, SessionDep
+from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
 from server.tokens import service
+from server.tokens.auth import AdminDep
 from server.tokens.schemas import (
     RegistrationTokenCreate,
     RegistrationTokenCreated,

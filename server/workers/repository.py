@@ -77,8 +77,8 @@ def touch_sql(
     environments: str | None = None,
     counters: tuple[str, ...] = (),
 ) -> str:
-    """`touch`'s SET list in Postgres text, for the one-statement calls of the event-loop path
-    (server/leases/fast_repository.py) and the one-statement grant (server/leases/queue.py):
+    """`touch`'s SET list in Postgres text, for the lease engine's one-statement units on
+    Postgres (server/leases/statements.py) and the one-statement grant (server/leases/queue.py):
     `target` names the workers row, `environments` is a SQL expression (NULL: keep them), each
     counter one more."""
     items = ["last_seen_at = clock_timestamp()"] if seen else []

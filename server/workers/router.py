@@ -4,8 +4,9 @@ import uuid
 
 from fastapi import APIRouter, status
 
-from server.deps import AdminDep, RegistrationDep, SessionDep, SettingsDep
+from server.request_deps import SessionDep, SettingsDep
 from server.routing import TransactionalRoute
+from server.tokens.auth import AdminDep, RegistrationDep
 from server.workers import service
 from server.workers.schemas import WorkerOut, WorkerRegister, WorkerRegistered
 

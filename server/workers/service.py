@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from protocol.error_codes import ErrorCode
+from server.db import db_time
 from server.errors import NotFound, Unauthorized
-from server.jobs.common import db_time
-from server.leases import expiry
 from server.models import Token, Worker
 from server.tokens import service as tokens
 from server.workers import repository
@@ -57,10 +57,23 @@ def list_workers(session: Session, silent_s: float) -> list[WorkerOut]:
     return [to_out(w, table, now, silent_s) for w in repository.list_all(session)]
 
 
+# Ending a revoked worker's leases (and re-queueing their prompts) is the lease engine's rule
+# (server/leases/expiry.py end_revoked_worker_leases), above workers in the feature order: the
+# composition root hands it in (server/wiring.py).
+LeaseEnder = Callable[[Session, uuid.UUID], object]
+_lease_ender: list[LeaseEnder] = []
+
+
+def end_leases_with(ender: LeaseEnder) -> None:
+    _lease_ender[:] = [ender]
+
+
 def revoke(session: Session, worker_id: uuid.UUID, silent_s: float) -> WorkerOut:
     """The worker `revoked`, its tokens revoked (its next call answers 401) and its active
     leases ended `revoked`, their prompts back in the queue at once (no attempt counted)."""
-    expiry.end_revoked_worker_leases(session, worker_id)  # first: the grant's lock order
+    if not _lease_ender:
+        raise RuntimeError("no lease ender: call server.wiring.wire() at start")
+    _lease_ender[0](session, worker_id)  # first: the grant's lock order
     if not repository.set_status(session, worker_id, "revoked", "revoked by an admin"):
         raise NotFound("worker not found", code=ErrorCode.worker_not_found)
     tokens.revoke_scope(session, "worker", worker_id)

@@ -8,8 +8,7 @@ from typing import Any
 
 from sqlalchemy import update
 
-from server.db import transaction
-from server.jobs.common import db_time
+from server.db import db_time, transaction
 from server.models import Lease, MetricPoint, RolloutBatch, Run
 from tests.server.jobs.factories import acquire, add_batch, new_run, new_worker
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from server.dashboard.costs import cost_page
 from server.db import transaction
-from server.leases.expiry import REVOKED
+from server.runs.waste import REVOKED
 from server.models import CostRecord, Lease
 from tests.conftest import make_settings
 from tests.server.dashboard.test_pages import login

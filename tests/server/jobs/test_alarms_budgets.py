@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from protocol.outbound import OutboundPolicy
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_types import db_now
-from server.jobs import webhooks
+from server.events import webhooks
 from server.jobs.alarms import evaluate_alarms
 from server.jobs.budgets import enforce_budgets
 from server.models import Event, Lease, MetricPoint, Run, WebhookDelivery, Worker

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.config import Settings
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_types import db_now
-from server.jobs import webhooks
+from server.events import webhooks
 from server.leases import queue
 from server.models import (
     CostRecord,

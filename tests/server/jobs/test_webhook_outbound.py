@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.outbound import OutboundPolicy
 from server.db import make_engine, make_sessionmaker, transaction
-from server.jobs import webhooks
+from server.events import webhooks
 from server.jobs.alarms import evaluate_alarms
 from server.models import WebhookDelivery
 from tests.conftest import TEST_SECRET, make_settings, mint_token

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from protocol.schemas import HeartbeatRequest
 from server.dashboard import service as dashboard
+from server.db import db_time
 from server.jobs import alarms
-from server.jobs.common import db_time
 from server.leases import fenced
 from server.models import Lease, Run, Worker
 from server.runs import lifecycle

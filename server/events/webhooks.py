@@ -36,7 +36,7 @@ from server.db import is_postgres, transaction
 from server.db_types import db_now, db_now_plus
 from server.models import Event, WebhookDelivery
 
-log = logging.getLogger("asyncgrpo.jobs.webhooks")
+log = logging.getLogger("asyncgrpo.events.webhooks")
 
 SIGNATURE_HEADER = "X-AsyncGRPO-Signature"
 CLAIM_S = 120.0

@@ -1,0 +1,130 @@
+"""The learner's eval calls (docs/architecture.md, section 3 "Learner calls"): it claims the
+uploaded eval batches and posts their scores, fenced on its learner lease; the eval ledger's
+rules are server/evals/service.py's."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from protocol.error_codes import ErrorCode
+from protocol.schemas_learner import (
+    ClaimedEvalBatch,
+    EvalClaimRequest,
+    EvalClaimResponse,
+    EvalPromptOut,
+    EvalResultsRequest,
+    EvalResultsResponse,
+    EvalVersionResult,
+)
+from protocol.storage import ObjectStore
+from server.config import Settings
+from server.db import transaction
+from server.errors import NotFound
+from server.evals import service
+from server.evals.ledger import EVAL
+from server.learner import repository as learner_repo
+from server.learner.service import fence, run_config
+from server.long_poll import long_poll
+from server.models import Token
+from server.request_deps import Credentials, SessionDep, SettingsDep
+from server.routing import TransactionalRoute
+from server.tokens.auth import LearnerDep, require_learner
+
+router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["evals"], route_class=TransactionalRoute)
+
+
+def _claim_once(
+    session: Session,
+    store: ObjectStore,
+    settings: Settings,
+    token: Token,
+    run_id: uuid.UUID,
+    body: EvalClaimRequest,
+) -> EvalClaimResponse:
+    run = fence(session, settings, token, run_id, body.fencing)
+    config = run_config(session, run_id)
+    ev = config.eval
+    batches = []
+    if ev is not None:
+        ttl = settings.security.url_ttl_s
+        max_new = ev.max_new_tokens or config.sampling.max_new_tokens
+        for b in service.claimable(session, run_id, run.learner_fencing, body.max_batches):
+            items = service.batch_items(session, b.id)
+            batches.append(
+                ClaimedEvalBatch(
+                    batch_id=b.id,
+                    lease_id=b.lease_id,
+                    worker_id=b.worker_id,
+                    version=b.adapter_version,
+                    bucket_key=b.bucket_key,
+                    sha256=b.sha256,
+                    size=b.bytes,
+                    url=store.presign_get(b.bucket_key, ttl),
+                    n_samples=b.n_samples,
+                    n=ev.n,
+                    max_new_tokens=max_new,
+                    prompts=[
+                        EvalPromptOut(
+                            item_id=i.id,
+                            eval_row_id=i.eval_row_id,
+                            prompt=i.prompt,
+                            reference=i.reference or {},
+                        )
+                        for i in items
+                    ],
+                )
+            )
+    pending = service.pending_count(session, run_id)
+    return EvalClaimResponse(batches=batches, run_status=run.status, pending_versions=pending)
+
+
+@router.post("/evals/claim", response_model=EvalClaimResponse)
+async def claim(
+    run_id: uuid.UUID, body: EvalClaimRequest, request: Request, credentials: Credentials
+) -> EvalClaimResponse:
+    """The learner claims uploaded eval batches (fenced; never training batches), with their
+    items' prompts and reference columns. Long-poll: each attempt is its own transaction."""
+    settings: Settings = request.app.state.settings
+
+    def attempt() -> EvalClaimResponse:
+        with transaction(request.app.state.sessionmaker) as session:
+            token = require_learner(session, credentials)
+            store = request.app.state.store
+            return _claim_once(session, store, settings, token, run_id, body)
+
+    return await long_poll(
+        lambda _deadline: run_in_threadpool(attempt),
+        lambda result: bool(result.batches) or result.pending_versions == 0,
+        body.wait_s,
+        settings.lease_long_poll_s,
+    )
+
+
+@router.post("/evals", response_model=EvalResultsResponse)
+def post_results(
+    run_id: uuid.UUID,
+    body: EvalResultsRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: LearnerDep,
+) -> EvalResultsResponse:
+    """The learner's scores of one claimed eval batch (fenced): the reward and the accuracy
+    reward's value of every sample; the version's aggregates when its last item is scored."""
+    fence(session, settings, token, run_id, body.fencing)
+    batch = learner_repo.get_batch(session, run_id, body.batch_id)
+    if batch is None or batch.kind != EVAL.name:
+        raise NotFound("eval batch not found", code=ErrorCode.batch_not_found)
+    service.refuse_unclaimed(batch, body.fencing)
+    samples = [(s.item_id, s.reward, s.accuracy_value) for s in body.samples]
+    done = service.score(session, run_id, batch, samples)
+    run = learner_repo.get_run(session, run_id)
+    assert run is not None
+    row = service.finished_result(session, run_id, batch.adapter_version) if done else None
+    result = None if row is None else EvalVersionResult.model_validate(row, from_attributes=True)
+    return EvalResultsResponse(
+        version=batch.adapter_version, version_done=done, run_status=run.status, result=result
+    )

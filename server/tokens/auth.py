@@ -1,0 +1,47 @@
+"""Who is calling, as request dependencies: the admin, learner and registration principals
+(a bearer token of that kind, docs/architecture.md section 5) and the bearer digest."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends
+from sqlalchemy.orm import Session
+
+from protocol.error_codes import ErrorCode
+from server.errors import Unauthorized
+from server.models import Token
+from server.request_deps import Credentials, SessionDep, released
+from server.tokens import service as tokens
+
+
+def bearer_token(credentials: Credentials) -> str:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("missing bearer token", code=ErrorCode.token_missing)
+    return credentials.credentials
+
+
+def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token:
+    return released(session, tokens.authenticate(session, bearer_token(credentials), kinds))
+
+
+def require_admin(session: SessionDep, credentials: Credentials) -> Token:
+    return _principal(session, credentials, "admin")
+
+
+def require_learner(session: SessionDep, credentials: Credentials) -> Token:
+    return _principal(session, credentials, "learner")
+
+
+def require_registration(session: SessionDep, credentials: Credentials) -> Token:
+    return _principal(session, credentials, "registration")
+
+
+def bearer_digest(credentials: Credentials) -> str:
+    """The digest a bearer token is looked up by (401 for a missing or foreign token)."""
+    return tokens.digest_of_bearer(bearer_token(credentials))
+
+
+AdminDep = Annotated[Token, Depends(require_admin)]
+LearnerDep = Annotated[Token, Depends(require_learner)]
+RegistrationDep = Annotated[Token, Depends(require_registration)]

@@ -1,0 +1,98 @@
+"""The work ledger's kinds (docs/architecture.md, "The work ledger"): the engine asks a lease's
+kind and never tests it; the grant order and the abort reasons are the kinds' own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from sqlalchemy import literal, select
+from sqlalchemy.orm import Session
+
+from protocol.run_config import RunConfig
+from server.evals.ledger import EVAL
+from server.evals.service import EVAL_TURN
+from server.leases import ledger
+from server.leases.train import TRAIN
+
+ROOT = Path(__file__).resolve().parents[3]
+KIND_HOMES = {ROOT / "server" / "evals"}  # the eval kind's own feature
+
+
+def _config(**overrides: object) -> RunConfig:
+    return RunConfig.model_validate(
+        {
+            "name": "kinds",
+            "base_model": "m",
+            "dataset": {"kind": "generator", "size": 4},
+            "rewards": [{"name": "numeric_match"}],
+            **overrides,
+        }
+    )
+
+
+def _with_eval() -> RunConfig:
+    return _config(eval={"dataset": {"kind": "generator", "size": 2}})
+
+
+def test_both_kinds_are_registered_by_the_composition_root() -> None:
+    assert ledger.kind_of("train") is TRAIN and ledger.kind_of("eval") is EVAL
+    with pytest.raises(LookupError, match="no work kind 'other'"):
+        ledger.kind_of("other")
+
+
+def test_grant_order_is_the_kinds_rule() -> None:
+    plain, evaluated = _config(), _with_eval()
+    assert ledger.grant_order(plain, "running", 0) == [TRAIN]
+    assert ledger.grant_order(plain, "evaluating", 0) == []
+    turns = {seq: ledger.grant_order(evaluated, "running", seq) for seq in range(2 * EVAL_TURN)}
+    eval_first = [seq for seq, order in turns.items() if order == [EVAL, TRAIN]]
+    assert len(eval_first) == 2 and all(
+        order in ([TRAIN, EVAL], [EVAL, TRAIN]) for order in turns.values()
+    )
+    assert ledger.grant_order(evaluated, "evaluating", 1) == [EVAL]
+    assert ledger.grant_order(evaluated, "paused", 1) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "current", "version", "admission", "reason"),
+    [
+        ("train", "running", 5, 5, True, None),
+        ("train", "running", 9, 5, True, "stale"),  # max_staleness 2
+        ("train", "running", 9, 5, False, None),  # admission control off: no abort
+        ("train", "paused", 5, 5, True, "run_paused"),
+        ("train", "evaluating", 5, 5, True, "run_evaluating"),
+        ("eval", "running", 9, 1, True, None),  # pinned to its version: never stale
+        ("eval", "evaluating", 9, 1, True, None),
+        ("eval", "cancelled", 9, 1, True, "run_cancelled"),
+    ],
+)
+def test_abort_reasons_by_kind(
+    any_session: Session,
+    kind: str,
+    status: str,
+    current: int,
+    version: int,
+    admission: bool,
+    reason: str | None,
+) -> None:
+    expression = ledger.kind_of(kind).abort_reason(
+        literal(status), literal(current), literal(version), literal(admission), literal(2)
+    )
+    assert any_session.execute(select(expression)).scalar() == reason
+
+
+def test_no_module_outside_the_eval_kind_tests_for_it() -> None:
+    """`kind == "eval"` lives in the eval kind's feature only; everyone else asks the kind."""
+    offenders = []
+    for path in sorted((ROOT / "server").rglob("*.py")):
+        if any(home in path.parents for home in KIND_HOMES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Constant) and side.value == "eval"
+                for side in (node.left, *node.comparators)
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
