@@ -5,7 +5,8 @@ its own transaction committed before the next starts, so a call never holds one 
 while it runs another, and a refusal changes nothing:
 
 - `one(statement, params)`: a unit of one `Statement`. On Postgres it is one autocommitted
-  statement on psycopg's async pool, answered on the event loop (no thread hop, no BEGIN or
+  statement on psycopg's async pool (or, without the pool, the same statement in a session's
+  transaction), answered on the event loop (no thread hop, no BEGIN or
   COMMIT round trip, and the locks it takes, such as the run row of a grant, held for the
   statement only). On SQLite, whose single writer serialises anyway, it is the statement's
   SQLite form (the same rule as one or a few statements) in a `BEGIN IMMEDIATE` transaction in a
@@ -68,8 +69,8 @@ class WorkerDb:
 
     async def one(self, statement: Statement, params: dict[str, Any]) -> list[Any]:
         """The statement's rows, in a unit of its own."""
-        if self.pool is None:
-            return await self.unit(lambda session: list(statement.sqlite(session, params)))
+        if self.pool is None:  # SQLite; or Postgres without its pool (a script, a test's session)
+            return await self.unit(lambda session: self._in_session(session, statement, params))
         try:
             async with self.pool.connection() as conn:
                 cursor = conn.cursor(row_factory=namedtuple_row)
@@ -80,6 +81,14 @@ class WorkerDb:
             # that one request answers 503 rather than one per dead pooled connection.
             await self.pool.check()
             raise
+
+    def _in_session(
+        self, session: Session, statement: Statement, params: dict[str, Any]
+    ) -> list[Any]:
+        if not self.postgres:
+            return list(statement.sqlite(session, params))
+        values = {**statement.constants, **params}
+        return list(session.connection().exec_driver_sql(statement.postgres, values).all())
 
     async def first(self, statement: Statement, params: dict[str, Any]) -> Any:
         rows = await self.one(statement, params)

@@ -33,7 +33,9 @@ def _config(**overrides: object) -> RunConfig:
 
 
 def _with_eval() -> RunConfig:
-    return _config(eval={"dataset": {"kind": "generator", "size": 2}})
+    return _config(
+        eval={"dataset": {"kind": "generator", "size": 2}, "accuracy_reward": "numeric_match"}
+    )
 
 
 def test_both_kinds_are_registered_by_the_composition_root() -> None:
