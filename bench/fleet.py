@@ -250,7 +250,7 @@ class SqlTransport(Transport):
                  "n_tokens": self.batch.n_tokens, "generation_seconds": 1.0,
                  "manifest": {}}  # fmt: skip
         async with self.pool.connection() as conn:
-            return await raw_cycle.accept(conn, lease.data, self.worker_id, lease.fencing, batch)
+            return await raw_cycle.accept(conn, self.digest, lease.data, lease.fencing, batch)
 
 
 async def generate(t: Transport, lease: Lease, gen_s: float, beat_s: float, stats: Stats) -> bool:

@@ -7,8 +7,9 @@ as raw SQL through psycopg in the same run.
 
 `--baseline-tree` names another checkout of asyncgrpo (e.g. `git worktree add ../before
 <commit>`): its server is measured in the same sitting, point by point and repeat by repeat
-alternating with this tree's, on the same database and with the same load, with its own
-default settings, so the two compare as a ratio (this tree / baseline).
+alternating with this tree's (which goes first alternates too), on the same database and with
+the same load, with its own default settings, so the two compare as a ratio (this tree /
+baseline). The database is vacuumed before every measurement.
 
 The load generator is aiohttp in one process (an httpx one capped near 100–180 cycles/s by
 itself). The raw-SQL side runs the engine's own Postgres statements for the cycle
@@ -170,7 +171,7 @@ async def sql_worker(pool: AsyncConnectionPool, run_id: str, worker: tuple[str, 
         stats.add("upload", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            accepted = await sql.accept(conn, lid, worker_id, fencing, batch)
+            accepted = await sql.accept(conn, digest, lid, fencing, batch)
         stats.add("complete", time.perf_counter() - t)
         if accepted:
             stats.cycles += 1
@@ -240,6 +241,12 @@ def serve(db_url: str, bucket: Path, processes: int, tree: Path = ROOT) -> Itera
             proc.wait(10)
 
 
+def settle(dsn: str) -> None:
+    """VACUUM ANALYZE the scratch database, so each measurement starts from the same state."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
 def measure_api(args: argparse.Namespace, db_url: str, bucket: Path, tokens: list[str],
                 tree: Path, label: str, n: int) -> float:  # fmt: skip
     from protocol.storage_local import LocalStore
@@ -291,9 +298,14 @@ def main() -> None:
         summary = []
         for n in args.workers:
             runs: dict[str, list[float]] = {"engine": [], "baseline": [], "raw SQL": []}
-            for _ in range(args.repeats):
-                for label, tree in trees.items():
+            for repeat in range(args.repeats):
+                # Alternate which server goes first, and vacuum before each measurement: the
+                # cycles leave dead rows behind that slow whoever comes next.
+                order = list(trees.items())
+                for label, tree in order if repeat % 2 == 0 else order[::-1]:
+                    settle(dsn)
                     runs[label].append(measure_api(args, db_url, bucket, tokens, tree, label, n))
+                settle(dsn)
                 runs["raw SQL"].append(asyncio.run(run_sql(dsn, run_id, workers, n, args.seconds)))
             medians = {k: statistics.median(v) if v else float("nan") for k, v in runs.items()}
             summary.append((n, medians))

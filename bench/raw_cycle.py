@@ -54,7 +54,7 @@ async def mark_uploading(conn: Conn, digest: str, lease_id: uuid.UUID, fencing: 
 
 
 async def accept(
-    conn: Conn, lease_id: uuid.UUID, worker_id: str, fencing: int, batch: dict[str, Any]
+    conn: Conn, digest: str, lease_id: uuid.UUID, fencing: int, batch: dict[str, Any]
 ) -> bool:
     """complete's accept in one statement (server/leases/statements.py)."""
     params = {
@@ -62,7 +62,7 @@ async def accept(
         "manifest": Jsonb(batch["manifest"]),
         "batch_id": uuid.uuid4(),
         "lease_id": lease_id,
-        "worker_id": uuid.UUID(worker_id),
+        "digest": digest,
         "fencing": fencing,
     }
     return bool(await _fetch(conn, "accept", params))

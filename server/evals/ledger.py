@@ -100,6 +100,11 @@ class EvalKind:
     ) -> tuple[int, int]:
         return service.requeue_batch(session, batch_id), 0
 
+    async def accept_held(
+        self, db: WorkerDb, digest: str, lease_id: uuid.UUID, fencing: int, values: dict[str, Any]
+    ) -> uuid.UUID | None:
+        return None  # eval's accept scores items: always the steps
+
     async def complete(
         self,
         db: WorkerDb,

@@ -36,7 +36,7 @@ from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
 from server.leases import ledger, statements
 from server.leases import repository as repo
 from server.leases.runs_of_leases import LEASE_RUNS
-from server.leases.service import Caller, config_of_run, refuse
+from server.leases.service import Caller, config_of_run, lease_lost, refuse
 from server.leases.units import Statement
 from server.models import Lease, Worker
 from server.workers.repository import touch
@@ -47,13 +47,6 @@ def _beat() -> Statement:
     """The heartbeat's unit over every registered kind's abort reason (built at first use,
     after the composition root registered the kinds)."""
     return statements.beat_statement(ledger.abort_reason())
-
-
-_LEASE_LOST = "lease lost: fencing token, state or expiry no longer holds; drop the work"
-
-
-def _lost() -> FencingLost:
-    return FencingLost(_LEASE_LOST, code=ErrorCode.fencing_lost)
 
 
 # -- heartbeat ---------------------------------------------------------------------------------
@@ -85,7 +78,7 @@ async def heartbeat(
             current_version=beat.current_version, abort=False, ttl_s=config.lease_ttl_s
         )
     if not beat.held or beat.reason is None:
-        raise _lost()
+        raise lease_lost()
     await caller.db.unit(lambda session: _abort(session, lease_id, beat, body.fencing))
     return HeartbeatResponse(
         current_version=beat.current_version, abort=True, ttl_s=0.0, reason=beat.reason
@@ -98,7 +91,7 @@ def _abort(session: Session, lease_id: uuid.UUID, beat: statements.Beat, fencing
     kind = ledger.kind_of(beat.kind)
     ended = repo.end_values("aborted", beat.reason)
     if not repo.fence(session, lease_id, beat.worker_id, fencing, **ended):
-        raise _lost()
+        raise lease_lost()
     counted = kind.counts_abort(beat.reason)
     kind.requeue(session, beat.run_id, [lease_id], "aborted", count_attempt=counted)
     touch(session, beat.worker_id)
@@ -191,26 +184,83 @@ def _refuse_unsigned_digest(store: ObjectStore, key: str, claimed: str) -> None:
 
 async def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -> CompleteResponse:
     """Accept the batch when its object exists with the manifest's size and the sample count
-    matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way."""
+    matches; otherwise reject it and re-queue the prompts. The lease ends `completed` either way.
+    The common case — a lease this process granted, its batch in order — is accepted in one
+    statement where the kind has one; anything else takes the steps, checked in order."""
+    batch_id = await _accept_in_order(caller, lease_id, body)
+    if batch_id is not None:
+        return CompleteResponse(batch_id=batch_id, state="accepted", reject_reason=None)
     lease = await _lease_of(caller, lease_id)
-    manifest = body.manifest
-    key = layout.batch_key(lease.run_id, lease_id, lease.fencing)
-    if manifest.key != key:
+    key = _key_of_manifest(lease.run_id, lease_id, lease.fencing, body)
+    reject = await _object_rejection(caller.store, key, body)
+    values = _batch_values(key, body)
+    kind = ledger.kind_of(lease.kind)
+    if reject is None:  # a lease another server process granted
+        batch_id = await kind.accept_held(caller.db, caller.digest, lease_id, body.fencing, values)
+        if batch_id is not None:
+            return CompleteResponse(batch_id=batch_id, state="accepted", reject_reason=None)
+    done = await kind.complete(caller.db, lease, body.fencing, values, reject)
+    if done is None:
+        raise lease_lost()
+    batch_id, reject = done
+    return CompleteResponse(
+        batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
+    )
+
+
+async def _accept_in_order(
+    caller: Caller, lease_id: uuid.UUID, body: CompleteRequest
+) -> uuid.UUID | None:
+    """The accepted batch's id when the lease is one this process granted and its batch is in
+    order (its key, its object, its digest); None, changing nothing, otherwise."""
+    known = LEASE_RUNS.known(lease_id)
+    if known is None:
+        return None
+    run_id, kind = known
+    key = layout.batch_key(run_id, lease_id, body.fencing)
+    if body.manifest.key != key:
+        return None
+    try:
+        if await _object_rejection(caller.store, key, body) is not None:
+            return None
+    except Unprocessable:
+        return None  # the steps say so, in their order
+    values = _batch_values(key, body)
+    return await ledger.kind_of(kind).accept_held(
+        caller.db, caller.digest, lease_id, body.fencing, values
+    )
+
+
+def _key_of_manifest(
+    run_id: uuid.UUID, lease_id: uuid.UUID, fencing: int, body: CompleteRequest
+) -> str:
+    key = layout.batch_key(run_id, lease_id, fencing)
+    if body.manifest.key != key:
         raise Unprocessable(
             "manifest.key is not this lease's batch key",
             field="manifest.key",
             code=ErrorCode.wrong_batch_key,
         )
-    # the bucket's I/O off the event loop, before the compare-and-set's unit
-    info = await to_thread.run_sync(caller.store.head, key)
-    if info is not None and info.size == manifest.size:  # else rejected below
-        await to_thread.run_sync(_refuse_unsigned_digest, caller.store, key, manifest.sha256)
-    reject = None
+    return key
+
+
+async def _object_rejection(store: ObjectStore, key: str, body: CompleteRequest) -> str | None:
+    """Why the batch object is rejected (missing, another size), or None; 422 when its digest
+    is not the one its upload was signed with. The bucket's I/O runs off the event loop."""
+    manifest = body.manifest
+    info = await to_thread.run_sync(store.head, key)
     if info is None:
-        reject = "missing_object"
-    elif info.size != manifest.size:
-        reject = "size_mismatch"
-    values = {
+        return "missing_object"
+    if info.size != manifest.size:
+        return "size_mismatch"
+    await to_thread.run_sync(_refuse_unsigned_digest, store, key, manifest.sha256)
+    return None
+
+
+def _batch_values(key: str, body: CompleteRequest) -> dict[str, Any]:
+    """The batch row's columns from the manifest."""
+    manifest = body.manifest
+    return {
         "bucket_key": key,
         "sha256": manifest.sha256,
         "bytes": manifest.size,
@@ -219,13 +269,6 @@ async def complete(caller: Caller, lease_id: uuid.UUID, body: CompleteRequest) -
         "generation_seconds": manifest.generation_seconds,
         "manifest": manifest.model_dump(mode="json"),
     }
-    done = await ledger.kind_of(lease.kind).complete(caller.db, lease, body.fencing, values, reject)
-    if done is None:
-        raise _lost()
-    batch_id, reject = done
-    return CompleteResponse(
-        batch_id=batch_id, state="rejected" if reject else "accepted", reject_reason=reject
-    )
 
 
 # -- release -----------------------------------------------------------------------------------
@@ -243,7 +286,7 @@ async def release(caller: Caller, lease_id: uuid.UUID, body: ReleaseRequest) -> 
     def releasing(session: Session) -> int:
         ended = repo.end_values("released", reason)
         if not repo.fence(session, lease_id, lease.worker_id, body.fencing, **ended):
-            raise _lost()
+            raise lease_lost()
         released = kind.requeue(
             session, lease.run_id, [lease_id], reason, count_attempt=counted, only=only
         )

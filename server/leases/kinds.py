@@ -92,6 +92,14 @@ class WorkKind(Protocol):
         attempt counted. How many went back, and how many were dropped (attempts used up)."""
         ...
 
+    async def accept_held(
+        self, db: WorkerDb, digest: str, lease_id: uuid.UUID, fencing: int, values: dict[str, Any]
+    ) -> uuid.UUID | None:
+        """complete's common case in one statement, where the kind has one: end the lease the
+        authenticated worker holds `completed` and accept its batch. The batch id, or None
+        (nothing changed: `complete` then takes the steps)."""
+        ...
+
     async def complete(
         self,
         db: WorkerDb,

@@ -148,7 +148,7 @@ async def _grant_kind(
     granted = await kind.grant(caller.db, run, worker_id, lease_id, config, window_s)
     if granted is None:
         return None
-    LEASE_RUNS.remember(lease_id, run.id)
+    LEASE_RUNS.remember(lease_id, run.id, kind.name)
     return lease_response(
         caller.store, caller.settings, run.id, run.base_model, config, lease_id, granted, kind
     )
@@ -241,7 +241,12 @@ async def refuse(caller: Caller, lease_id: uuid.UUID) -> NoReturn:
     lease = await caller.db.unit(read)
     if lease is None:
         raise NotFound("lease not found", code=ErrorCode.lease_not_found)
-    raise FencingLost(
+    raise lease_lost()
+
+
+def lease_lost() -> FencingLost:
+    """The 409 of a fenced call whose compare-and-set refused: the worker drops the work."""
+    return FencingLost(
         "lease lost: fencing token, state or expiry no longer holds; drop the work",
         code=ErrorCode.fencing_lost,
     )

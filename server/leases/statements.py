@@ -340,9 +340,12 @@ _ACCEPT_PG = f"""
 WITH completed AS (
     UPDATE leases l SET state = 'completed', ended_at = clock_timestamp(),
                         end_reason = 'completed'
-    FROM runs r
-    WHERE l.id = %(lease_id)s AND l.worker_id = %(worker_id)s AND l.fencing = %(fencing)s
+    FROM runs r, tokens t, workers w
+    WHERE l.id = %(lease_id)s AND l.fencing = %(fencing)s
       AND l.state = 'active' AND l.expires_at > clock_timestamp() AND r.id = l.run_id
+      AND t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE_PG}
+      AND w.id = t.scope_id AND w.status <> 'revoked' AND l.worker_id = w.id
+      AND l.n_prompts * l.group_size = %(n_samples)s
       AND (SELECT count(*) FROM prompt_rows p
            WHERE p.lease_id = l.id AND p.state = 'leased') = l.n_prompts
     RETURNING l.id, l.run_id, l.worker_id, l.adapter_version, l.n_prompts,
@@ -370,13 +373,13 @@ _ACCEPT = Statement(_ACCEPT_PG, lambda _session, _params: [])
 
 
 async def accept_in_one_statement(
-    db: WorkerDb, lease_id: uuid.UUID, worker_id: uuid.UUID, fencing: int, values: dict[str, Any]
+    db: WorkerDb, digest: str, lease_id: uuid.UUID, fencing: int, values: dict[str, Any]
 ) -> uuid.UUID | None:
-    """End the held training lease `completed`, insert its batch `accepted`, mark its rows
-    accepted and count the worker's batch, in one statement, when every row of the lease is
-    still leased to it (Postgres). None changed nothing: the fence refused, the rows are not all
-    leased, or the database is SQLite, which has no such statement: the caller takes the steps
-    (server/leases/train.py)."""
+    """End the training lease `completed` — held by the worker this token digest authenticates
+    (repository.authenticated's rule), its sample count that of its rows, every row still leased
+    to it — insert its batch `accepted`, mark its rows accepted and count the worker's batch, in
+    one statement (Postgres). None changed nothing: any of those does not hold, or the database
+    is SQLite, which has no such statement: the caller takes the steps (server/leases/train.py)."""
     if not db.postgres:
         return None
     batch_id = uuid.uuid4()
@@ -385,7 +388,7 @@ async def accept_in_one_statement(
         "manifest": Jsonb(values["manifest"]),
         "batch_id": batch_id,
         "lease_id": lease_id,
-        "worker_id": worker_id,
+        "digest": digest,
         "fencing": fencing,
     }
     return batch_id if await db.first(_ACCEPT, params) is not None else None

@@ -121,6 +121,11 @@ class TrainKind:
         result = queue.requeue(session, run_id, rows, reason, count_attempt=True)
         return len(result.requeued), len(result.dropped)
 
+    async def accept_held(
+        self, db: WorkerDb, digest: str, lease_id: uuid.UUID, fencing: int, values: dict[str, Any]
+    ) -> uuid.UUID | None:
+        return await statements.accept_in_one_statement(db, digest, lease_id, fencing, values)
+
     async def complete(
         self,
         db: WorkerDb,
@@ -129,14 +134,6 @@ class TrainKind:
         values: dict[str, Any],
         reject: str | None,
     ) -> tuple[uuid.UUID, str | None] | None:
-        if reject is None and lease.n_prompts * lease.group_size != values["n_samples"]:
-            reject = "invalid"
-        if reject is None:
-            batch_id = await statements.accept_in_one_statement(
-                db, lease.id, lease.worker_id, fencing, values
-            )
-            if batch_id is not None:
-                return batch_id, None
         return await db.unit(
             lambda session: _complete_steps(session, lease, fencing, values, reject)
         )
@@ -145,8 +142,7 @@ class TrainKind:
 def _complete_steps(
     session: Session, lease: Any, fencing: int, values: dict[str, Any], reject: str | None
 ) -> tuple[uuid.UUID, str | None] | None:
-    """complete step by step: SQLite, a rejection, or a lease whose rows are not all still
-    leased (the one statement refused)."""
+    """complete step by step: SQLite, a rejection, or whatever the one statement refused."""
     ended = repo.end_values("completed", "completed")
     if not repo.fence(session, lease.id, lease.worker_id, fencing, **ended):
         return None
