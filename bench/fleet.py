@@ -557,7 +557,7 @@ def main() -> None:
                 raw = asyncio.run(sql_phase(base, db, args, batch, gen_s, tokens))
     tables = {f"{p} server process(es)": points for p, points in fleet.items()}
     if raw:
-        tables["raw SQL floor (the event-loop path's statements, no HTTP)"] = raw
+        tables["raw SQL floor (the engine's own statements, no HTTP)"] = raw
     print_tables(tables)
     report.emit(args, {"fleet": fleet, "raw_sql": raw, "lease_generation_s": gen_s,
                        "slots": args.slots, "seconds": args.seconds, "note": LABEL})  # fmt: skip

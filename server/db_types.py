@@ -80,7 +80,8 @@ def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
 
 def postgres_text(expression: Any) -> str:
     """A SQL expression as Postgres text with its constants inlined, for the statements written
-    as text (the one-statement grant, the event-loop path): one rule, rendered, not rewritten."""
+    as text (the one-statement grant, the lease engine's Postgres statements): one rule,
+    rendered, not rewritten."""
     return str(
         expression.compile(dialect=psycopg_dialect(), compile_kwargs={"literal_binds": True})
     )

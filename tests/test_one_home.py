@@ -154,7 +154,8 @@ def test_the_loss_option_types_are_written_once() -> None:
 
 def test_worker_rows_are_written_in_one_module() -> None:
     """Worker counters, last seen and waiting were written by the lease repositories too; the
-    event-loop statements and the one-statement grant take their SET lists from touch_sql."""
+    lease engine's Postgres statements and the one-statement grant take their SET lists from
+    touch_sql."""
     writers = {
         module
         for module, tree in _modules()
@@ -172,7 +173,8 @@ def test_worker_rows_are_written_in_one_module() -> None:
 
 def test_token_authentication_is_written_once() -> None:
     """Revoked and expired were a Python check (tokens service) and SQL text (the event-loop
-    path): server/tokens/repository.py revoked/expired/usable, read or rendered."""
+    path of the engine before issue 27): server/tokens/repository.py revoked/expired/usable,
+    read or rendered."""
     for module, text in _sources():
         if module.startswith("server/") and module != "server/tokens/repository.py":
             for spelled in (

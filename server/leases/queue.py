@@ -248,11 +248,11 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------
 # Locking the first queued rows (SKIP LOCKED), the admission compare-and-set on the run row
 # (which also takes the grant's fencing token and checks the worker's fair share), the lease
-# insert and marking the rows leased are four round trips on the portable path
-# (leases.service._grant). Every acquire on a run serialises on its run row from the admission
-# update until commit, so here they are one statement: the run row is locked for one round trip
-# and the commit; a grant also clears the worker's waiting_since (the worker row last). The
-# lease seed is leases.service.lease_seed computed in SQL (protocol/seeds.py seed_sql).
+# insert and marking the rows leased are four statements (their SQLite form:
+# server/leases/statements.py grant_rows). Every acquire on a run serialises on its run row from
+# the admission update until commit, so on Postgres they are one autocommitted statement: the
+# run row is locked for that statement only; a grant also clears the worker's waiting_since (the
+# worker row last). The lease seed is lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
 GRANT = (

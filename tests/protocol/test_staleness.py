@@ -1,5 +1,5 @@
-"""The staleness predicate is one expression for Python ints and for SQL: the event-loop
-heartbeat's statement and the learner's claim must agree with it on every value."""
+"""The staleness predicate is one expression for Python ints and for SQL: the heartbeat's
+statement and the learner's claim must agree with it on every value."""
 
 from __future__ import annotations
 

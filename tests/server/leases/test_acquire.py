@@ -218,8 +218,8 @@ def test_a_version_without_its_adapter_row_grants_nothing(
     lease_client: TestClient, db: Session
 ) -> None:
     """A run at a version whose adapter row is missing (a broken database) has nothing a lease
-    could carry: 204 and nothing changed, on every path (it was a 500, and the event-loop grant
-    had already committed its lease)."""
+    could carry: 204 and nothing changed, on both databases (it was a 500, and the event-loop
+    grant of the engine before issue 27 had already committed its lease)."""
     run = make_run(db, n_rows=4)
     _worker, token = make_worker(db)
     db.execute(update(Run).where(Run.id == run.id).values(current_version=1))

@@ -1,7 +1,7 @@
 """Two `asyncgrpo server` processes and the sweep job on one Postgres database, under
 concurrent acquires and constant expiries, never deadlock (issue 27; docs/architecture.md,
-"Open gaps": the portable acquire sweeps expired leases, locking their runs' rows in id order,
-then grants in fairness order in the same transaction).
+invariant 4; the engine before it swept expired leases and then granted in fairness order in
+one transaction, and kept a refused grant's run row locked while it tried the next run).
 
 Six runs whose fairness order is not their id order (priorities 1, 3, 2, 3, 1, 2 in id order;
 the four upper ones with an admission bound of four leases, so that acquires fall through the
@@ -9,7 +9,7 @@ tiers; within a tier the run leased least recently first) with a lease TTL of ha
 simulated workers (threads, one registered worker each) acquire from the two servers in turn
 and mostly let their leases expire, some heartbeat once, some (on the unbounded runs) upload
 and complete; the sweep job runs in a loop in a thread of this process. With expired leases
-always about, nearly every acquire takes the portable path and sweeps before it grants.
+always about, nearly every acquire sweeps (in a transaction of its own) before it grants.
 
 Afterwards `pg_stat_database.deadlocks` of the database has not moved (read once every
 backend that worked on it has exited, which flushes its counters), no call answered 5xx (a

@@ -1,5 +1,5 @@
 """One seed formula (protocol/seeds.py): the lease seed the one-statement grant computes in SQL on
-Postgres, the one the portable grant computes in Python (SQLite, and Postgres' fallback), and
+Postgres, the one the grant's SQLite form computes in Python (server/leases/statements.py), and
 the seeds the worker derives from a lease's seed are the same function of the same parts: the
 first 8 bytes of sha256 of the parts joined by ":", big-endian, top bit masked off."""
 
