@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from server.dashboard.costs import cost_page
 from server.db import transaction
-from server.runs.waste import REVOKED
 from server.models import CostRecord, Lease
+from server.runs.waste import REVOKED
 from tests.conftest import make_settings
 from tests.server.dashboard.test_pages import login
 from tests.server.learner.support import make_run, make_worker
