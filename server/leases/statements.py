@@ -34,7 +34,7 @@ from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
 from server.models import Lease, Run, Token, Worker
 from server.tokens.repository import usable
-from server.workers.repository import touch, touch_sql
+from server.workers.repository import touch, touch_sql, touch_update
 
 # -- acquire: mark the worker seen and read what it may be granted -----------------------------
 
@@ -283,12 +283,7 @@ def beat_statement(reason: ColumnElement[Any]) -> Statement:
         .returning(Lease.worker_id)
         .cte("extended")
     )
-    touched = (
-        update(Worker)
-        .where(Worker.id == select(extended.c.worker_id).scalar_subquery())
-        .values(last_seen_at=db_now())
-        .cte("touched")
-    )
+    touched = touch_update(select(extended.c.worker_id).scalar_subquery()).cte("touched")
     in_one = select(
         found.c.kind,
         found.c.run_id,

@@ -69,6 +69,12 @@ def touch(
     )
 
 
+def touch_update(worker_id: Any) -> Any:
+    """`touch` (seen only) as an UPDATE statement for the worker `worker_id` names (a value or
+    a SQL expression), to embed in a statement (server/leases/statements.py's heartbeat)."""
+    return update(Worker).where(Worker.id == worker_id).values(last_seen_at=db_now())
+
+
 def touch_sql(
     target: str = "workers",
     *,
