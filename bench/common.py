@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
@@ -648,3 +650,65 @@ class Publisher:
     def close(self) -> None:
         self.heartbeat.stopped.set()
         self.client.close()
+
+
+# -- the raw-SQL floor: the lease engine's own Postgres statements for one lease cycle (acquire →
+# heartbeat → upload → complete) straight through psycopg's async driver, autocommitted: no
+# HTTP, no FastAPI, no thread hop, no SQLAlchemy at run time (bench/leases.py, bench/fleet.py).
+# They are the same `units.Statement`s the engine runs.
+
+RawConn = AsyncConnection[Any]
+
+
+def _raw_statement(name: str) -> Any:
+    from server.leases import fenced, statements
+    from server.wiring import wire
+
+    wire()  # every work kind registered, as the server does
+
+    return {
+        "grant": statements._GRANT,  # noqa: SLF001 - the engine's own units
+        "beat": fenced._beat(),  # noqa: SLF001
+        "upload": fenced._UPLOADING,  # noqa: SLF001
+        "accept": statements._ACCEPT,  # noqa: SLF001
+    }[name]
+
+
+async def _raw_fetch(conn: RawConn, name: str, params: dict[str, Any]) -> list[Any]:
+    statement = _raw_statement(name)
+    cursor = await conn.execute(statement.postgres, {**statement.constants, **params})
+    return await cursor.fetchall()
+
+
+async def raw_grant(conn: RawConn, params: dict[str, Any]) -> int | None:
+    """The one-statement grant (server/leases/queue.py); the lease's fencing token, or None."""
+    rows = await _raw_fetch(conn, "grant", params)
+    return int(rows[0][4]) if rows else None  # the `fencing` column
+
+
+async def raw_extend(conn: RawConn, digest: str, lease_id: uuid.UUID, fencing: int) -> bool:
+    """The heartbeat's one statement (server/leases/statements.py), admission control off."""
+    params = {"digest": digest, "lease_id": lease_id, "held_fencing": fencing, "ttl_s": 60.0,
+              "admission": False, "max_staleness": 0}  # fmt: skip
+    rows = await _raw_fetch(conn, "beat", params)
+    return bool(rows and rows[0][-1])
+
+
+async def raw_mark_uploading(conn: RawConn, digest: str, lease_id: uuid.UUID, fencing: int) -> bool:
+    params = {"digest": digest, "lease_id": lease_id, "held_fencing": fencing}
+    return bool(await _raw_fetch(conn, "upload", params))
+
+
+async def raw_accept(
+    conn: RawConn, digest: str, lease_id: uuid.UUID, fencing: int, batch: dict[str, Any]
+) -> bool:
+    """complete's accept in one statement (server/leases/statements.py)."""
+    params = {
+        **batch,
+        "manifest": Jsonb(batch["manifest"]),
+        "batch_id": uuid.uuid4(),
+        "lease_id": lease_id,
+        "digest": digest,
+        "fencing": fencing,
+    }
+    return bool(await _raw_fetch(conn, "accept", params))

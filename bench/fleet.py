@@ -20,7 +20,7 @@ admission counter stays low (the run's admission bound is 1,001,000 groups anywa
 Utilisation of a worker: time with at least one lease generating ÷ the measured window; the
 fleet's is the mean over workers. Latencies: per call, calls answered in the window (calls
 still unanswered when it ends are left out: at overload p99 is a lower bound). The
-raw-SQL floor runs the same fleet with the lease engine's own statements (bench/raw_cycle.py,
+raw-SQL floor runs the same fleet with the lease engine's own statements (bench/common.py raw_*,
 as bench/leases.py) on 8 pooled psycopg connections.
 
 Everything (server, Postgres, this load generator: aiohttp in one process, as bench/leases.py
@@ -48,7 +48,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import common, raw_cycle, report  # noqa: E402
+from bench import common, report  # noqa: E402
 from bench.common import Window, union_overlap  # noqa: E402
 from bench.leases import SECRET, serve  # noqa: E402
 from worker.backends.simulated import lease_seconds  # noqa: E402
@@ -215,7 +215,7 @@ class HttpTransport(Transport):
 
 class SqlTransport(Transport):
     """The lease engine's own one-statement units, autocommitted, through a shared pool
-    (bench/raw_cycle.py)."""
+    (bench/common.py raw_*)."""
 
     def __init__(self, pool: Any, run_id: str, digest: str, worker_id: str, batch: Batch) -> None:
         self.pool, self.run_id, self.digest, self.worker_id = pool, run_id, digest, worker_id
@@ -229,7 +229,7 @@ class SqlTransport(Transport):
                               lease_id=lease_id, n=1, bound=2**31 - 1, ttl_s=30.0,
                               group_size=GROUP_SIZE, run_seed=0)  # fmt: skip
         async with self.pool.connection() as conn:
-            fencing = await raw_cycle.grant(conn, params)
+            fencing = await common.raw_grant(conn, params)
         if fencing is None:
             await asyncio.sleep(0.5)  # what a long-poll would have waited, roughly
             return None
@@ -237,12 +237,12 @@ class SqlTransport(Transport):
 
     async def heartbeat(self, lease: Lease) -> bool:
         async with self.pool.connection() as conn:
-            await raw_cycle.extend(conn, self.digest, lease.data, lease.fencing)
+            await common.raw_extend(conn, self.digest, lease.data, lease.fencing)
         return True
 
     async def upload(self, lease: Lease) -> None:
         async with self.pool.connection() as conn:
-            await raw_cycle.mark_uploading(conn, self.digest, lease.data, lease.fencing)
+            await common.raw_mark_uploading(conn, self.digest, lease.data, lease.fencing)
 
     async def complete(self, lease: Lease) -> bool:
         batch = {"bucket_key": f"k/{lease.lease_id}", "sha256": self.batch.sha256,
@@ -250,7 +250,7 @@ class SqlTransport(Transport):
                  "n_tokens": self.batch.n_tokens, "generation_seconds": 1.0,
                  "manifest": {}}  # fmt: skip
         async with self.pool.connection() as conn:
-            return await raw_cycle.accept(conn, self.digest, lease.data, lease.fencing, batch)
+            return await common.raw_accept(conn, self.digest, lease.data, lease.fencing, batch)
 
 
 async def generate(t: Transport, lease: Lease, gen_s: float, beat_s: float, stats: Stats) -> bool:

@@ -13,8 +13,9 @@ baseline). The database is vacuumed before every measurement.
 
 The load generator is aiohttp in one process (an httpx one capped near 100–180 cycles/s by
 itself). The raw-SQL side runs the engine's own Postgres statements for the cycle
-(bench/raw_cycle.py) through psycopg, without HTTP, on 8 pooled connections shared by the N
-simulated workers, each with its own worker and token as on the API side.
+(bench/common.py raw_grant … raw_accept) through psycopg, without HTTP, on 8 pooled
+connections shared by the N simulated workers, each with its own worker and token as on the
+API side.
 
 Needs Postgres at ASYNCGRPO_BENCH_PG (default postgresql+psycopg://postgres@127.0.0.1:5432);
 creates and drops a scratch database.
@@ -144,10 +145,10 @@ async def http_worker(base: str, token: str, store: object, stop: float, stats: 
 
 async def sql_worker(pool: AsyncConnectionPool, run_id: str, worker: tuple[str, str],
                      stop: float, stats: Stats) -> None:  # fmt: skip
-    """The same cycle straight through psycopg: the engine's own statements (bench/raw_cycle.py,
+    """The same cycle straight through psycopg: the engine's own statements (bench/common.py raw_*,
     autocommitted, authentication included) without HTTP, FastAPI or the service code — the
     floor the API is compared to."""
-    from bench import raw_cycle as sql
+    from bench import common
 
     digest, worker_id = worker
     batch = {"bucket_key": "k", "sha256": SHA, "bytes": len(DATA), "n_samples": 2,
@@ -156,22 +157,22 @@ async def sql_worker(pool: AsyncConnectionPool, run_id: str, worker: tuple[str, 
         t = time.perf_counter()
         lid = uuid.uuid4()
         async with pool.connection() as conn:
-            fencing = await sql.grant(conn, grant_params(run_id, worker_id, lid))
+            fencing = await common.raw_grant(conn, grant_params(run_id, worker_id, lid))
         if fencing is None:
             stats.errors += 1
             continue
         stats.add("acquire", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            await sql.extend(conn, digest, lid, fencing)
+            await common.raw_extend(conn, digest, lid, fencing)
         stats.add("heartbeat", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            await sql.mark_uploading(conn, digest, lid, fencing)
+            await common.raw_mark_uploading(conn, digest, lid, fencing)
         stats.add("upload", time.perf_counter() - t)
         t = time.perf_counter()
         async with pool.connection() as conn:
-            accepted = await sql.accept(conn, digest, lid, fencing, batch)
+            accepted = await common.raw_accept(conn, digest, lid, fencing, batch)
         stats.add("complete", time.perf_counter() - t)
         if accepted:
             stats.cycles += 1

@@ -17,7 +17,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from server.db import is_postgres
 from server.db_types import db_now, db_now_plus
 from server.models import (
     AdapterVersion,
@@ -33,8 +32,9 @@ from server.tokens.repository import usable
 
 
 def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[Any]]:
-    """The first n queued rows of the run with their prompts, locked (SKIP LOCKED on Postgres;
-    SQLite's single writer already excludes everyone else)."""
+    """The first n queued rows of the run with their prompts: the grant's SQLite form
+    (server/leases/statements.py), whose single writer already excludes everyone else; on
+    Postgres the one-statement grant locks them with SKIP LOCKED."""
     stmt = (
         select(PromptRow.id, PromptRow.dataset_row_id, PromptRow.epoch, DatasetRow.prompt)
         .join(DatasetRow, DatasetRow.id == PromptRow.dataset_row_id)
@@ -42,8 +42,6 @@ def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[An
         .order_by(PromptRow.queue_pos)
         .limit(n)
     )
-    if is_postgres(session):
-        stmt = stmt.with_for_update(of=PromptRow, skip_locked=True)
     return list(session.execute(stmt).all())
 
 

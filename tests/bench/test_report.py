@@ -13,7 +13,7 @@ from bench import report
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # learner_ranks.py is bench/learner.py --ranks, not a benchmark of its own
-LIBRARIES = {"common.py", "report.py", "learner_ranks.py", "raw_cycle.py"}
+LIBRARIES = {"common.py", "report.py", "learner_ranks.py"}
 
 
 def _takes_json(path: Path) -> bool:
