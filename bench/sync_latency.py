@@ -9,7 +9,7 @@ batches) with a real PEFT LoRA adapter (all linear layers of the small model, fp
 is chosen to give a 5, 40 or 80 MB adapter_model.safetensors. Every version has new weights.
 
 Workers learn of a version from their version feed (a long-poll, `GET /api/v1/versions`,
-docs/architecture.md "The worker") and load it in the background: download through presigned
+docs/architecture/worker.md, "The worker") and load it in the background: download through presigned
 GETs (sha256 checked), then into the engine (an existing adapter slot takes the new weights by a
 copy). The next lease of the run carries the new version and generates with it at once. The
 workers log each moment ("adapter … downloaded in Xs", "adapter run=… vN ready (push) in Xs",

@@ -1,4 +1,5 @@
-"""Group-relative advantages (docs/architecture.md, "Sampling, log-probs and the GRPO loss")."""
+"""Group-relative advantages (docs/architecture/loss.md, "Sampling, log-probs and the GRPO
+loss")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""One call run beside training (docs/architecture.md, "The learner"): on its own thread when
-the learner overlaps, or when its result is first asked for when it does not (the serial loop,
-kept for comparison). Either way the caller sees the same thing: `result()` returns the value
-or raises the call's exception on the caller's thread."""
+"""One call run beside training (docs/architecture/learner.md, "The learner"): on its own thread
+when the learner overlaps, or when its result is first asked for when it does not (the serial loop,
+kept for comparison). Either way the caller sees the same thing: `result()` returns the value or
+raises the call's exception on the caller's thread."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ class LearnerSettings(BaseSettings):
         "every Nth version, version 1, the final one and the first of each attachment; the "
         "adapter travels with every version. A "
         "restart resumes the current version's weights with the latest checkpoint's optimizer "
-        'state (docs/architecture.md, "The learner").',
+        'state (docs/architecture/learner.md, "The learner").',
     )
     collective_timeout_s: float = Field(
         20.0,

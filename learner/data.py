@@ -4,14 +4,14 @@ budget, padding.
 A step is a list of groups (G completions of one prompt, with their rewards). Advantages are
 computed per group; when β = 0, groups whose rewards are all equal are left out of the
 forward/backward (their advantages are 0, so they add nothing), but the step's normaliser
-(docs/architecture.md, "Sampling, log-probs and the GRPO loss") still counts every
+(docs/architecture/loss.md, "Sampling, log-probs and the GRPO loss") still counts every
 completion of the step.
 
 A multi-turn trajectory is a `Completion` too: its prompt span is the prompt, every later
 token (model turns and environment turns) the "completion", with a `loss_mask` that is 1 on
 model tokens only. The whole trajectory goes through the model in one forward pass
 (environment tokens are context); the loss, its normalisers and the metrics count only the
-masked-in tokens (docs/architecture.md, "Environments and trajectories"). A single-turn
+masked-in tokens (docs/architecture/environments.md, "Environments and trajectories"). A single-turn
 completion has no mask (every completion token is a model token): exactly the old path.
 """
 

@@ -1,4 +1,4 @@
-"""The data-parallel learner's ranks (docs/architecture.md, "The learner": data-parallel).
+"""The data-parallel learner's ranks (docs/architecture/learner.md, "The learner": data-parallel).
 
 Under `torchrun --nproc-per-node N` (or `accelerate launch`, which sets the same variables:
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) the learner is N processes. Rank 0 is

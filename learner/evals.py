@@ -1,4 +1,5 @@
-"""Scoring eval batches beside training (docs/architecture.md, "Evaluation during training").
+"""Scoring eval batches beside training (docs/architecture/run-lifecycle.md, "Evaluation during
+training").
 
 A small thread of its own claims the uploaded eval batches (never training batches), validates
 and scores them with the run's rewards in the same reward pool as the intake (workers never see

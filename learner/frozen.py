@@ -1,6 +1,6 @@
 """Frozen copies of the adapter weights of recent versions, for spot-checks
-(docs/architecture.md, "The learner"): a batch is re-scored with the weights of the version it
-claims, not with the weights being trained.
+(docs/architecture/learner.md, "The learner"): a batch is re-scored with the weights of the version
+it claims, not with the weights being trained.
 
 A copy is taken when a version is handed to the publisher (the very tensors published) and
 kept while batches of that version can still be claimed: a batch of version a can be trained

@@ -1,4 +1,5 @@
-"""The learner lease's heartbeat (docs/architecture.md, "The learner"), on its own thread."""
+"""The learner lease's heartbeat (docs/architecture/learner.md, "The learner"), on its own
+thread."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The learner loop (docs/architecture.md, "The learner" and "Protocol": learner calls):
-attach → load → (claim for the version the step will join until prompts_per_step groups →
-validate + score) → optimizer step → every weight_sync_steps steps publish version N+1. With
-`overlap` (the default) the next step's intake and the last version's publish run on their own
+"""The learner loop (docs/architecture/learner.md, "The learner"; docs/architecture/protocol.md,
+"Learner calls"): attach → load → (claim for the version the step will join until prompts_per_step
+groups → validate + score) → optimizer step → every weight_sync_steps steps publish version N+1.
+With `overlap` (the default) the next step's intake and the last version's publish run on their own
 threads while a step trains.
 
 A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
@@ -88,8 +88,8 @@ class Session:
 
     The main thread trains; beside it the intake thread prepares the next step (claimed for the
     version it will be trained into) and the publish thread uploads and publishes the last
-    version from a snapshot (docs/architecture.md, "The learner"). Both hand their exceptions
-    to the main thread; `close()` stops them."""
+    version from a snapshot (docs/architecture/learner.md, "The learner"). Both hand their
+    exceptions to the main thread; `close()` stops them."""
 
     def __init__(self, learner: Learner, attach: sl.AttachResponse, heartbeat: Heartbeat) -> None:
         settings = learner.settings

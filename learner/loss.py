@@ -1,4 +1,4 @@
-"""The GRPO loss, as docs/architecture.md ("Sampling, log-probs and the GRPO loss") defines it.
+"""The GRPO loss, as docs/architecture/loss.md, "Loss", defines it.
 Pure: tensors in, a scalar loss and its metrics out; no model, no I/O."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The intake of one optimizer step (docs/architecture.md, "The learner"): claim batches for the
-version the step will be trained into, download, verify, validate, re-tokenize and score them,
-reject the unusable ones, until the step has prompts_per_step groups or nothing more will come.
-Runs on the intake thread while the previous step trains (learner/background.py)."""
+"""The intake of one optimizer step (docs/architecture/learner.md, "The learner"): claim batches for
+the version the step will be trained into, download, verify, validate, re-tokenize and score them,
+reject the unusable ones, until the step has prompts_per_step groups or nothing more will come. Runs
+on the intake thread while the previous step trains (learner/background.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Publishing one adapter version from a snapshot (docs/architecture.md, "The learner"): the
+"""Publishing one adapter version from a snapshot (docs/architecture/learner.md, "The learner"): the
 weights (and, on checkpoint versions, the optimizer state) are copied when the version is
 handed over, so the files, upload and publish call can run on the publish thread while the
 next step trains. Exactly-once holds as before: the version is published by one compare-and-set

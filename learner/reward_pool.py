@@ -6,7 +6,7 @@ math-verify), some import slow libraries. The learner scores in a pebble `Proces
 where each reward runs in a child's main thread. A reward that outlives the batch's time is
 killed with its process (pebble: SIGTERM, then SIGKILL) and the pool starts a fresh child.
 
-Two kinds of failure (docs/architecture.md, "Rewards"):
+Two kinds of failure (docs/architecture/loss.md, "Rewards"):
 - a reward that cannot be resolved (unknown name, a module or entry point outside the host's
   `RewardAllowlist`, a module that does not import) would stop every learner the same way:
   `RewardPool(...)` checks every name in a child and raises `RewardError`, which fails the run;

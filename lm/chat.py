@@ -1,4 +1,5 @@
-"""Chat templating and tokenization shared by worker and learner (docs/architecture.md §7).
+"""Chat templating and tokenization shared by worker and learner (docs/architecture/loss.md,
+"Sampling").
 
 A prompt is a string (it gets the run's system message, then becomes the user turn) or a list
 of chat messages (used as given). The chat template is applied as text with the generation

@@ -1,9 +1,9 @@
 """Per-token log-probs of given completions: log_softmax(logits / T) of each completion token.
 
-The layout matches batched `generate` (docs/architecture.md §7): prompts padded on the LEFT to
-the longest prompt, completions after them padded on the right; the attention mask is 0 on every
-pad and position ids count only real tokens, so each row sees exactly what the sampler saw.
-Completion token t of a row sits at position P + t and is predicted by the logits at P + t - 1
+The layout matches batched `generate` (docs/architecture/loss.md, "Sampling"): prompts padded on
+the LEFT to the longest prompt, completions after them padded on the right; the attention mask is
+0 on every pad and position ids count only real tokens, so each row sees exactly what the sampler
+saw. Completion token t of a row sits at position P + t and is predicted by the logits at P + t - 1
 (P = longest prompt). For a plain causal LM (a decoder and a linear LM head, PEFT-wrapped or
 not) the decoder runs once and the completion positions go through the LM head in chunks of
 `chunk_positions`: the (B, T, V) logits never exist at once, and with a gradient each chunk is

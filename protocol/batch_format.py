@@ -1,7 +1,7 @@
 """The rollout batch file formats: Arrow schemas, footer metadata and one sample (pure data).
 
 Format 1 (single-turn: one row per completion) and format 2 (one row per trajectory,
-docs/architecture.md section 6a). See protocol/batches.py for the column lists; the writers
+docs/architecture/environments.md). See protocol/batches.py for the column lists; the writers
 live there, the validating reader in protocol/batch_reader.py (`read_trajectories` reads both).
 """
 

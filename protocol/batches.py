@@ -1,6 +1,6 @@
 """Rollout batch files: Parquet, lease metadata in the file footer (key `asyncgrpo.batch`).
 
-Format 1, one row per completion (docs/architecture.md, "Bucket layout and batch format"):
+Format 1, one row per completion (docs/architecture/bucket.md, "Batch file"):
     prompt_row_id         int64          the PromptRow id
     group_index           int32          0..G-1 within the prompt's group
     prompt_token_ids      list<int32>    the chat-templated prompt, as the worker tokenized it
@@ -8,7 +8,7 @@ Format 1, one row per completion (docs/architecture.md, "Bucket layout and batch
     behaviour_logprobs    list<float32>  log_softmax(logits / T) of each sampled token (null in
                                          every row of an eval batch, never null in a training one)
     finish_reason         string         "stop" or "length"
-Format 2, one row per trajectory (docs/architecture.md, "Environments and trajectories"):
+Format 2, one row per trajectory (docs/architecture/environments.md, "Batch format v2"):
     prompt_row_id, group_index                as format 1
     token_ids             list<int32>         the whole trajectory, prompt first
     loss_mask             list<int8>          1 on model-turn tokens

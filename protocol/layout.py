@@ -1,5 +1,5 @@
-"""Bucket key layout (docs/architecture.md, "Bucket layout and batch format"): pure functions,
-the one place keys are built.
+"""Bucket key layout (docs/architecture/bucket.md, "Bucket layout and batch format"): pure
+functions, the one place keys are built.
 
 runs/{run_id}/adapters/v{version:06d}/{file}
 runs/{run_id}/checkpoints/v{version:06d}/{file}

@@ -16,7 +16,7 @@ the learner's operator allows where the learner runs (`RewardAllowlist`): an ent
 group `asyncgrpo.rewards`, named in the run by its entry-point name, or `"module:function"` of a
 module listed with `--reward-module`. Run validation checks the syntax only (the server cannot know
 what a learner host allows) and refuses standard-library modules (`os:system`), which are never a
-reward; the learner imports nothing outside its allowlist (docs/architecture.md, "Rewards").
+reward; the learner imports nothing outside its allowlist (docs/architecture/loss.md, "Rewards").
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 BIGINT_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
 
-# A run's states (docs/architecture.md, "Run lifecycle"; server/runs/lifecycle.py moves them).
+# A run's states (docs/architecture/run-lifecycle.md, "Run lifecycle"; server/runs/lifecycle.py
+# moves them).
 RunStatus = Literal[
     "preparing",
     "pending",
@@ -371,7 +372,7 @@ class CompleteResponse(BaseModel):
 
 # Why a worker gives a lease back. Only an engine fault counts an attempt on the prompts (a
 # prompt that kills engines every time is dropped after max_attempts); the others are the
-# worker's own business (docs/architecture.md, "Units of work": the queue).
+# worker's own business (docs/architecture/lease-engine.md, "The queue").
 ReleaseReason = Literal[
     "shutdown",
     "unservable",

@@ -1,5 +1,5 @@
 """Staleness: the one definition of how far a batch lags and when it has left the window
-(docs/architecture.md, "Units of work" and invariant 5).
+(docs/architecture/lease-engine.md, "Units of work" and invariant 5).
 
 The functions are plain arithmetic, so they take ints or SQL column expressions alike: the
 learner's claim calls them on ints, and the heartbeat's statement is built from the same

@@ -1,12 +1,12 @@
 """One rollout as a trajectory: the tokens exactly as the engine saw and produced them.
 
-A trajectory is a flat list of token ids cut into contiguous spans (docs/architecture.md,
-"Environments and trajectories"): first the prompt (the chat template rendered once), then
-alternately a model turn (the tokens the engine sampled, EOS included) and an environment turn
-(tool results, game answers, the next assistant header), each environment turn tokenized on its
-own and appended — the conversation is never re-rendered afterwards. The loss mask is 1 exactly
-on model-turn tokens; the behaviour log-probs are given exactly there and None elsewhere. The
-transcript holds the same conversation as messages, for rewards and people.
+A trajectory is a flat list of token ids cut into contiguous spans
+(docs/architecture/environments.md, "Environments and trajectories"): first the prompt (the chat
+template rendered once), then alternately a model turn (the tokens the engine sampled, EOS included)
+and an environment turn (tool results, game answers, the next assistant header), each environment
+turn tokenized on its own and appended — the conversation is never re-rendered afterwards. The loss
+mask is 1 exactly on model-turn tokens; the behaviour log-probs are given exactly there and None
+elsewhere. The transcript holds the same conversation as messages, for rewards and people.
 
 `validate_trajectory` is the one check of these invariants; it raises `TrajectoryError` with the
 first broken rule.

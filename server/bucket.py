@@ -1,4 +1,5 @@
-"""The bucket at start and while the server runs (docs/architecture.md, "Startup and readiness").
+"""The bucket at start and while the server runs (docs/architecture/bucket.md, "Startup and
+readiness").
 
 At start a bucket that does not exist ends the start of a server (and of `asyncgrpo jobs` or the
 Celery app) with one line saying how to create it, unless ASYNCGRPO_S3__CREATE_BUCKET lets the

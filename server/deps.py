@@ -1,5 +1,5 @@
 """Request dependencies as Annotated aliases, gathered from their homes for the routers above
-the workers in the feature order (docs/architecture.md, "Processes and imports"): the ones
+the workers in the feature order (docs/architecture/index.md, "Feature order"): the ones
 that know no feature (server/request_deps.py), who is calling (server/tokens/auth.py) and the
 calling worker (server/workers/auth.py). The tokens and workers routers, below this module,
 import from those homes."""

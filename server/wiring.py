@@ -1,8 +1,8 @@
-"""The composition root's hooks (docs/architecture.md, "Processes and imports", the feature
-order): where a rule of a lower feature needs code of a higher one, the lower feature names a
-hook and `wire` fills it. Called by create_app (server/app.py) and by the Celery process's job
-context (server/jobs/tasks.py); the tests call it in tests/conftest.py. A hook not filled
-raises at its first use instead of skipping the rule."""
+"""The composition root's hooks (docs/architecture/index.md, "Feature order"): where a rule of a
+lower feature needs code of a higher one, the lower feature names a hook and `wire` fills it. Called
+by create_app (server/app.py) and by the Celery process's job context (server/jobs/tasks.py); the
+tests call it in tests/conftest.py. A hook not filled raises at its first use instead of skipping
+the rule."""
 
 from __future__ import annotations
 

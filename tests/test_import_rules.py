@@ -1,5 +1,5 @@
-"""The import rule (docs/architecture.md, "Processes and imports"), checked over every module's
-imports, including those inside functions: a GPU box installs no web stack, and the wire
+"""The import rule (docs/architecture/index.md, "Processes and imports"), checked over every
+module's imports, including those inside functions: a GPU box installs no web stack, and the wire
 contract stays free of torch."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_the_check_sees_function_level_imports(tmp_path: Path) -> None:
     assert imported_top_levels(module) == {"server", "torch"}
 
 
-# The feature order (docs/architecture.md, "Processes and imports", "Feature order"), lowest
+# The feature order (docs/architecture/index.md, "Feature order"), lowest
 # first: a unit of server/ (a feature folder, or a module directly under server/) imports only
 # units before it. Checked over every import, function-level ones included.
 FEATURE_ORDER = [

@@ -1,4 +1,4 @@
-"""One home per rule (docs/architecture.md, "Processes and imports": one home per rule), checked
+"""One home per rule (docs/architecture/contract.md, "One home per rule"), checked
 over the source: the constants and helpers that were once written several times (and had
 drifted apart) are defined once. The run lifecycle's and the admission counter's single writers
 are checked in tests/server/runs/test_lifecycle.py."""

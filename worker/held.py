@@ -1,4 +1,4 @@
-"""The leases a worker holds at once (docs/architecture.md, "The worker").
+"""The leases a worker holds at once (docs/architecture/worker.md, "The worker").
 
 Each held lease keeps its own fencing token, cancel event and TTL deadline: an abort, a 409/404
 or an expiry cancels that lease's generation only. The registry counts the sequences in flight

@@ -1,6 +1,6 @@
 """Leases of a multi-turn run: the run's environment rolled out for every prompt × G, each
 trajectory on a `BackendTurnEngine` with the lease's adapter version from its first turn to its
-last (docs/architecture.md, "Environments and trajectories").
+last (docs/architecture/environments.md, "Environments and trajectories").
 
 The trajectories of a lease run in parallel threads, so that the backend batches their turns as
 it batches a single-turn lease's completions. Every turn passes the lease's cancel event (an

@@ -1,4 +1,5 @@
-"""Adapter versions made ready before a lease needs them (docs/architecture.md, "The worker").
+"""Adapter versions made ready before a lease needs them (docs/architecture/worker.md,
+"Adapters pushed ahead of use").
 
 `AdapterLoads` downloads, verifies (sha256, as every download) and loads a version into the
 engine once: in the background when a version is pushed, or in the thread of the first lease

@@ -1,5 +1,5 @@
-"""All SQL of the eval ledger (docs/architecture.md, "Evaluation during training"). Nothing here
-commits; compare-and-set updates and database time only."""
+"""All SQL of the eval ledger (docs/architecture/run-lifecycle.md, "Evaluation during training").
+Nothing here commits; compare-and-set updates and database time only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Rules of evaluation during training (docs/architecture.md, "Evaluation during training").
+"""Rules of evaluation during training (docs/architecture/run-lifecycle.md, "Evaluation during
+training").
 
 The eval ledger: the eval dataset's rows (`eval_rows`), one item per (version due, eval row)
 (`eval_items`: queued -> leased -> uploaded -> scored; back to queued when the lease or batch

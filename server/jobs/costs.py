@@ -1,4 +1,4 @@
-"""Cost accrual (docs/architecture.md, "Processes and imports": jobs; invariant 24).
+"""Cost accrual (docs/architecture/index.md, "Jobs"; invariant 24).
 
 A worker's alive-seconds × its effective price (admin override, then the admin price table
 per GPU type, then its self-reported price) are attributed to the run whose lease it held

@@ -1,5 +1,5 @@
-"""Retention (docs/architecture.md, invariant 13), scheduled per run: what may go is decided by
-server.learner.retention.apply_retention."""
+"""Retention (docs/architecture/contract.md, invariant 13), scheduled per run: what may go is
+decided by server.learner.retention.apply_retention."""
 
 from __future__ import annotations
 

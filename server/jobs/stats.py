@@ -15,7 +15,7 @@ from server.models import MetricPoint, RolloutBatch
 
 def clip_fraction_of(values: dict[str, Any]) -> float | None:
     """Total clip fraction of one learner metrics point: `clip_low` + `clip_high`, the names
-    learner/loss.py logs (docs/architecture.md, "Sampling, log-probs and the GRPO loss")."""
+    learner/loss.py logs (docs/architecture/loss.md, "Sampling, log-probs and the GRPO loss")."""
     parts = [values.get("clip_low"), values.get("clip_high")]
     nums = [float(p) for p in parts if isinstance(p, int | float)]
     return sum(nums) if nums else None

@@ -1,4 +1,4 @@
-"""The learner's eval calls (docs/architecture.md, section 3 "Learner calls"): it claims the
+"""The learner's eval calls (docs/architecture/protocol.md, "Learner calls"): it claims the
 uploaded eval batches and posts their scores, fenced on its learner lease; the eval ledger's
 rules are server/evals/service.py's."""
 

@@ -33,7 +33,7 @@ class ProxyStats(BaseModel):
     )
     stale_waste: float = Field(
         description="(samples rejected stale + samples aborted) / samples generated "
-        "(docs/architecture.md, invariant 16)."
+        "(docs/architecture/contract.md, invariant 16)."
     )
     staleness_histogram: dict[str, int] = Field(description="Consumed batches per staleness.")
     by_adapter_version: list[dict[str, int]] = Field(
@@ -96,7 +96,8 @@ class SampleMessage(BaseModel):
 
 
 class TrajectorySampleOut(BaseModel):
-    """One trajectory of a format 2 batch, read from the store (docs/architecture.md 6a)."""
+    """One trajectory of a format 2 batch, read from the store
+    (docs/architecture/environments.md)."""
 
     run_id: uuid.UUID = Field(description="The run.")
     batch_id: uuid.UUID = Field(description="The batch read.")

@@ -1,6 +1,7 @@
 """The learner side of the rollout proxy: one fenced learner per run, batch claims with the
-staleness window re-checked, rejections, and the rules of the learner lease (docs/architecture.md,
-invariants 2, 5, 7, 12). Adapter uploads and publishing live in publish.py."""
+staleness window re-checked, rejections, and the rules of the learner lease
+(docs/architecture/contract.md, invariants 2, 5, 7, 12). Adapter uploads and publishing live in
+publish.py."""
 
 from __future__ import annotations
 
@@ -217,7 +218,7 @@ def _resume(
 ) -> _Resume:
     """The current version's adapter and learner step, and the latest checkpoint at or below
     it (versions between checkpoints carry none): the learner restores those weights with that
-    optimizer state (docs/architecture.md, invariant 7)."""
+    optimizer state (docs/architecture/contract.md, invariant 7)."""
     if version == 0:
         return _Resume()
     current = repo.adapter_version(session, run_id, version)

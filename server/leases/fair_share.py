@@ -1,4 +1,5 @@
-"""Fair share of a run's admission bound (docs/architecture.md, "Admission", invariant 25).
+"""Fair share of a run's admission bound (docs/architecture/lease-engine.md, "Fair share", invariant
+25).
 
 When several workers contend for one run, one worker may not hold more than its share of the
 run's bound: fair_share = ceil(bound / contenders), and a grant is refused when the run's

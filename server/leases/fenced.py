@@ -1,6 +1,6 @@
-"""The lease engine's fenced calls (docs/architecture.md, "The lease engine"; invariants 2, 6,
-10): heartbeat, upload, complete and release of a lease the worker holds. Each is one
-compare-and-set on the lease row in database time (repository.fence's rule), inside one unit;
+"""The lease engine's fenced calls (docs/architecture/lease-engine.md, "The lease engine";
+invariants 2, 6, 10): heartbeat, upload, complete and release of a lease the worker holds. Each is
+one compare-and-set on the lease row in database time (repository.fence's rule), inside one unit;
 when it changes nothing the call answers 404 or 409 (service.refuse says which) and has changed
 nothing. What the lease's rows do next is its kind's business (server/leases/ledger.py)."""
 

@@ -1,10 +1,10 @@
-"""The work ledger's kinds (docs/architecture.md, "The work ledger"): rollout work and eval work
-are two kinds of one ledger — a row is leased, its lease ends in a batch, the batch is claimed
-and consumed — and the lease engine (service.py, fenced.py, expiry.py) asks the lease's kind,
-never tests it. A kind says which rows a grant takes and under which bound, how a lease's
-sampling reads, when a heartbeat aborts it, where its rows go when it ends or its batch is
-accepted or rejected, and which versions retention must keep for it. `ledger.KINDS` holds
-them by the name stored on leases and batches."""
+"""The work ledger's kinds (docs/architecture/lease-engine.md, "The work ledger"): rollout work and
+eval work are two kinds of one ledger — a row is leased, its lease ends in a batch, the batch is
+claimed and consumed — and the lease engine (service.py, fenced.py, expiry.py) asks the lease's
+kind, never tests it. A kind says which rows a grant takes and under which bound, how a lease's
+sampling reads, when a heartbeat aborts it, where its rows go when it ends or its batch is accepted
+or rejected, and which versions retention must keep for it. `ledger.KINDS` holds them by the name
+stored on leases and batches."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The prompt-row queue and the admission counter (docs/architecture.md, "Units of work" and
-invariants 6 and 15).
+"""The prompt-row queue and the admission counter (docs/architecture/lease-engine.md, "Units of
+work" and invariants 6 and 15).
 
 Prompt row states: queued -> leased -> accepted -> claimed -> consumed; leased, accepted and
 claimed rows may go back to queued (re-queue, to the FRONT of the queue) or to dropped (after

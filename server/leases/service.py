@@ -1,8 +1,8 @@
-"""The lease engine's acquire (docs/architecture.md, "The lease engine"; invariants 1, 2, 6, 25,
-26): one try authenticates, marks the worker seen and reads its candidate runs in one
-statement, and grants from the fairest run whose environment it can run, by the run's grant
-order of the ledger's kinds (server/leases/ledger.py). Written once for both databases; where
-their SQL differs, server/leases/statements.py says so in one helper per statement."""
+"""The lease engine's acquire (docs/architecture/lease-engine.md, "The lease engine"; invariants 1,
+2, 6, 25, 26): one try authenticates, marks the worker seen and reads its candidate runs in one
+statement, and grants from the fairest run whose environment it can run, by the run's grant order of
+the ledger's kinds (server/leases/ledger.py). Written once for both databases; where their SQL
+differs, server/leases/statements.py says so in one helper per statement."""
 
 from __future__ import annotations
 

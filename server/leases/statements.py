@@ -1,10 +1,10 @@
 """The lease engine's one-statement units whose SQL differs between the databases, one small
-named helper each with one result type (docs/architecture.md, "The lease engine"). On Postgres
-each is one statement (writable CTEs: one round trip, the row locks taken in the engine's
-order); SQLite has no writable CTEs, so there the same rule is a few statements in the unit's
-`BEGIN IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms
-are built from the same expressions (the token rule, the held-lease rule, the abort reason),
-and tests/server/leases run every call on both databases.
+named helper each with one result type (docs/architecture/lease-engine.md, "The lease engine"). On
+Postgres each is one statement (writable CTEs: one round trip, the row locks taken in the engine's
+order); SQLite has no writable CTEs, so there the same rule is a few statements in the unit's `BEGIN
+IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms are built
+from the same expressions (the token rule, the held-lease rule, the abort reason), and
+tests/server/leases run every call on both databases.
 
 Everything else the engine runs is written once for both (repository.py, queue.py, and the
 statements compiled for both by units.Statement.of)."""

@@ -1,4 +1,4 @@
-"""How a worker call reaches the database (docs/architecture.md, "The lease engine").
+"""How a worker call reaches the database (docs/architecture/lease-engine.md, "The lease engine").
 
 A call is an async function written once for both databases. It runs its work as *units*, each
 its own transaction committed before the next starts, so a call never holds one unit's locks

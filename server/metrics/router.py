@@ -1,5 +1,5 @@
 """`GET /metrics`: Prometheus text exposition, open like /healthz
-(docs/architecture.md, "Protocol")."""
+(docs/architecture/protocol.md, "Protocol")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The eval ledger (docs/architecture.md, "Evaluation during training"): the eval dataset's
-rows, one item per (version, eval row) to sample, and one result row per evaluated version."""
+"""The eval ledger (docs/architecture/run-lifecycle.md, "Evaluation during training"): the eval
+dataset's rows, one item per (version, eval row) to sample, and one result row per evaluated
+version."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The run lifecycle (docs/architecture.md, "Run lifecycle"): every status change of a run goes
-through this module — the admin actions, the learner's attach, the final publish, the budget
-job and the learner's failure report. Each is one compare-and-set on the run's status that
+"""The run lifecycle (docs/architecture/run-lifecycle.md, "Run lifecycle"): every status change of a
+run goes through this module — the admin actions, the learner's attach, the final publish, the
+budget job and the learner's failure report. Each is one compare-and-set on the run's status that
 names the states it may start from, so two concurrent transitions never both apply."""
 
 from __future__ import annotations

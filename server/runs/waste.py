@@ -1,4 +1,4 @@
-"""The waste vocabulary (docs/architecture.md, invariant 16, "Waste"): stale waste, the drift
+"""The waste vocabulary (docs/architecture/contract.md, invariant 16): stale waste, the drift
 alarm's figure, used by the alarm job, Prometheus, the dashboard's banner and chart, the API's
 proxy stats and the benchmarks; and the cost page's spend categories (`spend_kind`).
 

@@ -1,5 +1,6 @@
 """Who is calling, as request dependencies: the admin, learner and registration principals
-(a bearer token of that kind, docs/architecture.md section 5) and the bearer digest."""
+(a bearer token of that kind, docs/architecture/security.md, "Tokens and security") and the bearer
+digest."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GET /api/v1/versions: a worker's long-poll for new adapter versions of the runs it serves
-(docs/architecture.md, "Version long-poll"), answered from this process's watch."""
+(docs/architecture/protocol.md, "Version long-poll"), answered from this process's watch."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""One watch of the running runs' versions per server process (docs/architecture.md, "Version
-long-poll").
+"""One watch of the running runs' versions per server process (docs/architecture/protocol.md,
+"Version long-poll").
 
 Workers long-poll GET /api/v1/versions to preload a run's new adapter version before a lease
 needs it. A thousand of them waiting on one process must not cost a query each per tick: one

@@ -16,9 +16,9 @@ from tests.fuzz.seed import Seeded
 
 KINDS = ("admin", "registration", "worker", "learner")
 
-# Operations that take no bearer token (docs/architecture.md, "Protocol": /healthz and
-# /metrics are open; /blobs/* URLs carry their own signature). /docs and /openapi.json are
-# not in the schema.
+# Operations that take no bearer token (docs/architecture/protocol.md, "Open calls and the
+# dashboard": /healthz and /metrics are open; /blobs/* URLs carry their own signature). /docs and
+# /openapi.json are not in the schema.
 OPEN_OPERATIONS = {
     ("GET", "/healthz"),
     ("GET", "/readyz"),

@@ -1,7 +1,7 @@
-"""The data-parallel learner step (learner/distributed.py, docs/architecture.md "The
-learner"): two ranks over gloo end with the parameters one process reaches on the same
-groups, for every loss type, with the skipped group's completions left out before the split
-and the ranks padded to the same number of micro-steps; FSDP2-sharded base weights too."""
+"""The data-parallel learner step (learner/distributed.py, docs/architecture/learner.md, "The
+learner"): two ranks over gloo end with the parameters one process reaches on the same groups, for
+every loss type, with the skipped group's completions left out before the split and the ranks padded
+to the same number of micro-steps; FSDP2-sharded base weights too."""
 
 from __future__ import annotations
 

@@ -366,8 +366,9 @@ def test_a_reward_that_cannot_be_imported_fails_the_run(live, tmp_path: Path, al
 
 
 def test_a_paused_run_keeps_its_learner(live, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Pausing stops the workers, not the learner (docs/architecture.md, "Run lifecycle"): it
-    publishes from batches it can still claim and waits for more; a cancel then ends it."""
+    """Pausing stops the workers, not the learner (docs/architecture/run-lifecycle.md, "Run
+    lifecycle"): it publishes from batches it can still claim and waits for more; a cancel then ends
+    it."""
     from lm.models import load_tokenizer
     from server.runs import lifecycle
 

@@ -1,4 +1,4 @@
-"""grpo_loss against values worked out by hand (docs/architecture.md, "Sampling, log-probs and
+"""grpo_loss against values worked out by hand (docs/architecture/loss.md, "Sampling, log-probs and
 the GRPO loss", explicit arithmetic)."""
 
 from __future__ import annotations

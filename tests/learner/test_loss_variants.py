@@ -1,5 +1,5 @@
 """GSPO (importance_level "sequence") and CISPO (loss_type "cispo") against values and gradients
-worked out by hand (docs/architecture.md, "Sampling, log-probs and the GRPO loss")."""
+worked out by hand (docs/architecture/loss.md, "Sampling, log-probs and the GRPO loss")."""
 
 from __future__ import annotations
 

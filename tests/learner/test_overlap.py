@@ -1,8 +1,8 @@
-"""The overlapped learner (intake and publish on their own threads, docs/architecture.md "The
-learner") killed at its new moments: kill -9 while a background publish is uploading, while the
-next step's intake is downloading, and between two checkpoints (checkpoint_every_versions); and
-a lost lease that stops the background work. Each restart resumes, the versions stay contiguous,
-every batch is consumed into exactly one version and the ledger balances."""
+"""The overlapped learner (intake and publish on their own threads, docs/architecture/learner.md,
+"The learner") killed at its new moments: kill -9 while a background publish is uploading, while the
+next step's intake is downloading, and between two checkpoints (checkpoint_every_versions); and a
+lost lease that stops the background work. Each restart resumes, the versions stay contiguous, every
+batch is consumed into exactly one version and the ledger balances."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The loss over multi-turn trajectories (docs/architecture.md, "Environments and
+"""The loss over multi-turn trajectories (docs/architecture/environments.md, "Environments and
 trajectories"): only model tokens count, environment tokens are context with no gradient, and
 a single-turn sample taken as the trajectory [prompt, completion] gives exactly today's numbers.
 Hand-computed values: plain Python over the model tokens, listed by hand."""
@@ -79,7 +79,7 @@ def clip(x: float) -> float:
 
 
 def hand_token_losses(options: dict[str, Any]) -> list[list[float]]:
-    """ℓ_t per model token, per trajectory (architecture section 7's table)."""
+    """ℓ_t per model token, per trajectory (docs/architecture/loss.md, "Loss": its table)."""
     out = []
     for i in range(2):
         logs = [CURRENT[i][k] - BEHAVIOUR[i][k] for k in range(5)]

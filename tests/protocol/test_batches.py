@@ -50,7 +50,7 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_written_file_is_plain_parquet(tmp_path: Path) -> None:
-    """Any Parquet reader opens it (plain Parquet: docs/architecture.md, "Bucket layout and
+    """Any Parquet reader opens it (plain Parquet: docs/architecture/bucket.md, "Bucket layout and
     batch format")."""
     path = bf.write_valid(tmp_path / "b.parquet")
     table = pq.read_table(path)

@@ -1,5 +1,5 @@
 """Batch format 2 (one trajectory per row): round trip, format 1 files read as trajectories,
-and every rejection of the validating reader (docs/architecture.md section 6a)."""
+and every rejection of the validating reader (docs/architecture/environments.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bucket key layout: the keys docs/architecture.md ("Bucket layout and batch format") names,
+"""Bucket key layout: the keys docs/architecture/bucket.md, "Bucket layout and batch format", names,
 and refusal of anything that could escape them."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_every_code_is_snake_case_with_one_status() -> None:
 
 def _documented(text: str) -> dict[str, str]:
     """code → status as a doc's tables say: README's `| `code` | status | when |` rows and
-    architecture.md's `| status | `code`, `code` |` rows."""
+    docs/architecture/protocol.md's `| status | `code`, `code` |` rows."""
     found = dict(re.findall(r"^\| `(\w+)` \| (\d+|its own) \|", text, re.M))
     for status, codes in re.findall(r"^\| (\d+|the framework's own) \| (`.*`) \|$", text, re.M):
         for code in re.findall(r"`(\w+)`", codes):
@@ -47,7 +47,7 @@ def _documented(text: str) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/architecture/protocol.md"])
 def test_the_docs_list_every_code_with_its_status(doc: str) -> None:
     text = (Path(server.__file__).parents[1] / doc).read_text()
     if doc == "README.md":  # its section for API users (other tables list settings)

@@ -6,7 +6,7 @@ each sampled token, its log-prob under the distribution actually sampled:
 log_softmax(raw logits / T). `cancel` (a threading.Event) stops the work as soon as possible;
 a cancelled call raises `GenerationCancelled`.
 
-A backend is shared by every lease a worker holds (docs/architecture.md, "The worker"):
+A backend is shared by every lease a worker holds (docs/architecture/worker.md, "The worker"):
 `generate` may be called from several threads at once, each call's `cancel` stopping that
 call's sequences only, and never generating one call's rows with another call's adapter.
 `load_adapter` makes a version ready ahead of use (the worker calls it from a background thread

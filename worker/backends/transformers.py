@@ -1,8 +1,8 @@
 """Generation with transformers (+ PEFT adapters): the CPU backend, and a reference for vLLM.
 
-Sampling as docs/architecture.md §7 says: pad = EOS with left padding and an attention mask,
-`top_k = 0` and `top_p = 1.0` set explicitly (transformers' generation config has defaults),
-and the log-prob of each sampled token taken from the raw `output_logits` divided by the
+Sampling as docs/architecture/loss.md, "Sampling", says: pad = EOS with left padding and an
+attention mask, `top_k = 0` and `top_p = 1.0` set explicitly (transformers' generation config has
+defaults), and the log-prob of each sampled token taken from the raw `output_logits` divided by the
 temperature — never from `output_scores` — so it describes the distribution actually sampled.
 
 Concurrency (worker/backends/base.py): `generate` may be called from many threads. The calls

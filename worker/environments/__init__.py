@@ -1,2 +1,3 @@
-"""Environments on the worker: rollouts as token-exact trajectories (docs/architecture.md,
-"Environments and trajectories"). `registry.make_environment` builds a run's environment."""
+"""Environments on the worker: rollouts as token-exact trajectories
+(docs/architecture/environments.md, "Environments and trajectories"). `registry.make_environment`
+builds a run's environment."""

@@ -1,4 +1,4 @@
-"""Claims for a target version (docs/architecture.md, invariant 5): the learner names the
+"""Claims for a target version (docs/architecture/contract.md, invariant 5): the learner names the
 version it will train the batches into, up to current + 3; the window is measured from the
 version before it, and publish never consumes a batch into a later version than its claim's.
 On both databases."""

@@ -1,5 +1,6 @@
-"""The learner's failure report (docs/architecture.md, "Run lifecycle": fail): the run becomes
-`failed` with the reason and a `run.failed` event; everything fenced after it answers 409."""
+"""The learner's failure report (docs/architecture/run-lifecycle.md, "Run lifecycle": fail): the run
+becomes `failed` with the reason and a `run.failed` event; everything fenced after it answers
+409."""
 
 from __future__ import annotations
 

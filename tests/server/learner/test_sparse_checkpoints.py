@@ -1,4 +1,4 @@
-"""Sparse checkpoints (docs/architecture.md, invariants 7 and 13): a version may carry no
+"""Sparse checkpoints (docs/architecture/contract.md, invariants 7 and 13): a version may carry no
 checkpoint files; attach pairs the current version's adapter and learner step with the latest
 checkpoint at or below it, and retention keeps that one. On both databases."""
 

@@ -1,5 +1,5 @@
 """Every acquire answer carries X-Asyncgrpo-Versions: the current version of each running run of
-the worker's base models (docs/architecture.md, "Worker calls")."""
+the worker's base models (docs/architecture/protocol.md, "Worker calls")."""
 
 from __future__ import annotations
 

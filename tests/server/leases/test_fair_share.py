@@ -1,5 +1,5 @@
-"""Fair share of a run's admission bound (docs/architecture.md, "Admission", invariant 25;
-server/leases/fair_share.py): while several workers wait on one run, none holds more than
+"""Fair share of a run's admission bound (docs/architecture/lease-engine.md, "Fair share", invariant
+25; server/leases/fair_share.py): while several workers wait on one run, none holds more than
 max(ceil(bound / contenders), one lease); a lone worker still fills the whole bound."""
 
 from __future__ import annotations

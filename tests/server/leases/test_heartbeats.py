@@ -1,5 +1,5 @@
 """POST /api/v1/leases/heartbeat: several held leases' heartbeats in one call, each answered on
-its own as its single heartbeat would answer (docs/architecture.md, "Protocol": worker calls).
+its own as its single heartbeat would answer (docs/architecture/protocol.md, "Worker calls").
 On both databases; the Postgres and SQLite servers compared whole at the end."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Two `asyncgrpo server` processes and the sweep job on one Postgres database, under
-concurrent acquires and constant expiries, never deadlock (issue 27; docs/architecture.md,
+concurrent acquires and constant expiries, never deadlock (issue 27; docs/architecture/contract.md,
 invariant 4; the engine before it swept expired leases and then granted in fairness order in
 one transaction, and kept a refused grant's run row locked while it tried the next run).
 

@@ -1,7 +1,7 @@
 """Revoking a worker ends its active leases at once (`aborted`, end_reason `revoked`) and puts
 their prompts back at the front of the queue with no attempt counted, so that another worker
 leases them at once rather than when the TTL runs out; the revoked worker's later calls answer
-401 (docs/architecture.md, "The queue"). On every lease path."""
+401 (docs/architecture/lease-engine.md, "The queue"). On every lease path."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The work ledger's kinds (docs/architecture.md, "The work ledger"): the engine asks a lease's
-kind and never tests it; the grant order and the abort reasons are the kinds' own."""
+"""The work ledger's kinds (docs/architecture/lease-engine.md, "The work ledger"): the engine asks a
+lease's kind and never tests it; the grant order and the abort reasons are the kinds' own."""
 
 from __future__ import annotations
 

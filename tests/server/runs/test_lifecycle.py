@@ -1,5 +1,5 @@
-"""The run lifecycle (docs/architecture.md, "Run lifecycle"): every transition of the table from
-every status, completion closing the ledger, and no status change (nor admission-counter
+"""The run lifecycle (docs/architecture/run-lifecycle.md, "Run lifecycle"): every transition of the
+table from every status, completion closing the ledger, and no status change (nor admission-counter
 change) written anywhere but in its one home."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Stale waste is one figure (docs/architecture.md, invariant 16): the alarm, Prometheus, the
-API's proxy stats and the dashboard's chart read the same number on a run that has a batch
+"""Stale waste is one figure (docs/architecture/contract.md, invariant 16): the alarm, Prometheus,
+the API's proxy stats and the dashboard's chart read the same number on a run that has a batch
 accepted, a batch rejected stale, a lease aborted as stale and a lease aborted because the run
 paused (which is not waste). Before server/runs/waste.py the chart counted the paused abort."""
 

@@ -1,5 +1,5 @@
-"""GET /api/v1/versions (docs/architecture.md, "Version long-poll"): which runs a worker hears
-of, how soon, and that one watch per process serves every waiter."""
+"""GET /api/v1/versions (docs/architecture/protocol.md, "Version long-poll"): which runs a worker
+hears of, how soon, and that one watch per process serves every waiter."""
 
 from __future__ import annotations
 
