@@ -359,10 +359,12 @@ def demo(
 
         from asyncgrpo.demo import run_demo
     except KeyboardInterrupt:
+        interrupts.forget_caught()
         raise typer.Exit(130) from None
 
     code = run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
                     console=Console(), seed=seed)  # fmt: skip
+    interrupts.forget_caught()  # the exit code is 130 after a Ctrl-C, not death by SIGINT
     raise typer.Exit(code)
 
 

@@ -7,6 +7,9 @@
   stop would leave orphans).
 - Held inside `deferred()`: a signal that lands between a child's fork and the moment its handle
   is recorded is raised when the block ends, so the stop always knows every child.
+- Forgotten once caught (`forget_caught()`): CPython marks a KeyboardInterrupt that ends a
+  string `exec` as unhandled even when a caller catches it, and a `python -m` process so marked
+  exits by SIGINT instead of with its own exit code.
 """
 
 from __future__ import annotations
@@ -67,3 +70,14 @@ def deferred() -> Iterator[None]:
         if not _state.held and _state.pending and not _state.raised:
             _state.pending, _state.raised = False, True
             raise KeyboardInterrupt
+
+
+def forget_caught() -> None:
+    """Clear CPython's mark of an unhandled KeyboardInterrupt, once the interrupt was handled.
+
+    A KeyboardInterrupt raised while a string `exec` runs (dataclasses and namedtuple run one as
+    a module is imported, so a Ctrl-C during start-up often lands there) leaves the interpreter
+    marked: whatever the program then does, `python -m …` ends by SIGINT (exit status -2 to its
+    parent) instead of with its exit code. Each string `exec` resets the mark before it runs, so
+    one that ends normally leaves the process unmarked."""
+    exec("None")

@@ -131,3 +131,35 @@ def test_parent_death_runs_nothing_when_the_parent_is_already_gone(tmp_path: Pat
         [sys.executable, "-I", str(PARENT_DEATH), str(os.getpid()), "touch", str(marker)]
     )
     assert ok.returncode == 0 and marker.exists()
+
+
+@pytest.mark.parametrize("forget", [True, False])
+def test_interrupt_caught_inside_a_string_exec_keeps_the_exit_code(
+    tmp_path: Path, forget: bool
+) -> None:
+    """A Ctrl-C that lands while a string `exec` runs (an import defining a dataclass, as the
+    demo's start-up does) and is handled leaves a `python -m` process's exit code to the program
+    once `forget_caught()` ran; without it, CPython ends the process by SIGINT (the demo's
+    `starting the server` flake: exit status -2 after printing that it stopped)."""
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        textwrap.dedent(f"""
+            import os, signal, sys, time
+            from asyncgrpo import interrupts
+            interrupts.install()
+            try:
+                exec("os.kill(os.getpid(), signal.SIGINT); time.sleep(30)")
+            except KeyboardInterrupt:
+                print("caught")
+            if {forget}:
+                interrupts.forget_caught()
+            sys.exit(130)
+        """)
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{PACKAGE_ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "interrupted_in_exec"], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.stdout.strip() == "caught", done.stderr
+    expected = 130 if forget else -signal.SIGINT
+    assert done.returncode == expected, done.stderr
