@@ -31,18 +31,22 @@ _BOUNDS = (
 )
 
 
-def type_label(annotation: Any) -> str:
-    """`str | None`, `list[str]`, `"a" | "b"` (a Literal), a model's class name."""
+def type_label(annotation: Any, *, literals: bool = True) -> str:
+    """`str | None`, `list[str]`, a model's class name; a Literal as its values (`"a" | "b"`),
+    or with `literals=False` as their type (`str`, the values being listed apart)."""
     origin = get_origin(annotation)
     if origin is Annotated:
-        return type_label(get_args(annotation)[0])
+        return type_label(get_args(annotation)[0], literals=literals)
     if origin in (Union, types.UnionType):
-        return " | ".join(type_label(a) for a in get_args(annotation))
+        return " | ".join(type_label(a, literals=literals) for a in get_args(annotation))
     if origin is Literal:
+        if not literals:
+            return " | ".join(dict.fromkeys(type(v).__name__ for v in get_args(annotation)))
         return " | ".join(json.dumps(v) for v in get_args(annotation))
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
-        return f"{name}[{', '.join(type_label(a) for a in get_args(annotation))}]"
+        inner = ", ".join(type_label(a, literals=literals) for a in get_args(annotation))
+        return f"{name}[{inner}]"
     if annotation in _NAMES:
         return _NAMES[annotation]
     if isinstance(annotation, type):
