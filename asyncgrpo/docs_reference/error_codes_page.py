@@ -4,16 +4,16 @@ one home, protocol/error_codes.py (`ErrorCode`, `STATUS`, `MEANING`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 from asyncgrpo.docs_reference.markdown import cell, code, page, table
 
+K = TypeVar("K", bound=str)
 HEADERS = ("Code", "HTTP status", "Meaning")
 OWN_STATUS = "the framework's own"
 
 
-def rows(
-    status: Mapping[str, int | None], meaning: Mapping[str, str]
-) -> list[tuple[str, str, str]]:
+def rows(status: Mapping[K, int | None], meaning: Mapping[K, str]) -> list[tuple[str, str, str]]:
     """One row per code, by status then code; a code with no status keeps the framework's."""
     ordered = sorted(status, key=lambda c: (status[c] is None, status[c] or 0, str(c)))
     return [

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from itertools import groupby
 from typing import Any
 
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
 from asyncgrpo.docs_reference.markdown import cell, code, page, table
 
 HEADERS = ("Operation", "Summary", "Auth", "Request body", "Responses")
@@ -122,8 +124,15 @@ def openapi_document() -> dict[str, Any]:
 
     class Defaults(Settings):
         @classmethod
-        def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, **_: Any) -> Any:
-            return (init_settings,)
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings,)  # the defaults, whatever the environment says
 
     with tempfile.TemporaryDirectory() as folder:
         settings = Defaults(

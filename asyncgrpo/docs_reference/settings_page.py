@@ -136,7 +136,7 @@ def render() -> str:
     from server.config import Settings
     from worker.config import WorkerSettings
 
-    parts = [
+    parts: list[tuple[str, str, type[BaseSettings]]] = [
         ("Server", "server/config.py", Settings),
         ("Worker", "worker/config.py", WorkerSettings),
         ("Learner", "learner/config.py", LearnerSettings),
