@@ -62,6 +62,7 @@ class LearnerSettings(BaseSettings):
     work_dir: Path = Field(
         DEFAULT_WORK_DIR,
         description="Local folder for downloaded batches, adapters and checkpoints.",
+        json_schema_extra={"shown_default": "~/.cache/asyncgrpo/learner"},
     )
     claim_wait_s: float = Field(10.0, ge=0, description="Long-poll of one claim call.")
     standby_retry_s: float = Field(

@@ -40,6 +40,15 @@ ENTRY_POINT_GROUP = "asyncgrpo.environments"
 SINGLE_TURN, TOOL_CALLS, GUESS_NUMBER = "single_turn", "tool_calls", "guess_number"
 BUILTIN_ENVIRONMENTS = (SINGLE_TURN, TOOL_CALLS, GUESS_NUMBER)
 BUILTIN_TOOLS = ("calculator",)
+# What each built-in does, one sentence each (docs/reference/run-config.md lists them).
+BUILTIN_SUMMARIES = {
+    SINGLE_TURN: "One generation per prompt, no environment turns (the default).",
+    TOOL_CALLS: "The model may call the run's `tools`; each call's result comes back as a tool "
+    "message and the model goes on, until it answers without a call or reaches max_turns.",
+    GUESS_NUMBER: "A small multi-turn game for tests and demos: the model guesses a number "
+    "between kwargs `low` and `high` (default 1 and 100) and the environment answers higher "
+    "or lower as user turns.",
+}
 # Model turns when `max_turns` is not given.
 DEFAULT_MAX_TURNS = {SINGLE_TURN: 1, TOOL_CALLS: 4, GUESS_NUMBER: 8}
 USER_DEFAULT_MAX_TURNS = 4

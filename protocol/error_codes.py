@@ -202,6 +202,118 @@ STATUS: dict[ErrorCode, int | None] = {
 }
 """Each code's HTTP status: one status per code (None: the framework's own status)."""
 
+# What each code means, for people reading about it (docs/reference/error-codes.md is made from
+# this table, README "Errors" says the same): a code keeps its meaning once listed.
+MEANING: dict[ErrorCode, str] = {
+    ErrorCode.validation_failed: (
+        "the body, query or path failed validation (`errors` names each field)"
+    ),
+    ErrorCode.invalid_value: "a field's value is refused (`field` names it)",
+    ErrorCode.bad_request: "the request could not be read",
+    ErrorCode.body_incomplete: "the client disconnected before the body was complete",
+    ErrorCode.body_too_large: "the body is over `security.max_body_bytes`",
+    ErrorCode.route_not_found: "no such path",
+    ErrorCode.method_not_allowed: "the path exists, not with this method",
+    ErrorCode.http_error: "any other refusal of the HTTP framework",
+    ErrorCode.token_missing: "no bearer token",
+    ErrorCode.token_invalid: "not a token of this server",
+    ErrorCode.token_revoked: "the token was revoked",
+    ErrorCode.token_expired: "the token expired",
+    ErrorCode.token_kind_forbidden: (
+        "a valid token of another kind (e.g. a worker token on an admin call)"
+    ),
+    ErrorCode.registration_token_exhausted: "the registration token reached its `max_uses`",
+    ErrorCode.token_not_found: "no such token to revoke",
+    ErrorCode.last_admin_token: "revoking the last live admin token (pass `force=true`)",
+    ErrorCode.worker_revoked: "the worker was revoked (or its token has no worker)",
+    ErrorCode.worker_not_found: "no such worker",
+    ErrorCode.run_not_found: "no such run (or not the run of this learner token)",
+    ErrorCode.run_ended: "the run is completed, cancelled or failed",
+    ErrorCode.run_preparing: (
+        "the run's prompt rows are being prepared: attach again once it is `pending`"
+    ),
+    ErrorCode.invalid_transition: (
+        "pause, resume or cancel is not allowed from the run's status (`status`)"
+    ),
+    ErrorCode.held_by_another_learner: "another learner holds the run: stand by and attach again",
+    ErrorCode.fingerprint_mismatch: "the learner's tokenizer differs from the run's",
+    ErrorCode.model_mismatch: "the learner loaded another base model than the run's",
+    ErrorCode.rewards_missing: "the learner's host cannot load a reward of the run (the run fails)",
+    ErrorCode.target_version_behind: "a claim's `target_version` is not above the current version",
+    ErrorCode.target_version_too_far: "a claim's `target_version` is too far ahead",
+    ErrorCode.version_not_next: "a publish is not exactly the current version + 1",
+    ErrorCode.batch_not_claimed: "the batch is not claimed under this learner token",
+    ErrorCode.batch_claimed_for_earlier_version: (
+        "a publish consumes batches claimed for an earlier version"
+    ),
+    ErrorCode.adapter_files_missing: "a publish lacks a required adapter file",
+    ErrorCode.duplicate_file: "a file is listed twice",
+    ErrorCode.wrong_file_key: "a published file is not at its version's key",
+    ErrorCode.file_not_uploaded: "a published file is not in the bucket",
+    ErrorCode.file_size_mismatch: "a published file's size differs from the bucket's",
+    ErrorCode.fencing_lost: (
+        "the lease's fencing token, state or expiry no longer holds: drop the work, re-acquire "
+        "or re-attach"
+    ),
+    ErrorCode.lease_not_found: "not a lease of this worker",
+    ErrorCode.model_not_registered: "the worker asks for a model it did not register with",
+    ErrorCode.upload_too_large: "a batch or dataset file over its size limit",
+    ErrorCode.digest_mismatch: "the manifest's sha256 is not the one the batch was uploaded with",
+    ErrorCode.wrong_batch_key: "the manifest's key is not the lease's batch key",
+    ErrorCode.batch_not_found: "no such batch in this run",
+    ErrorCode.batch_of_another_worker: "a spot check names a worker that did not make the batch",
+    ErrorCode.batch_too_large: "the batch is over the trajectory sample's bound",
+    ErrorCode.batch_unreadable: "the batch's object cannot be read as a trajectory batch",
+    ErrorCode.batch_object_missing: "the batch's object is no longer in the bucket",
+    ErrorCode.row_out_of_range: "the sample's row is outside the batch",
+    ErrorCode.row_unreadable: "the sample's row does not parse",
+    ErrorCode.version_not_found: "no such adapter version",
+    ErrorCode.version_deleted: "the adapter version was deleted by retention",
+    ErrorCode.file_not_found: "the version has no such file",
+    ErrorCode.dataset_not_found: "no such dataset",
+    ErrorCode.unknown_dataset: "a run names a dataset that does not exist",
+    ErrorCode.dataset_failed: "a run names a dataset whose check failed",
+    ErrorCode.dataset_in_use: "deleting a dataset a run uses",
+    ErrorCode.invalid_dataset_file: "an uploaded dataset file does not parse",
+    ErrorCode.row_too_large: (
+        "a dataset row (or JSONL line) over `datasets.max_row_bytes` (`field`: `file`, the row "
+        "named)"
+    ),
+    ErrorCode.row_invalid_utf8: "dataset text that is not UTF-8 (the row and column named)",
+    ErrorCode.column_invalid_utf8: "a Parquet column name that is not UTF-8",
+    ErrorCode.row_count_mismatch: "a Parquet footer's row count is not the rows the file holds",
+    ErrorCode.page_too_large: (
+        "a Parquet row group's pages decode to more than the upload's bound (write smaller pages)"
+    ),
+    ErrorCode.page_unreadable: "a Parquet page header that cannot be read",
+    ErrorCode.batch_too_large_to_show: (
+        "the trajectory view would decode more than its bound (`field`: `batch_id`)"
+    ),
+    ErrorCode.after_invalid: "the versions feed's `after` is not `run_id:ASCII digits`",
+    ErrorCode.webhook_url_invalid: (
+        "`alarms.webhook_url` is not a URL the delivery client can use (or a non-canonical IP "
+        "literal)"
+    ),
+    ErrorCode.webhook_url_refused: "`alarms.webhook_url` is refused by the outbound policy",
+    ErrorCode.judge_url_invalid: "an `llm_judge` `base_url` is not a URL the client can use",
+    ErrorCode.judge_url_refused: "an `llm_judge` `base_url` is refused by the outbound policy",
+    ErrorCode.blobs_not_served: "signed `/blobs/` URLs exist only with a local-folder bucket",
+    ErrorCode.signature_invalid: "a `/blobs/` URL's signature, expiry or key is refused",
+    ErrorCode.length_mismatch: "`Content-Length` is not the signed length",
+    ErrorCode.body_length_mismatch: "the streamed body is not the signed length",
+    ErrorCode.bad_digest: "the body's sha256 is not the signed one",
+    ErrorCode.object_not_found: "no object at the key",
+    ErrorCode.object_exists: "the key exists and the URL may not overwrite it",
+    ErrorCode.blob_too_large: "a `/blobs/` body over `security.max_blob_bytes`",
+    ErrorCode.database_unavailable: "the database is unreachable: retry after `Retry-After`",
+    ErrorCode.store_unavailable: "the bucket is unreachable: retry after `Retry-After`",
+    ErrorCode.not_ready: (
+        "`GET /readyz`: the database or the bucket is not ready (`database`, `bucket` say which)"
+    ),
+    ErrorCode.internal_error: "a bug (the server logs it)",
+}
+
+
 LEASE_LOST = frozenset({ErrorCode.fencing_lost, ErrorCode.lease_not_found})
 """A fenced call's lease is gone (its token, state or expiry no longer holds, or it is not a
 lease of this caller): drop the work, never retry."""

@@ -105,7 +105,7 @@ class RewardSpec(_Strict):
 class GeneratorDataset(_Strict):
     """Prompts made by a built-in generator with a seed."""
 
-    kind: Literal["generator"] = "generator"
+    kind: Literal["generator"] = Field("generator", description="Prompts from a generator.")
     generator: str = Field("arithmetic", description="Built-in generator name, e.g. arithmetic.")
     size: int = Field(64, description="Number of prompts in one epoch.")
     seed: int = Field(0, description="Seed; the same seed gives the same prompts.")
@@ -141,7 +141,7 @@ class InlineDataset(_Strict):
     """Rows given at creation (JSONL): a `prompt` column plus reference columns. Small only
     (it is kept in the run's config): anything larger is an uploaded dataset."""
 
-    kind: Literal["jsonl"] = "jsonl"
+    kind: Literal["jsonl"] = Field("jsonl", description="Rows inline in the run's config.")
     rows: list[
         Annotated[
             dict[str, Any], AfterValidator(free_json(MAX_ROW_BYTES)), AfterValidator(_check_row)
@@ -229,7 +229,9 @@ class _MappedDataset(_Strict):
 class UploadedDataset(_MappedDataset):
     """A dataset uploaded with POST /api/v1/datasets (JSONL or Parquet), by its id."""
 
-    kind: Literal["uploaded"] = "uploaded"
+    kind: Literal["uploaded"] = Field(
+        "uploaded", description="A dataset stored by POST /api/v1/datasets."
+    )
     id: uuid.UUID = Field(description="The dataset's id, as POST /api/v1/datasets answered.")
 
 
@@ -254,7 +256,7 @@ class HfDataset(_MappedDataset):
     bucket (as Parquet, with the library's fingerprint). Offline, `path` may be a local folder,
     or a loader name ("json", "parquet", "csv") with `data_files`."""
 
-    kind: Literal["hf"] = "hf"
+    kind: Literal["hf"] = Field("hf", description="A Hugging Face dataset the server loads.")
     path: str = Field(description="Hub id (openai/gsm8k), a local folder, or a loader name.")
     name: str | None = Field(None, description="Configuration name (e.g. main).")
     split: str = Field("train", description="Split to load (e.g. train, test, train[:1000]).")
@@ -297,7 +299,9 @@ class RowsOmitted(_Strict):
     """What a learner receives in place of an inline dataset at attach: it never needs rows
     (each claim carries its prompts and references)."""
 
-    kind: Literal["rows_omitted"] = "rows_omitted"
+    kind: Literal["rows_omitted"] = Field(
+        "rows_omitted", description="An inline dataset whose rows were left out."
+    )
     rows: int = Field(description="Number of inline rows the run has.")
 
     def n_rows(self) -> int | None:

@@ -41,6 +41,7 @@ class NotReady(AppError):
 
 @router.get("/healthz")
 def healthz(session: SessionDep) -> dict[str, str]:
+    """Liveness: 200 when the server answers and its database answers a query."""
     ping(session)
     return {"status": "ok"}
 

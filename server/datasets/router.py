@@ -72,6 +72,7 @@ def list_datasets(
 
 @router.get("/{dataset_id}", response_model=DatasetOut)
 def get_dataset(dataset_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> DatasetOut:
+    """One dataset with its status, row count and columns (and why a failed one failed)."""
     return DatasetOut.model_validate(service.get(session, dataset_id))
 
 

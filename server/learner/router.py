@@ -59,6 +59,10 @@ def attach(
     store: StoreDep,
     token: LearnerDep,
 ) -> AttachResponse:
+    """Take the run's learner lease (a new fencing token): answers the current version with
+    its adapter and latest checkpoint files, the run config and the heartbeat interval; 409
+    while another learner holds the run or it is preparing, once it has ended, or when the
+    model, tokenizer or rewards differ from the run's."""
     return service.attach(session, store, settings, token, run_id, body)
 
 
@@ -70,6 +74,7 @@ def heartbeat(
     settings: SettingsDep,
     token: LearnerDep,
 ) -> HeartbeatResponse:
+    """Extend the learner lease (fenced); answers the current version and the run's status."""
     return service.heartbeat(session, settings, token, run_id, body)
 
 
@@ -114,6 +119,8 @@ def reject(
     settings: SettingsDep,
     token: LearnerDep,
 ) -> RejectResponse:
+    """Reject a batch claimed under this token (checksum, invalid, prompt_mismatch, spot_check,
+    reward_error): its rows are re-queued with an attempt counted; 409 when not so claimed."""
     return service.reject(session, settings, token, run_id, batch_id, body)
 
 
@@ -126,6 +133,8 @@ def uploads(
     store: StoreDep,
     token: LearnerDep,
 ) -> UploadsResponse:
+    """Presigned PUTs for the files of version current + 1 (409 for any other version); an
+    object left at one of its keys by an unpublished attempt is removed first."""
     return publish_service.uploads(session, store, settings, token, run_id, body)
 
 
@@ -139,6 +148,8 @@ def publish(
     store: StoreDep,
     token: LearnerDep,
 ) -> PublishResponse:
+    """Publish version current + 1: its uploaded files, the batches it consumed (claimed under
+    this token) and its metrics; the run completes when `final` or at `max_versions`."""
     published = publish_service.publish(session, store, settings, token, run_id, body)
     versions.poke_after_commit(request.app, session)  # workers long-polling hear of it at once
     return published
@@ -152,6 +163,7 @@ def post_metrics(
     settings: SettingsDep,
     token: LearnerDep,
 ) -> MetricsAccepted:
+    """Record the learner's metric points (fenced on the token, accepted after completion)."""
     return telemetry.record_metrics(session, settings, token, run_id, body)
 
 
@@ -163,6 +175,8 @@ def spot_check(
     settings: SettingsDep,
     token: LearnerDep,
 ) -> SpotCheckResponse:
+    """Record a spot check of a worker's batch; the worker is quarantined when this check or
+    its running mean is above the run's `alarms.spot_check_mismatch`."""
     return telemetry.spot_check(session, settings, token, run_id, body)
 
 
@@ -175,6 +189,7 @@ def get_metrics(
         None, ge=0, le=INT_MAX, description="Only points with step ≥ this."
     ),
 ) -> RunMetrics:
+    """The run's learner metric series (from `since_step`) and the figures computed on read."""
     return telemetry.run_metrics(session, run_id, since_step)
 
 
@@ -197,4 +212,5 @@ def get_trajectory_sample(
 
 @router.get("/ledger", response_model=Ledger)
 def get_ledger(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> Ledger:
+    """The run's prompt rows by state, drop reason and epoch, and whether they balance."""
     return ledger_model(session, run_id)

@@ -100,6 +100,8 @@ async def heartbeats(
 async def heartbeat(
     lease_id: uuid.UUID, body: HeartbeatRequest, request: Request, credentials: Credentials
 ) -> HeartbeatResponse:
+    """Extend the lease by the run's lease_ttl_s, or abort it (stale, or the run no longer
+    running) with its rows re-queued, answering `abort` with the reason."""
     caller = _caller(request, credentials)
     return await counted(
         request.app.state.worker_calls, "heartbeat", fenced.heartbeat(caller, lease_id, body)
@@ -110,6 +112,8 @@ async def heartbeat(
 async def upload(
     lease_id: uuid.UUID, body: UploadRequest, request: Request, credentials: Credentials
 ) -> UploadResponse:
+    """A presigned PUT for the lease's one batch key, bound to the given size and sha256 and
+    to no overwrite."""
     caller = _caller(request, credentials)
     return await counted(
         request.app.state.worker_calls, "upload", fenced.upload(caller, lease_id, body)
@@ -120,6 +124,8 @@ async def upload(
 async def complete(
     lease_id: uuid.UUID, body: CompleteRequest, request: Request, credentials: Credentials
 ) -> CompleteResponse:
+    """End the lease `completed`: the uploaded batch is checked and stored `accepted`, or
+    `rejected` with its rows re-queued."""
     caller = _caller(request, credentials)
     return await counted(
         request.app.state.worker_calls, "complete", fenced.complete(caller, lease_id, body)
@@ -130,6 +136,8 @@ async def complete(
 async def release(
     lease_id: uuid.UUID, body: ReleaseRequest, request: Request, credentials: Credentials
 ) -> ReleaseResponse:
+    """End the lease `released` with its reason; its rows go back to the front of the queue
+    (engine_fault, environment_error and prompt_too_long count an attempt)."""
     caller = _caller(request, credentials)
     return await counted(
         request.app.state.worker_calls, "release", fenced.release(caller, lease_id, body)

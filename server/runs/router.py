@@ -48,11 +48,13 @@ def list_runs(
         int, Query(ge=0, le=BIGINT_MAX, description="Runs to skip (newest first).")
     ] = 0,
 ) -> list[RunOut]:
+    """Runs, newest first, optionally of one status."""
     return service.list_runs(session, status, limit, offset)
 
 
 @router.get("/{run_id}", response_model=RunDetail)
 def get_run(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> RunDetail:
+    """One run with its config and live figures."""
     return service.detail(session, service.get_run(session, run_id))
 
 

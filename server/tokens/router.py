@@ -28,6 +28,7 @@ router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalR
 def create_registration_token(
     body: RegistrationTokenCreate, session: SessionDep, _admin: AdminDep
 ) -> RegistrationTokenCreated:
+    """Create a registration token (name, lifetime, uses); the token is answered once."""
     minted = service.mint(
         session,
         "registration",
@@ -56,6 +57,7 @@ ForceQuery = Annotated[
 
 @router.get("/registration-tokens", response_model=list[TokenOut])
 def list_registration_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
+    """Registration tokens (prefix, name, expiry, uses, revoked or live), never the token."""
     return [TokenOut.model_validate(t) for t in service.list_tokens(session, "registration")]
 
 
@@ -63,11 +65,13 @@ def list_registration_tokens(session: SessionDep, _admin: AdminDep) -> list[Toke
 def revoke_registration_token(
     token_id: uuid.UUID, session: SessionDep, _admin: AdminDep
 ) -> TokenOut:
+    """Revoke a registration token: no more workers register with it."""
     return TokenOut.model_validate(service.revoke(session, "registration", token_id))
 
 
 @router.get("/admin-tokens", response_model=list[TokenOut])
 def list_admin_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
+    """Admin tokens (prefix, name, expiry, last use, revoked or live), never the token."""
     return [TokenOut.model_validate(t) for t in service.list_tokens(session, "admin")]
 
 

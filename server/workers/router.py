@@ -17,6 +17,8 @@ router = APIRouter(prefix="/api/v1/workers", tags=["workers"], route_class=Trans
 def register(
     body: WorkerRegister, session: SessionDep, registration: RegistrationDep
 ) -> WorkerRegistered:
+    """Register a worker with a registration token (one use counted); answers the worker's
+    id and its worker token, once."""
     worker, token = service.register(session, registration, body)
     return WorkerRegistered(id=worker.id, token=token)
 
@@ -48,4 +50,5 @@ def untrust(
 def revoke(
     worker_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep
 ) -> WorkerOut:
+    """Revoke the worker and its tokens: it gets no more leases and its calls are refused."""
     return service.revoke(session, worker_id, settings.jobs.worker_silent_s)
