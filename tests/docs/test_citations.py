@@ -1,8 +1,8 @@
 """Citations of the docs resolve (docs/architecture/index.md, "Changing a rule"): every
 `docs/<page>.md` a file names exists, every `docs/<page>.md, "Heading"` names a heading of that
 page, every "invariant N" is defined on the contract page, every relative link between doc pages
-(and from the README into them) reaches its page and heading, and nothing cites the retired single architecture file. Pure file
-reading: no sockets, subprocesses or databases."""
+(and from the README into them) reaches its page and heading, and nothing cites the retired
+single architecture file. Pure file reading: no sockets, subprocesses or databases."""
 
 from __future__ import annotations
 

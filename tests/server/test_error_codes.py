@@ -54,13 +54,13 @@ def test_the_docs_list_every_code_with_its_status(doc: str) -> None:
     assert _documented(text) == table
 
 
-
 def test_the_troubleshooting_guide_says_what_to_do_for_every_code() -> None:
     text = (Path(server.__file__).parents[1] / "docs/guides/troubleshooting.md").read_text()
     rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| `")]
     advice = {cells[0].strip(" `"): cells[3].strip() for cells in rows if len(cells) == 4}
     assert set(advice) == {code.value for code in ErrorCode}
     assert all(advice.values()), [code for code, what in advice.items() if not what]
+
 
 def _error_classes() -> dict[str, type[AppError]]:
     import server.app  # noqa: F401  (imports every feature, and with it every AppError subclass)
