@@ -320,7 +320,7 @@ def registration_token_revoke(
 def learner(settings: LearnerSettings) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
     Under `torchrun --nproc-per-node N` (or accelerate launch) rank 0 is the learner and the
-    other ranks train their share of each step (README, "Data-parallel learner").
+    other ranks train their share of each step (docs/guides/data-parallel.md).
     Every option is also an environment variable: ASYNCGRPO_LEARNER_<OPTION> (learner/config.py)."""
     from learner.main import main as learner_main
 

@@ -142,7 +142,7 @@ class LearnerSettings(BaseSettings):
         "JSON list in ASYNCGRPO_LEARNER_REWARD_MODULES or ASYNCGRPO_LEARNER_REWARD_MODULE).",
     )
 
-    # Experiment tracker (learner/tracking/; README, "Metrics in W&B, trackio or MLflow"): each
+    # Experiment tracker (learner/tracking/; docs/guides/trackers.md): each
     # field set here wins over the same field of the run config's `tracking` block.
     tracking_backend: Literal["wandb", "trackio", "mlflow", "none"] | None = Field(
         None,

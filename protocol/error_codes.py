@@ -3,8 +3,8 @@ snake_case `code` beside the person-readable `detail`. Programs (the typed clien
 the worker) branch on the code, never on the words of `detail`, which may be reworded.
 
 This module is the one home of the codes and their HTTP statuses (docs/architecture/protocol.md,
-"Error codes"; README "Errors"). A new error gets a code here first: the server refuses to raise
-a code that is not in `STATUS`.
+"Error codes"; docs/guides/troubleshooting.md). A new error gets a code here first: the server
+refuses to raise a code that is not in `STATUS`.
 """
 
 from __future__ import annotations

@@ -429,7 +429,7 @@ class GrpoConfig(_Strict):
         return self
 
 
-# The reasons a combination of loss options is refused (README "The GRPO loss").
+# The reasons a combination of loss options is refused (docs/guides/run-config.md, "The GRPO loss").
 _CISPO_TIS = (
     "correction 'tis' cannot be combined with loss_type 'cispo': CISPO already weights each "
     "token by the truncated, gradient-stopped ratio sg(clip(ρ, 1 − epsilon_low, 1 + "
@@ -453,8 +453,8 @@ def loss_combination_errors(
     loss_type: str, importance_level: str, correction: str, epsilon_low: float
 ) -> list[tuple[str, str]]:
     """The refused combinations of the loss options, as (field, message); empty when the
-    combination is valid. README "The GRPO loss" tabulates every combination; β and dr_grpo
-    combine with all that is valid here."""
+    combination is valid. docs/guides/run-config.md, "The GRPO loss", tabulates every combination;
+    β and dr_grpo combine with all that is valid here."""
     out = []
     if epsilon_low >= 1 and loss_type != "cispo":
         message = (
@@ -480,8 +480,7 @@ MAX_EVAL_LEASES = 1024
 
 class EvalConfig(_Strict):
     """Held-out evaluation during training: versions 0, k, 2k, … and the final version are
-    sampled on the eval prompts and scored with the run's rewards (README, "Evaluation during
-    training")."""
+    sampled on the eval prompts and scored with the run's rewards (docs/guides/evaluation.md)."""
 
     dataset: DatasetSpec = Field(
         description="The held-out prompts (e.g. a test split): any dataset kind, with its own "

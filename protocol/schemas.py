@@ -195,7 +195,7 @@ class AdapterRef(BaseModel):
 
 
 # A training lease's batch is trained on; an eval lease's batch (pinned to the version under
-# evaluation, no behaviour log-probs) is only scored (README, "Evaluation during training").
+# evaluation, no behaviour log-probs) is only scored (docs/guides/evaluation.md).
 LeaseKind = Literal["train", "eval"]
 
 

@@ -304,7 +304,7 @@ class SpotCheckResponse(_Response):
     quarantined: bool = Field(description="This check quarantined the worker.")
 
 
-# -- evaluation during training (README, "Evaluation during training") -------------------------
+# -- evaluation during training (docs/guides/evaluation.md) ---------------------------------------
 
 MAX_EVAL_CLAIM = 64
 MAX_EVAL_SAMPLES_PER_POST = 1 << 18

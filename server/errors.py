@@ -150,7 +150,7 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="What went wrong, for people; its wording may change.")
     code: ErrorCode = Field(
         description="What went wrong, for programs: a stable snake_case code (the table with "
-        "each code's HTTP status is in the README, section Errors). Branch on this, never on "
+        "each code's HTTP status is in docs/guides/troubleshooting.md). Branch on this, never on "
         "`detail`."
     )
     errors: list[FieldError] | None = Field(

@@ -1,6 +1,6 @@
 """ASGI middleware that adds the browser security headers to every response: no framing, no
 referrer across origins, and a Content-Security-Policy that allows only the server's own
-scripts (no inline script, no eval). The policy is quoted in README.md ("Security")."""
+scripts (no inline script, no eval). The policy is quoted in docs/guides/security.md."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def state_folder_name(worker_name: str) -> str:
 
 
 class VllmSettings(BaseSettings):
-    """vLLM engine options (README, "Running a real run", says how vLLM runs on CPU)."""
+    """vLLM engine options (docs/guides/real-run.md, "Rollout workers", says how vLLM runs on
+    CPU)."""
 
     model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_VLLM_", extra="forbid")
 

@@ -1,6 +1,6 @@
 """Mirror the learner's per-step metrics, eval results and redacted run config to an
-experiment tracker (W&B, trackio or MLflow), as optional extras (README, "Metrics in W&B,
-trackio or MLflow").
+experiment tracker (W&B, trackio or MLflow), as optional extras
+(docs/guides/trackers.md).
 
 `Tracker` is the one object the learner owns (rank 0 only): it resolves the backend from the
 learner's flags and the run config's `tracking` block (flags win), redacts the config, and

@@ -20,4 +20,6 @@ class BlobError(BaseModel):
     413 too large, 400 body digest or short body)."""
 
     detail: str = Field(description="Why the request was refused.")
-    code: ErrorCode = Field(description="The error code (README, Errors), e.g. `bad_digest`.")
+    code: ErrorCode = Field(
+        description="The error code (docs/guides/troubleshooting.md), e.g. `bad_digest`."
+    )

@@ -214,7 +214,7 @@ def admissible_metrics(session: Session) -> Iterator[Metric]:
     """Per served model, over its running runs: the groups they would still admit now,
     Σ min(admission bound − groups in flight, queued prompt rows), and their groups in flight.
     The sum of the two is the work a fleet of that model's workers could hold at once: what an
-    autoscaler scales workers on (README, "Run a fleet of spot workers")."""
+    autoscaler scales workers on (docs/guides/fleet.md, "Run a fleet of spot workers")."""
     labels = ["model", "model_label"]
     admissible = GaugeMetricFamily(
         P + "admissible_groups",

@@ -1,6 +1,7 @@
 """`asyncgrpo worker` and `asyncgrpo learner`: every command-line option is also an environment
-variable named after it (ASYNCGRPO_WORKER_<OPTION>, ASYNCGRPO_LEARNER_<OPTION>), as the README
-says, including the options whose setting has another name (--server, --threads, --run)."""
+variable named after it (ASYNCGRPO_WORKER_<OPTION>, ASYNCGRPO_LEARNER_<OPTION>), as
+docs/guides/real-run.md says, including the options whose setting has another name (--server,
+--threads, --run)."""
 
 from __future__ import annotations
 

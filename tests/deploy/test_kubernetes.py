@@ -142,7 +142,7 @@ CLI = Path(sys.executable).parent / "kubernetes-validate"  # the package's conso
 
 
 def _cli(*paths: Path) -> subprocess.CompletedProcess[str]:
-    """The `kubernetes-validate` command itself, as the issue and the README name it."""
+    """The `kubernetes-validate` command itself, as the issue and docs/guides/fleet.md name it."""
     argv = [str(CLI), "--strict", "-k", KUBERNETES_VERSION, *map(str, paths)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 

@@ -1,8 +1,8 @@
 """Citations of the docs resolve (docs/architecture/index.md, "Changing a rule"): every
 `docs/<page>.md` a file names exists, every `docs/<page>.md, "Heading"` names a heading of that
 page, every "invariant N" is defined on the contract page, every relative link between doc pages
-reaches its page and heading, and nothing cites the retired single architecture file. Pure file
-reading: no sockets, subprocesses or databases."""
+(and from the README into them) reaches its page and heading, and nothing cites the retired
+single architecture file. Pure file reading: no sockets, subprocesses or databases."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def problems(root: Path) -> list[Problem]:
             Problem(rel, _line(text, m.start()), "cites the retired architecture file")
             for m in RETIRED.finditer(text)
         )
-        if rel.startswith("docs/") and path.suffix == ".md":
+        if (rel.startswith("docs/") and path.suffix == ".md") or rel == "README.md":
             found.extend(_links(path, rel, text, pages))
     return found
 
@@ -170,6 +170,15 @@ def test_every_citation_in_the_repository_resolves() -> None:
 def _write(root: Path, rel: str, text: str) -> None:
     (root / rel).parent.mkdir(parents=True, exist_ok=True)
     (root / rel).write_text(text)
+
+
+def test_the_guides_and_benchmarks_are_scanned() -> None:
+    """The pages that moved out of the README are checked like the architecture's."""
+    pages = {p.relative_to(ROOT).as_posix() for p in scanned(ROOT)}
+    for folder in ("docs/guides", "docs/benchmarks"):
+        on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / folder).glob("*.md")}
+        assert on_disk and on_disk <= pages, folder
+    assert {"README.md", "mkdocs.yml", "docs/index.md"} <= pages
 
 
 def test_the_checker_names_each_bad_citation(tmp_path: Path) -> None:
@@ -188,6 +197,7 @@ def test_the_checker_names_each_bad_citation(tmp_path: Path) -> None:
     )
     page_b = "# B\n\n[ok](a.md#3-numbered-part) [gone](c.md) [bad](a.md#nope)\n"
     _write(tmp_path, f"{docs}b.md", page_b)
+    _write(tmp_path, "README.md", f"# R\n\n[ok]({docs}a.md) [gone]({docs}c.md)\n")
     assert sorted(map(str, problems(tmp_path))) == sorted(
         [
             f"server/x.py:3: {docs}missing.md does not exist",
@@ -197,6 +207,8 @@ def test_the_checker_names_each_bad_citation(tmp_path: Path) -> None:
             f"server/x.py:4: invariant 9 is not defined on {CONTRACT}",
             f"server/x.py:5: {docs}{old} does not exist",
             "server/x.py:5: cites the retired architecture file",
+            f"README.md:3: {docs}c.md does not exist",
+            f"README.md:3: link {docs}c.md does not resolve",
             f"{docs}b.md:3: link c.md does not resolve",
             f"{docs}b.md:3: link a.md#nope: no such heading",
         ]

@@ -1,6 +1,7 @@
-"""`asyncgrpo server --workers 2` on Postgres, as the production section of the README runs it:
-the admin token is printed once (not once per process), `/metrics` keeps each process's worker
-call counter apart, and a second start on another bucket refuses with both buckets named."""
+"""`asyncgrpo server --workers 2` on Postgres, as docs/guides/configuration.md, "Production
+(Postgres)" runs it: the admin token is printed once (not once per process), `/metrics` keeps
+each process's worker call counter apart, and a second start on another bucket refuses with
+both buckets named."""
 
 from __future__ import annotations
 

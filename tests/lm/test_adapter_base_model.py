@@ -53,7 +53,7 @@ def test_the_config_names_the_runs_base_model_and_still_loads(tmp_path: Path) ->
     }
     loaded = PeftModel.from_pretrained(_tiny_base(tmp_path / "elsewhere"), str(tmp_path / "v1"))
     assert loaded.peft_config["default"].base_model_name_or_path == hub_id
-    # what a user loading the final adapter outside asyncgrpo reads first (README recipe)
+    # what a user loading the final adapter outside asyncgrpo reads first (the CI guide's recipe)
     assert PeftConfig.from_pretrained(str(tmp_path / "v1")).base_model_name_or_path == hub_id
 
 
@@ -67,18 +67,21 @@ def test_the_alias_is_named_by_its_hub_id_and_other_names_pass_unchanged(tmp_pat
         assert PeftConfig.from_pretrained(str(out)).base_model_name_or_path == name
 
 
-def _readme_python_block(containing: str) -> str:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+CI_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "ci.md"
+
+
+def _guide_python_block(containing: str) -> str:
+    """docs/guides/ci.md, "Using the final adapter outside asyncgrpo": its one block with it."""
+    blocks = re.findall(r"```python\n(.*?)```", CI_GUIDE.read_text(), flags=re.DOTALL)
     found = [block for block in blocks if containing in block]
-    assert len(found) == 1, f"{len(found)} README python blocks hold {containing!r}"
+    assert len(found) == 1, f"{len(found)} python blocks of {CI_GUIDE.name} hold {containing!r}"
     return found[0]
 
 
-def test_the_readme_recipe_loads_a_final_adapter_with_peft(
+def test_the_guide_recipe_loads_a_final_adapter_with_peft(
     small_model: Any, small_model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's PEFT recipe, run as written on a final adapter of the real small model
+    """The CI guide's PEFT recipe, run as written on a final adapter of the real small model
     (its base named by a local folder here: this machine has no Hub access)."""
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
     save_adapter_version(
@@ -87,7 +90,7 @@ def test_the_readme_recipe_loads_a_final_adapter_with_peft(
     )  # fmt: skip
     monkeypatch.chdir(tmp_path)
     scope: dict[str, Any] = {}
-    exec(_readme_python_block("PeftModel.from_pretrained"), scope)
+    exec(_guide_python_block("PeftModel.from_pretrained"), scope)
     assert scope["base_id"] == small_model_dir
     assert isinstance(scope["model"], PeftModel)
     assert not any("lora_" in name for name, _ in scope["merged"].named_parameters())

@@ -1,5 +1,5 @@
-"""Every combination of loss_type × importance_level × correction × beta (the table in README,
-"The GRPO loss"): valid, or refused at the field with the reason."""
+"""Every combination of loss_type × importance_level × correction × beta (the table in
+docs/guides/run-config.md, "The GRPO loss"): valid, or refused at the field with the reason."""
 
 from __future__ import annotations
 

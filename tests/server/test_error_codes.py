@@ -38,8 +38,8 @@ def test_every_code_is_snake_case_with_one_status() -> None:
 
 
 def _documented(text: str) -> dict[str, str]:
-    """code → status as a doc's tables say: README's `| `code` | status | when |` rows and
-    docs/architecture/protocol.md's `| status | `code`, `code` |` rows."""
+    """code → status as a doc's tables say: the troubleshooting guide's `| `code` | status | when
+    | what to do |` rows and docs/architecture/protocol.md's `| status | `code`, `code` |` rows."""
     found = dict(re.findall(r"^\| `(\w+)` \| (\d+|its own) \|", text, re.M))
     for status, codes in re.findall(r"^\| (\d+|the framework's own) \| (`.*`) \|$", text, re.M):
         for code in re.findall(r"`(\w+)`", codes):
@@ -47,13 +47,19 @@ def _documented(text: str) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/architecture/protocol.md"])
+@pytest.mark.parametrize("doc", ["docs/guides/troubleshooting.md", "docs/architecture/protocol.md"])
 def test_the_docs_list_every_code_with_its_status(doc: str) -> None:
     text = (Path(server.__file__).parents[1] / doc).read_text()
-    if doc == "README.md":  # its section for API users (other tables list settings)
-        text = text[text.index("### Errors") :].split("\n## ")[0]
     table = {code.value: str(status or "its own") for code, status in STATUS.items()}
     assert _documented(text) == table
+
+
+def test_the_troubleshooting_guide_says_what_to_do_for_every_code() -> None:
+    text = (Path(server.__file__).parents[1] / "docs/guides/troubleshooting.md").read_text()
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| `")]
+    advice = {cells[0].strip(" `"): cells[3].strip() for cells in rows if len(cells) == 4}
+    assert set(advice) == {code.value for code in ErrorCode}
+    assert all(advice.values()), [code for code, what in advice.items() if not what]
 
 
 def _error_classes() -> dict[str, type[AppError]]:

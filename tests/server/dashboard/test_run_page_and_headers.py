@@ -17,7 +17,7 @@ from server.security_headers import CONTENT_SECURITY_POLICY
 from tests.server.dashboard.test_pages import _form, login
 from tests.server.learner.support import attach, make_run, upload_and_publish
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+SECURITY_GUIDE = Path(__file__).resolve().parents[3] / "docs" / "guides" / "security.md"
 HOOK = "https://hooks.example.com/asyncgrpo"
 INLINE_SCRIPT = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>", re.IGNORECASE)
 EVENT_HANDLER = re.compile(r"<[^>]+\son[a-z]+\s*=", re.IGNORECASE)
@@ -140,7 +140,7 @@ def test_every_response_carries_the_security_headers(client: TestClient, admin_t
     policy = dict(d.strip().split(" ", 1) for d in CONTENT_SECURITY_POLICY.split(";"))
     assert policy["script-src"] == "'self'" and "unsafe" not in policy["script-src"]
     assert policy["frame-ancestors"] == "'none'"
-    assert CONTENT_SECURITY_POLICY in README.read_text()  # the README quotes the exact policy
+    assert CONTENT_SECURITY_POLICY in SECURITY_GUIDE.read_text()  # the guide quotes it exactly
 
 
 def test_no_page_has_inline_script(
