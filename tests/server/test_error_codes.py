@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import server
-from protocol.error_codes import STATUS, ErrorCode, status_of
+from protocol.error_codes import MEANING, STATUS, ErrorCode, status_of
 from server.errors import AppError, NotFound
 from tests.conftest import make_settings, mint_token
 from tests.server.learner.support import make_run, make_worker
@@ -60,6 +60,9 @@ def test_the_troubleshooting_guide_says_what_to_do_for_every_code() -> None:
     advice = {cells[0].strip(" `"): cells[3].strip() for cells in rows if len(cells) == 4}
     assert set(advice) == {code.value for code in ErrorCode}
     assert all(advice.values()), [code for code, what in advice.items() if not what]
+    # its "when" column is MEANING's wording (the reference page's, docs/reference/error-codes.md)
+    when = {cells[0].strip(" `"): cells[2].strip() for cells in rows if len(cells) == 4}
+    assert when == {code.value: MEANING[code] for code in ErrorCode}
 
 
 def _error_classes() -> dict[str, type[AppError]]:
