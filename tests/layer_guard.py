@@ -82,6 +82,7 @@ class UnitGuard:
 
     def _wrap(self, original: Callable[..., Any], call: str, what: str) -> Callable[..., Any]:
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
             thread = threading.get_ident()
             if thread in self._exempt:
                 return original(*args, **kwargs)

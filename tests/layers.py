@@ -90,7 +90,7 @@ def reached_fixtures(item: pytest.Item) -> set[str]:
     """The test's fixture closure plus what its parametrized fixtures request at run time."""
     names = set(getattr(item, "fixturenames", ()))
     callspec = getattr(item, "callspec", None)
-    for fixture, param in (callspec.params.items() if callspec else ()):
+    for fixture, param in callspec.params.items() if callspec else ():
         if fixture in names and isinstance(param, str):
             requested = DYNAMIC_REQUESTS.get(fixture, {}).get(param)
             if requested is not None:
@@ -140,7 +140,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _unit_layer_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _unit_layer_guard(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """In a `unit` test, sockets, database connections and processes fail the test."""
     if request.node.get_closest_marker("unit") is None:
         yield

@@ -18,9 +18,13 @@ from asyncgrpo import interrupts
 from asyncgrpo.cluster import PACKAGE_ROOT, PARENT_DEATH, Cluster, ClusterConfig
 from asyncgrpo.parent_death import PARENT_GONE_EXIT
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="/proc and the parent-death signal are Linux's"
-)
+# integration: interrupts child processes
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="/proc and the parent-death signal are Linux's"
+    ),
+]
 
 
 def running(pid: int) -> bool:
