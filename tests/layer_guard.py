@@ -54,8 +54,8 @@ def _entry_points() -> list[tuple[object, str, str]]:
 
 def violation_message(what: str, call: str) -> str:
     return (
-        f"unit test {what} ({call}): mark it integration or use a fixture that says so "
-        "(docs/guides/testing-layers.md)"
+        f"unit test {what}: mark it integration or use a fixture that says so ({call}; "
+        "docs/guides/testing-layers.md)"
     )
 
 
