@@ -50,7 +50,6 @@ MODEL_FIXTURES = frozenset(
         "small_model",
         "tx_backend",  # tests/worker/conftest.py
         "make_backend",  # tests/worker/test_transformers_concurrency.py
-        "base_model",  # tests/learner/test_direction.py
         "rolled_out",  # tests/learner/test_trajectory_logprobs.py
         "tool_call_rollout",  # tests/learner/test_trajectory_logprobs.py
     }

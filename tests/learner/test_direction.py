@@ -31,13 +31,6 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def base_model() -> Any:
-    from lm.models import load_model
-
-    return load_model("smollm2-135m-instruct")
-
-
 def _config(grpo: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(
         {
@@ -59,14 +52,14 @@ def _sequence_logprob(model, prompt: list[int], completion: list[int], eos: int)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_preferred_completion_becomes_more_likely(base_model: Any, variant: str) -> None:
-    from lm.models import load_tokenizer
-
+def test_preferred_completion_becomes_more_likely(
+    small_model: Any, small_tokenizer: Any, variant: str
+) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     config = _config(VARIANTS[variant])
-    tokenizer = load_tokenizer(config.base_model)
-    model = add_lora(copy.deepcopy(base_model), config)
+    tokenizer = small_tokenizer
+    model = add_lora(copy.deepcopy(small_model), config)  # the shared model stays untrained
     prompt = list(
         tokenizer.apply_chat_template(
             [{"role": "user", "content": "What is 7+5?"}],

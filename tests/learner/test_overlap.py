@@ -6,6 +6,7 @@ batch is consumed into exactly one version and the ledger balances."""
 
 from __future__ import annotations
 
+import copy
 import signal
 import uuid
 from pathlib import Path
@@ -82,13 +83,12 @@ def test_kill_during_background_publish_intake_and_between_checkpoints(
     moto_endpoint: S3Endpoint,
     s3_bucket: str,
     tmp_path: Path,
+    small_tokenizer: Any,
 ) -> None:
-    from lm.models import load_tokenizer
-
     base, app = live_s3
     run = _run(app)
     worker_id, _ = make_worker(app)
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = small_tokenizer
     log = tmp_path / "learner.log"
     work = tmp_path / "work"
     batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
@@ -159,14 +159,12 @@ def _steal_lease(app: Any, run_id: uuid.UUID, hold_s: float) -> None:
 
 
 def test_a_lost_lease_stops_the_background_publish(
-    live_s3: tuple[str, Any], tmp_path: Path
+    live_s3: tuple[str, Any], tmp_path: Path, small_tokenizer: Any
 ) -> None:
-    from lm.models import load_tokenizer
-
     base, app = live_s3
     run = _run(app)
     worker_id, _ = make_worker(app)
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = small_tokenizer
     log = tmp_path / "learner.log"
     batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
     proc = _learner(base, run, tmp_path / "work", log, SETTINGS, hold_publish_from=2)
@@ -203,10 +201,12 @@ def _scorer(model: Any, pad_id: int) -> Any:
     return score
 
 
-def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path) -> Any:
-    """The base model with a published version's adapter, read from the bucket folder."""
+def _version_model(
+    base: Any, app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path
+) -> Any:
+    """A copy of the base model with a published version's adapter, read from the bucket
+    folder (PEFT wraps the model it is given in place)."""
     from lm.adapter_io import load_adapter_version
-    from lm.models import load_model
 
     with transaction(app.state.sessionmaker) as session:
         files = session.execute(
@@ -218,11 +218,11 @@ def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp:
     folder.mkdir()
     for name, meta in files.items():
         (folder / name).write_bytes((bucket / meta["key"]).read_bytes())
-    return load_adapter_version(load_model("smollm2-135m-instruct"), folder)
+    return load_adapter_version(copy.deepcopy(base), folder)
 
 
 def test_spot_checks_score_against_the_batchs_own_version(
-    live: tuple[str, Any, Path], tmp_path: Path
+    live: tuple[str, Any, Path], tmp_path: Path, small_model: Any, small_tokenizer: Any
 ) -> None:
     """Every batch spot-checked (fraction 1), each generated with the real log-probs of its
     version: the one trained into v3 was generated with v1 and is checked after the learner has
@@ -231,7 +231,6 @@ def test_spot_checks_score_against_the_batchs_own_version(
     import torch
 
     from learner.spotcheck import compare_logprobs
-    from lm.models import load_model, load_tokenizer
 
     torch.set_num_threads(1)
     base, app, bucket = live
@@ -244,15 +243,15 @@ def test_spot_checks_score_against_the_batchs_own_version(
         sampling={"max_new_tokens": 8, "temperature": 1.0},
     )
     worker_id, _ = make_worker(app)
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = small_tokenizer
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     log = tmp_path / "learner.log"
-    v0 = _scorer(load_model("smollm2-135m-instruct"), pad)
+    v0 = _scorer(small_model, pad)  # read only
     batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path, score=v0)]
     proc = _learner(base, run, tmp_path / "work", log)
     try:
         _wait_version(app, run.id, 1, proc, log)
-        v1 = _scorer(_version_model(app, bucket, run.id, 1, tmp_path), pad)
+        v1 = _scorer(_version_model(small_model, app, bucket, run.id, 1, tmp_path), pad)
         batches += [_real_batch(app, run.id, worker_id, 1, tok, tmp_path, score=v1) for _ in (0, 1)]
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:
@@ -272,7 +271,7 @@ def test_spot_checks_score_against_the_batchs_own_version(
     # the control: the weights the learner held when it checked that batch (v2's, trained
     # past v1) are far from the ones that generated it, so the check above used v1's
     last = pq.read_table(bucket / last_key).to_pydict()
-    v2 = _scorer(_version_model(app, bucket, run.id, 2, tmp_path), pad)
+    v2 = _scorer(_version_model(small_model, app, bucket, run.id, 2, tmp_path), pad)
     pairs = zip(last["prompt_token_ids"], last["completion_token_ids"], strict=True)
     recomputed = [v2(p, c) for p, c in pairs]
     assert compare_logprobs(last["behaviour_logprobs"], recomputed).mean_abs_diff > 1e-2
