@@ -5,6 +5,7 @@ opens a socket, a database or a process."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -206,7 +207,9 @@ def test_unit():
     result.stdout.fnmatch_lines([f"*unit test opened a socket: {MESSAGE}*"])
 
 
+@cache
 def _fixture_functions() -> dict[str, list[ast.FunctionDef]]:
+    """Every fixture function under tests/, by name (parsed once for both checks)."""
     found: dict[str, list[ast.FunctionDef]] = {}
     for path in TESTS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
