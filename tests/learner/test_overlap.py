@@ -6,7 +6,6 @@ batch is consumed into exactly one version and the ledger balances."""
 
 from __future__ import annotations
 
-import copy
 import signal
 import uuid
 from pathlib import Path
@@ -201,12 +200,12 @@ def _scorer(model: Any, pad_id: int) -> Any:
     return score
 
 
-def _version_model(
-    base: Any, app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path
-) -> Any:
-    """A copy of the base model with a published version's adapter, read from the bucket
-    folder (PEFT wraps the model it is given in place)."""
+def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path) -> Any:
+    """A fresh base model with a published version's adapter, read from the bucket folder
+    (PEFT wraps the model in place, so never the shared small_model; a reload costs less than
+    a deep copy)."""
     from lm.adapter_io import load_adapter_version
+    from lm.models import load_model
 
     with transaction(app.state.sessionmaker) as session:
         files = session.execute(
@@ -218,7 +217,7 @@ def _version_model(
     folder.mkdir()
     for name, meta in files.items():
         (folder / name).write_bytes((bucket / meta["key"]).read_bytes())
-    return load_adapter_version(copy.deepcopy(base), folder)
+    return load_adapter_version(load_model("smollm2-135m-instruct"), folder)
 
 
 def test_spot_checks_score_against_the_batchs_own_version(
@@ -251,7 +250,7 @@ def test_spot_checks_score_against_the_batchs_own_version(
     proc = _learner(base, run, tmp_path / "work", log)
     try:
         _wait_version(app, run.id, 1, proc, log)
-        v1 = _scorer(_version_model(small_model, app, bucket, run.id, 1, tmp_path), pad)
+        v1 = _scorer(_version_model(app, bucket, run.id, 1, tmp_path), pad)
         batches += [_real_batch(app, run.id, worker_id, 1, tok, tmp_path, score=v1) for _ in (0, 1)]
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:
@@ -271,7 +270,7 @@ def test_spot_checks_score_against_the_batchs_own_version(
     # the control: the weights the learner held when it checked that batch (v2's, trained
     # past v1) are far from the ones that generated it, so the check above used v1's
     last = pq.read_table(bucket / last_key).to_pydict()
-    v2 = _scorer(_version_model(small_model, app, bucket, run.id, 2, tmp_path), pad)
+    v2 = _scorer(_version_model(app, bucket, run.id, 2, tmp_path), pad)
     pairs = zip(last["prompt_token_ids"], last["completion_token_ids"], strict=True)
     recomputed = [v2(p, c) for p, c in pairs]
     assert compare_logprobs(last["behaviour_logprobs"], recomputed).mean_abs_diff > 1e-2

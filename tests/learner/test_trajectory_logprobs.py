@@ -7,7 +7,6 @@ trainer's path (collate + packed_logprobs, the LoRA-wrapped model) and the spot 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,13 +83,13 @@ def _assert_close(recomputed: list[list[float]], ts: list[Trajectory]) -> None:
     assert sum(diffs) / len(diffs) < MEAN_TOL and max(diffs) < MAX_TOL, max(diffs)
 
 
-def test_learner_logprobs_of_model_tokens_equal_the_workers(
-    rolled_out: Any, small_model: Any
-) -> None:
+def test_learner_logprobs_of_model_tokens_equal_the_workers(rolled_out: Any) -> None:
+    from lm.models import load_model
+
     tokenizer, ts = rolled_out
     assert len(ts) == 2 and all("environment" in [s.kind for s in t.spans] for t in ts)
     assert len(ts[0].token_ids) != len(ts[1].token_ids)  # so the micro-batch pads one
-    model = add_lora(copy.deepcopy(small_model), _config()).eval()  # PEFT wraps it in place
+    model = add_lora(load_model("smollm2-135m-instruct"), _config()).eval()
     pad = int(tokenizer.eos_token_id)
 
     mb = collate([TrainSequence(Completion.from_trajectory(t), 0.0) for t in ts], pad_id=pad)
@@ -167,14 +166,13 @@ def tool_call_rollout() -> Iterator[tuple[Any, Trajectory]]:
         backend.close()
 
 
-def test_a_real_tool_call_trajectory_trains_model_tokens_only(
-    tool_call_rollout: Any, small_model: Any
-) -> None:
+def test_a_real_tool_call_trajectory_trains_model_tokens_only(tool_call_rollout: Any) -> None:
     """Masks follow the spans, the learner's environment check passes, the learner's
     log-probs of the model tokens equal the worker's, and the loss's gradient is zero on every
     environment token and non-zero on model tokens (the loss through the LoRA model)."""
     from learner.env_check import check_trajectory
     from learner.loss import grpo_loss
+    from lm.models import load_model
 
     tokenizer, t = tool_call_rollout
     model_messages = [m for m in t.messages if m.kind == "model"]
@@ -186,7 +184,7 @@ def test_a_real_tool_call_trajectory_trains_model_tokens_only(
         assert set(t.loss_mask[span.start : span.end]) == {int(span.kind == "model")}
     check_trajectory(t, tokenizer, TOOLS)  # the transcript re-derives the tokens
 
-    model = add_lora(copy.deepcopy(small_model), _config())
+    model = add_lora(load_model(SMALL_MODEL), _config())
     mb = collate(
         [TrainSequence(Completion.from_trajectory(t), 1.0)], pad_id=int(tokenizer.eos_token_id)
     )
