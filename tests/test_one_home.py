@@ -7,37 +7,52 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("server", "protocol", "worker", "learner", "lm", "asyncgrpo", "bench")
 
 
+@cache
+def _parsed() -> tuple[tuple[str, ast.AST], ...]:
+    """Parsed once for all the checks (each only reads the trees)."""
+    return tuple((module, ast.parse(text)) for module, text in _sources())
+
+
 def _modules() -> Iterator[tuple[str, ast.AST]]:
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+    return iter(_parsed())
 
 
-def _string_collections(tree: ast.AST) -> Iterator[set[str]]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            yield {e.value for e in node.elts if isinstance(e, ast.Constant)} - {None}
+@cache
+def _string_sets() -> tuple[tuple[str, set[str]], ...]:
+    """Every tuple, list and set literal's constants, by module."""
+    return tuple(
+        (module, {e.value for e in node.elts if isinstance(e, ast.Constant)} - {None})
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Tuple | ast.List | ast.Set)
+    )
+
+
+@cache
+def _functions() -> tuple[tuple[str, ast.FunctionDef, str], ...]:
+    """Every function, by module, with its source as ast.unparse writes it."""
+    return tuple(
+        (module, node, ast.unparse(node))
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+    )
 
 
 def test_terminal_statuses_are_written_once() -> None:
     """Three different TERMINAL tuples once disagreed (one counted budget_exhausted)."""
-    homes = {
-        module
-        for module, tree in _modules()
-        for strings in _string_collections(tree)
-        if {"completed", "cancelled"} <= strings
-    }
+    homes = {module for module, strings in _string_sets() if {"completed", "cancelled"} <= strings}
     assert homes == {"protocol/schemas.py"}
 
 
-def _hashes_a_file_it_reads(node: ast.FunctionDef) -> bool:
-    source = ast.unparse(node)
+def _hashes_a_file_it_reads(source: str) -> bool:
     return "hashlib.sha256" in source and ('"rb"' in source or "'rb'" in source)
 
 
@@ -46,9 +61,8 @@ def test_one_file_hash_helper() -> None:
     too many: protocol.storage.sha256_file is the only function that hashes a file it reads."""
     helpers = {
         f"{module}:{node.name}"
-        for module, tree in _modules()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and _hashes_a_file_it_reads(node)
+        for module, node, source in _functions()
+        if _hashes_a_file_it_reads(source)
     }
     assert helpers == {"protocol/storage.py:sha256_file"}
 
@@ -65,29 +79,30 @@ def test_events_are_inserted_in_one_place() -> None:
     assert inserters == {"server/events/repository.py"}
 
 
+@cache
+def _read() -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (path.relative_to(ROOT).as_posix(), path.read_text())
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    )
+
+
 def _sources() -> Iterator[tuple[str, str]]:
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            yield path.relative_to(ROOT).as_posix(), path.read_text()
+    return iter(_read())
 
 
 def _functions_calling(*names: str) -> set[str]:
     return {
         f"{module}:{node.name}"
-        for module, tree in _modules()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and all(name in ast.unparse(node) for name in names)
+        for module, node, source in _functions()
+        if all(name in source for name in names)
     }
 
 
 def test_the_leasing_statuses_are_written_once() -> None:
     """("running", "evaluating") was spelled in four places, one of them SQL text."""
-    homes = {
-        module
-        for module, tree in _modules()
-        for strings in _string_collections(tree)
-        if strings == {"running", "evaluating"}
-    }
+    homes = {module for module, strings in _string_sets() if strings == {"running", "evaluating"}}
     assert homes == {"protocol/schemas.py"}
     assert [m for m, text in _sources() if "'running', 'evaluating'" in text] == []
 
@@ -97,9 +112,7 @@ def test_the_fencing_increment_is_written_once() -> None:
     and the eval cadence (evals.service.eval_first) foresaw the next grant's token so."""
     homes = {
         f"{module}:{function.name}"
-        for module, tree in _modules()
-        for function in ast.walk(tree)
-        if isinstance(function, ast.FunctionDef)
+        for module, function, _ in _functions()
         for node in ast.walk(function)
         if isinstance(node, ast.BinOp)
         and isinstance(node.op, ast.Add)
@@ -143,12 +156,7 @@ def test_the_loss_option_types_are_written_once() -> None:
         {"none", "tis"},
         {"group", "none"},
     ):
-        homes = {
-            module
-            for module, tree in _modules()
-            for strings in _string_collections(tree)
-            if strings == options
-        }
+        homes = {module for module, strings in _string_sets() if strings == options}
         assert homes == {"protocol/run_config.py"}, options
 
 
@@ -185,9 +193,8 @@ def test_token_authentication_is_written_once() -> None:
                 assert spelled not in text, (module, spelled)
 
 
-def _waits_by_hand(node: ast.FunctionDef) -> bool:
+def _waits_by_hand(node: ast.FunctionDef, source: str) -> bool:
     """A loop of tries that sleeps an exponentially growing wait it computes itself."""
-    source = ast.unparse(node)
     pauses = "sleep(" in source or ".wait(" in source
     grows = "2 **" in source or "* 2)" in source
     return pauses and grows and any(isinstance(n, ast.For | ast.While) for n in ast.walk(node))
@@ -199,8 +206,7 @@ def test_one_retry_policy() -> None:
     protocol/retrying.py (tenacity) is the one policy; no function computes its own wait."""
     by_hand = {
         f"{module}:{node.name}"
-        for module, tree in _modules()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and _waits_by_hand(node)
+        for module, node, source in _functions()
+        if _waits_by_hand(node, source)
     }
     assert by_hand == set()

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# integration: runs the CLI as a subprocess
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "asyncgrpo.cli"]
 

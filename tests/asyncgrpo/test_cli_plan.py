@@ -129,6 +129,7 @@ def test_help_names_what_it_plans() -> None:
         assert words in result.output
 
 
+@pytest.mark.integration  # connects to a database
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -149,6 +150,7 @@ def test_from_run_without_a_reachable_database_is_an_error(
     assert message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.integration  # a SQLite file
 def test_from_run_on_an_empty_or_missing_sqlite_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]

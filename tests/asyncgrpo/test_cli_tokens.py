@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 
 from tests.asyncgrpo.test_cli import _run
 
+# integration: runs the CLI as a subprocess on SQLite files
+pytestmark = pytest.mark.integration
+
 
 def _ids(out: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]

@@ -48,6 +48,7 @@ def python_with_sigint_ignored(script: str) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.integration  # a child interpreter
 def test_sigint_interrupts_when_started_ignored() -> None:
     script = textwrap.dedent("""
         import signal, time
@@ -69,6 +70,7 @@ def test_sigint_interrupts_when_started_ignored() -> None:
     assert out.strip() == "interrupted"
 
 
+@pytest.mark.e2e  # the Cluster starts its learner
 @pytest.mark.timeout(60)
 def test_a_signal_after_the_fork_waits_for_the_child_to_be_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -101,6 +103,7 @@ def test_a_signal_after_the_fork_waits_for_the_child_to_be_recorded(
     assert wait_until(lambda: not running(pid))
 
 
+@pytest.mark.integration  # child interpreters
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
@@ -120,6 +123,7 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     assert wait_until(lambda: not running(child)), f"child {child} outlived its parent"
 
 
+@pytest.mark.integration  # child interpreters
 def test_parent_death_runs_nothing_when_the_parent_is_already_gone(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     gone = subprocess.run(

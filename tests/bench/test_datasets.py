@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# integration: runs the benchmark as a subprocess
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

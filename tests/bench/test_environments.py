@@ -58,6 +58,7 @@ def test_the_product_comes_from_the_prompt_message() -> None:
     assert product_asked([]) is None
 
 
+@pytest.mark.integration  # the real model and the tool sandbox
 @pytest.mark.timeout(120)
 def test_throughput_part_on_the_small_model(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--part", "throughput", "--prompts", "1", "--group-size", "1",

@@ -52,6 +52,7 @@ def test_strict_validation_refuses_an_unknown_field() -> None:
         kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
 
 
+@pytest.mark.integration  # runs kubectl
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (built-in kustomize) absent")
 def test_kustomize_renders_valid_objects() -> None:
     rendered = subprocess.run(
@@ -147,6 +148,7 @@ def _cli(*paths: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration  # runs kubernetes-validate
 def test_kubernetes_validate_cli_strict_passes_every_object() -> None:
     """Every object `passed`, none only warned about: the CLI merely warns (exit 0) on a kind it
     has no schema for, so a misspelt apiVersion must show up as a missing `passed` line."""
@@ -159,6 +161,7 @@ def test_kubernetes_validate_cli_strict_passes_every_object() -> None:
     assert out.count(" passed for resource ") == objects
 
 
+@pytest.mark.integration  # runs kubernetes-validate
 def test_kubernetes_validate_cli_fails_a_broken_manifest(tmp_path: Path) -> None:
     sts = _by_kind("StatefulSet", "asyncgrpo-worker")
     sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "twenty"
@@ -256,6 +259,7 @@ def _pre_stop(pid: int) -> list[str]:
     return command
 
 
+@pytest.mark.integration  # runs the hook's shell
 def test_pre_stop_hook_signals_and_waits_for_the_exit_within_the_grace() -> None:
     """The hook, run for real against a process that releases for 0.5 s after SIGTERM (as the
     worker does): it returns once that process has exited, not at its own bound; and its bound

@@ -16,10 +16,15 @@ from tests.deploy.manifests import ROOT, SKYPILOT
 PYTHON = ROOT / ".venv-skypilot" / "bin" / "python"
 CHECK = Path(__file__).with_name("skypilot_check.py")
 
-pytestmark = pytest.mark.skipif(
-    not PYTHON.exists(),
-    reason=".venv-skypilot is absent: run scripts/install_skypilot.sh to check the SkyPilot task",
-)
+# integration: runs SkyPilot's CLI
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not PYTHON.exists(),
+        reason=".venv-skypilot is absent: run scripts/install_skypilot.sh to check the SkyPilot "
+        "task",
+    ),
+]
 
 
 def _check(path: Path) -> subprocess.CompletedProcess[str]:

@@ -38,6 +38,7 @@ def _config(*profiles: str) -> dict[str, Any]:
     return parsed
 
 
+@pytest.mark.integration  # runs docker compose
 @needs_compose
 def test_compose_file_validates() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRPO_")}
@@ -51,6 +52,7 @@ def test_compose_file_validates() -> None:
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.integration  # runs docker compose
 @needs_compose
 def test_stack_services_health_checks_and_gpu_profiles() -> None:
     services = _config("worker", "learner")["services"]

@@ -3,7 +3,6 @@ completion's probability rises after a few GRPO optimizer steps, with each loss 
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -31,13 +30,6 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def base_model() -> Any:
-    from lm.models import load_model
-
-    return load_model("smollm2-135m-instruct")
-
-
 def _config(grpo: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(
         {
@@ -59,14 +51,15 @@ def _sequence_logprob(model, prompt: list[int], completion: list[int], eos: int)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_preferred_completion_becomes_more_likely(base_model: Any, variant: str) -> None:
-    from lm.models import load_tokenizer
+def test_preferred_completion_becomes_more_likely(small_tokenizer: Any, variant: str) -> None:
+    from lm.models import load_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     config = _config(VARIANTS[variant])
-    tokenizer = load_tokenizer(config.base_model)
-    model = add_lora(copy.deepcopy(base_model), config)
+    tokenizer = small_tokenizer
+    # trained in place, so never the shared small_model; a reload costs less than a deep copy
+    model = add_lora(load_model(config.base_model), config)
     prompt = list(
         tokenizer.apply_chat_template(
             [{"role": "user", "content": "What is 7+5?"}],

@@ -28,6 +28,7 @@ def judge_spec(url: str, **kwargs: object) -> RewardSpec:
     )
 
 
+@pytest.mark.integration  # a judge server and a child process
 def test_the_judge_scores_in_a_child_with_the_hosts_key_and_policy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -44,6 +45,7 @@ def test_the_judge_scores_in_a_child_with_the_hosts_key_and_policy(
     assert os.environ[KEY_ENV] == "pool-key"
 
 
+@pytest.mark.integration  # a judge server and a child process
 def test_a_refused_or_failing_judge_fails_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("protocol.rewards_judge.BACKOFF_S", 0.01)  # forkserver: not inherited
     with fake_judge(lambda body, n: Reply(status=500)) as fake:

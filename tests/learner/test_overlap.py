@@ -82,13 +82,12 @@ def test_kill_during_background_publish_intake_and_between_checkpoints(
     moto_endpoint: S3Endpoint,
     s3_bucket: str,
     tmp_path: Path,
+    small_tokenizer: Any,
 ) -> None:
-    from lm.models import load_tokenizer
-
     base, app = live_s3
     run = _run(app)
     worker_id, _ = make_worker(app)
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = small_tokenizer
     log = tmp_path / "learner.log"
     work = tmp_path / "work"
     batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
@@ -159,14 +158,12 @@ def _steal_lease(app: Any, run_id: uuid.UUID, hold_s: float) -> None:
 
 
 def test_a_lost_lease_stops_the_background_publish(
-    live_s3: tuple[str, Any], tmp_path: Path
+    live_s3: tuple[str, Any], tmp_path: Path, small_tokenizer: Any
 ) -> None:
-    from lm.models import load_tokenizer
-
     base, app = live_s3
     run = _run(app)
     worker_id, _ = make_worker(app)
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = small_tokenizer
     log = tmp_path / "learner.log"
     batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
     proc = _learner(base, run, tmp_path / "work", log, SETTINGS, hold_publish_from=2)
@@ -204,7 +201,9 @@ def _scorer(model: Any, pad_id: int) -> Any:
 
 
 def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path) -> Any:
-    """The base model with a published version's adapter, read from the bucket folder."""
+    """A fresh base model with a published version's adapter, read from the bucket folder
+    (PEFT wraps the model in place, so never the shared small_model; a reload costs less than
+    a deep copy)."""
     from lm.adapter_io import load_adapter_version
     from lm.models import load_model
 
@@ -222,7 +221,7 @@ def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp:
 
 
 def test_spot_checks_score_against_the_batchs_own_version(
-    live: tuple[str, Any, Path], tmp_path: Path
+    live: tuple[str, Any, Path], tmp_path: Path, small_model: Any, small_tokenizer: Any
 ) -> None:
     """Every batch spot-checked (fraction 1), each generated with the real log-probs of its
     version: the one trained into v3 was generated with v1 and is checked after the learner has
@@ -231,7 +230,6 @@ def test_spot_checks_score_against_the_batchs_own_version(
     import torch
 
     from learner.spotcheck import compare_logprobs
-    from lm.models import load_model, load_tokenizer
 
     torch.set_num_threads(1)
     base, app, bucket = live
@@ -244,10 +242,10 @@ def test_spot_checks_score_against_the_batchs_own_version(
         sampling={"max_new_tokens": 8, "temperature": 1.0},
     )
     worker_id, _ = make_worker(app)
-    tok = load_tokenizer("smollm2-135m-instruct")
+    tok = small_tokenizer
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     log = tmp_path / "learner.log"
-    v0 = _scorer(load_model("smollm2-135m-instruct"), pad)
+    v0 = _scorer(small_model, pad)  # read only
     batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path, score=v0)]
     proc = _learner(base, run, tmp_path / "work", log)
     try:

@@ -16,7 +16,8 @@ from learner.reward_pool import RewardBatchFailed, RewardPool, RewardPoolClosed
 from protocol.rewards import BUILTINS, RewardAllowlist, RewardError, resolve
 from protocol.run_config import RewardSpec
 
-pytestmark = pytest.mark.timeout(120)
+# integration: the reward pool's child processes
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MOD = "tests.learner.rewards_for_tests"
 ALLOWED = RewardAllowlist(modules=frozenset({MOD, "asyncgrpo_tests_no_such_module"}))
 

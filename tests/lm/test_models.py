@@ -28,6 +28,7 @@ def _worker(dest: str, counter: str, barrier, results) -> None:  # type: ignore[
     results.put((os.getpid(), built, (Path(dest) / "weights.bin").stat().st_size))
 
 
+@pytest.mark.integration  # two processes
 @pytest.mark.timeout(60)
 def test_two_processes_build_once(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")

@@ -90,6 +90,7 @@ def test_literal_check_at_registration() -> None:
     assert OutboundPolicy(allow_private=True).literal_refusal("http://127.0.0.1/") is None
 
 
+@pytest.mark.integration  # a webhook receiver on 127.0.0.1
 def test_the_client_refuses_loopback_unless_allowed() -> None:
     with webhook_receiver([]) as receiver:
         with client(OutboundPolicy(), timeout_s=5) as http:
@@ -100,6 +101,7 @@ def test_the_client_refuses_loopback_unless_allowed() -> None:
     assert len(receiver.requests) == 1  # the refused call sent nothing
 
 
+@pytest.mark.integration  # a webhook receiver on 127.0.0.1
 def test_a_name_is_checked_on_what_it_resolves_to_at_send_time() -> None:
     """A stand-in DNS: the name first resolves to an allowed address, then to a private one
     (rebinding). The second call is refused although the name is the same; the first
@@ -122,6 +124,7 @@ def test_a_name_is_checked_on_what_it_resolves_to_at_send_time() -> None:
     assert headers["host"].startswith("hooks.test:")
 
 
+@pytest.mark.integration  # a webhook receiver on 127.0.0.1
 def test_environment_proxies_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """A proxy would connect on the caller's behalf, past the check."""
     monkeypatch.setenv("HTTP_PROXY", "http://93.184.216.34:3128")

@@ -19,6 +19,9 @@ from protocol.rewards_judge import JudgeHost, parse_score, use_host
 from protocol.run_config import RewardSpec
 from tests.fake_judge import Reply, fake_judge
 
+# integration: a judge HTTP server on 127.0.0.1 (tests/fake_judge.py)
+pytestmark = pytest.mark.integration
+
 LOCAL = OutboundPolicy(allow_private=True)  # the fake judge listens on 127.0.0.1
 KEY_ENV = "ASYNCGRPO_TEST_JUDGE_KEY"
 

@@ -18,6 +18,9 @@ from protocol.storage import PresignedPut
 from protocol.transfer import TransferError, download_url, upload_presigned
 from tests.s3_fixtures import free_port
 
+# integration: an HTTP server on 127.0.0.1
+pytestmark = pytest.mark.integration
+
 BODY = b"batch bytes"
 
 

@@ -56,6 +56,7 @@ def test_settings_from_env_and_validation(monkeypatch: pytest.MonkeyPatch) -> No
         WorkerSettings(idle_backoff_min_s=5, idle_backoff_max_s=1)
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_worker_command_imports_no_web_stack() -> None:
     """`asyncgrpo worker` parses its settings without importing fastapi, sqlalchemy or torch."""
     import subprocess

@@ -187,6 +187,7 @@ class Broken(Environment):
         raise KeyError("the environment's own bug")
 
 
+@pytest.mark.integration  # the tool sandbox's child
 def test_a_failing_environment_is_a_rollout_failure(backend: CountingBackend) -> None:
     allowed = EnvironmentAllowlist(modules=frozenset({__name__}))
     rollouts = EnvironmentRollouts(backend, allowed=allowed)

@@ -18,6 +18,9 @@ from protocol.client import AsyncGrpoClient
 from protocol.error_codes import ErrorCode
 from worker.versions import VersionFeed
 
+# integration: a server on 127.0.0.1
+pytestmark = pytest.mark.integration
+
 STOPS_WITHIN_S = 10.0
 
 

@@ -73,6 +73,7 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.mark.e2e  # two worker processes
 def test_a_second_worker_process_on_the_same_token_file_is_refused(tmp_path: Path) -> None:
     token_file = tmp_path / "shared" / "token.json"
     # the first holds the token file while it retries a server that does not answer

@@ -21,7 +21,8 @@ from tests.learner.tracking.support import (
 )
 from tests.learner.tracking.wandb_records import read_run
 
-pytestmark = [pytest.mark.timeout(300)]
+# integration: each tracker backend in a probe subprocess
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 LOSSES = [0.5, 0.25, 0.125]
 
 

@@ -249,6 +249,7 @@ def test_without_a_tracker_every_call_is_a_no_op() -> None:
     assert tracker.spec is None and not tracker.active and tracker.failed is None
 
 
+@pytest.mark.integration  # a fresh interpreter
 def test_no_tracker_package_is_imported_until_a_tracker_starts() -> None:
     import subprocess
     import sys

@@ -19,12 +19,8 @@ FAST = {f"{job}_interval_s": 0.2 for job in ("sweep", "cost", "budget", "alarm",
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_inprocess_scheduler_sweeps_expired_leases(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    url = str(request.getfixturevalue("sqlite_url" if backend == "sqlite" else "pg_url"))
-    settings = make_settings(url, tmp_path / "bucket", jobs={"mode": "inprocess", **FAST})
+def test_inprocess_scheduler_sweeps_expired_leases(db_url: str, tmp_path: Path) -> None:
+    settings = make_settings(db_url, tmp_path / "bucket", jobs={"mode": "inprocess", **FAST})
     app = create_app(settings, migrate=True)
     with TestClient(app):
         assert app.state.scheduler is not None
