@@ -137,6 +137,7 @@ def test_parent_death_runs_nothing_when_the_parent_is_already_gone(tmp_path: Pat
     assert ok.returncode == 0 and marker.exists()
 
 
+@pytest.mark.integration  # a child interpreter
 @pytest.mark.parametrize("forget", [True, False])
 def test_interrupt_caught_inside_a_string_exec_keeps_the_exit_code(
     tmp_path: Path, forget: bool
