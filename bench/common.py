@@ -42,6 +42,7 @@ from protocol.client import AsyncGrpoClient
 from protocol.storage import PresignedPut, sha256_file
 from protocol.transfer import upload_presigned
 from server.runs.waste import Waste, stale_waste
+from tests.harness.runs import LIVE_RUN, arithmetic
 
 MB = 1024 * 1024
 MODEL = "smollm2-135m-instruct"
@@ -426,26 +427,16 @@ def load_average() -> str:
 # -- a sweep of runs on one cluster ------------------------------------------------------------
 
 
-def tiny_run(name: str, versions: int, **overrides: Any) -> dict[str, Any]:
-    """A tiny arithmetic run: G = 4, 1 prompt per lease, 2 per step, 16 new tokens, LoRA r 4."""
-    config: dict[str, Any] = {
-        "name": name,
-        "base_model": MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 400, "seed": 0},
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"learning_rate": 5e-4, "spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
-        "group_size": 4,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 2,
-        "max_versions": versions,
-        "max_attempts": 3,
-        "lease_ttl_s": 30.0,
-        "heartbeat_interval_s": 1.0,
-    }
-    config.update(overrides)
-    return config
+# A sweep's tiny arithmetic run (a layer of tests/harness/runs.py run_config): G = 4, 1 prompt
+# per lease, 2 per step, 16 new tokens, LoRA r 4; give it a name and max_versions.
+SWEEP_RUN: dict[str, Any] = {
+    **LIVE_RUN,
+    "dataset": arithmetic(400),
+    "grpo": {"learning_rate": 5e-4, "spot_check_fraction": 0.0},
+    "prompts_per_lease": 1,
+    "prompts_per_step": 2,
+    "lease_ttl_s": 30.0,
+}
 
 
 @dataclass(frozen=True)

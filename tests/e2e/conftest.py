@@ -22,29 +22,6 @@ LEASE_TTL_S = 5.0
 LEARNER_LEASE_TTL_S = 10.0
 
 
-def tiny_run(epochs: int, **overrides: Any) -> dict[str, Any]:
-    """8 prompts, G = 4, 16 new tokens, LoRA r = 4, a 5 s lease TTL."""
-    config: dict[str, Any] = {
-        "name": "e2e-faults",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 8, "seed": 0},
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"system_prompt": "You are a helpful assistant.", "spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
-        "group_size": 4,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 4,
-        "max_staleness": 1,
-        "max_attempts": 5,
-        "epochs": epochs,
-        "lease_ttl_s": LEASE_TTL_S,
-        "heartbeat_interval_s": 1.0,
-    }
-    config.update(overrides)
-    return config
-
-
 class E2E:
     """A cluster plus the test's views of it: SQL on its database, the bucket proxy."""
 

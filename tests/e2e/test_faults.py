@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import E2E, tiny_run
+from tests.e2e.conftest import E2E, LEASE_TTL_S
+from tests.harness.runs import LIVE_RUN, arithmetic, run_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
 
@@ -37,7 +38,18 @@ def tail_from(log: Path) -> Callable[[], str]:
 def start(e2e: E2E, epochs: int, workers: tuple[str, ...] = ("w1", "w2")) -> None:
     c = e2e.cluster
     c.start_server()
-    c.create_run(tiny_run(epochs))
+    # 8 prompts, two a lease, a 5 s lease TTL
+    c.create_run(
+        run_config(
+            LIVE_RUN,
+            name="e2e-faults",
+            dataset=arithmetic(8),
+            grpo={"spot_check_fraction": 0.0},
+            max_attempts=5,
+            epochs=epochs,
+            lease_ttl_s=LEASE_TTL_S,
+        )
+    )
     c.start_learner()
     for name in workers:
         c.start_worker(name)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from lm.chat import tokenizer_fingerprint
-from tests.worker.harness import RUNNING, ServerProcess, Stack, run_config
+from tests.harness.runs import run_config
+from tests.worker.harness import RUNNING, ServerProcess, Stack, worker_run
 
 SMALL_MODEL = "smollm2-135m-instruct"
 PROMPTS = [
@@ -81,7 +82,9 @@ def make_stack(server: ServerProcess, small_tokenizer: Any) -> Iterator[Callable
 
     def make(n_prompts: int, **overrides: Any) -> Stack:
         stack = Stack(
-            server, tokenizer_fingerprint(small_tokenizer), run_config(n_prompts, **overrides)
+            server,
+            tokenizer_fingerprint(small_tokenizer),
+            run_config(worker_run(n_prompts), **overrides),
         )
         stacks.append(stack)
         return stack

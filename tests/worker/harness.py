@@ -22,6 +22,7 @@ from protocol.client import AsyncGrpoClient
 from protocol.schemas_learner import PublishedFile, PublishRequest, UploadFile, UploadsRequest
 from protocol.transfer import upload_presigned
 from tests.conftest import TEST_SECRET
+from tests.harness.runs import LIVE_RUN, jsonl
 from tests.s3_fixtures import free_port
 from worker.config import WorkerSettings
 
@@ -103,34 +104,21 @@ def mint_admin_token(database_url: str) -> str:
         engine.dispose()
 
 
-def run_config(n_prompts: int, **overrides: Any) -> dict[str, Any]:
-    """A tiny run: G=4, 16 new tokens, LoRA r=4, short TTLs."""
-    config: dict[str, Any] = {
-        "name": "worker-e2e",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {
-            "kind": "jsonl",
-            "rows": [
-                {
-                    "prompt": f"What is {i} + {i + 3}? Answer with just the number.",
-                    "answer": str(2 * i + 3),
-                }
-                for i in range(n_prompts)
-            ],
-        },  # fmt: skip
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"system_prompt": SYSTEM_PROMPT},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
-        "group_size": 4,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 4,
-        "max_staleness": 1,
-        "lease_ttl_s": 30.0,
-        "heartbeat_interval_s": 1.0,
-    }
-    config.update(overrides)
-    return config
+# The worker tests' run (a layer of tests/harness/runs.py run_config), a 30 s lease TTL.
+WORKER_RUN: dict[str, Any] = {**LIVE_RUN, "name": "worker-e2e", "lease_ttl_s": 30.0}
+
+
+def sum_rows(n: int) -> list[dict[str, Any]]:
+    """`What is i + (i + 3)?`, answered with just the number, for i < n."""
+    return [
+        {"prompt": f"What is {i} + {i + 3}? Answer with just the number.", "answer": str(2 * i + 3)}
+        for i in range(n)
+    ]
+
+
+def worker_run(n_prompts: int) -> dict[str, Any]:
+    """The layer of a worker test's run of `n_prompts` rows."""
+    return {**WORKER_RUN, "dataset": jsonl(sum_rows(n_prompts))}
 
 
 class Stack:

@@ -19,6 +19,7 @@ from server.learner.retention import apply_retention
 from server.models import AdapterVersion, Lease, PromptRow, RolloutBatch, Run, Worker
 from server.runs.service import create_run
 from tests.conftest import mint_token
+from tests.harness.runs import run_config
 
 FP = "tok-fp-1"
 
@@ -36,30 +37,10 @@ class RunHandle:
         return f"/api/v1/runs/{self.id}/{path}"
 
 
-def make_config(**overrides: Any) -> RunConfig:
-    base: dict[str, Any] = {
-        "name": "learner-test",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {
-            "kind": "jsonl",
-            "rows": [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)],
-        },
-        "rewards": [{"name": "numeric_match"}],
-        "group_size": 2,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 2,
-        "max_staleness": 1,
-        "max_attempts": 3,
-        "epochs": 1,
-    }
-    base.update(overrides)
-    return RunConfig.model_validate(base)
-
-
 def make_run(app: Any, **overrides: Any) -> RunHandle:
     """A pending run created by the runs feature (dataset rows, every epoch's prompt rows
     queued, epoch 0 first) and its learner token."""
-    config = make_config(**overrides)
+    config = RunConfig.model_validate(run_config({"name": "learner-test"}, **overrides))
     with transaction(app.state.sessionmaker) as session:
         run, token = create_run(session, config)
         run_id = run.id
