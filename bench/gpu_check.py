@@ -57,8 +57,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncgrpo.cluster import Cluster, ClusterConfig  # noqa: E402
+from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, report  # noqa: E402
+from tests.harness.stack import (  # noqa: E402
+    FAST_LEARNER_ENV,
+    FAST_SERVER_ENV,
+    FAST_WORKER_ENV,
+    cluster_config,
+)
 
 BANNER = (
     "RANDOM WEIGHTS: every figure below is about speed only (tokens/s, MFU, memory, latency); "
@@ -292,7 +298,7 @@ class Outcome:
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
     return {
-        **common.FAST_WORKER_ENV,
+        **FAST_WORKER_ENV,
         "ASYNCGRPO_WORKER_DEVICE": args.device,
         "ASYNCGRPO_WORKER_DTYPE": args.dtype,
         "ASYNCGRPO_WORKER_MAX_BATCH_SEQUENCES": str(args.batch_sequences),
@@ -301,17 +307,17 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
 
 def learner_env(args: argparse.Namespace) -> dict[str, str]:
     return {
-        **common.FAST_LEARNER_ENV,
+        **FAST_LEARNER_ENV,
         "ASYNCGRPO_LEARNER_DEVICE": args.device,
         "ASYNCGRPO_LEARNER_DTYPE": args.dtype,
     }
 
 
 def run_cluster(args: argparse.Namespace, work: Path, model_dir: Path, deadline: float) -> Outcome:
-    config = ClusterConfig(
-        work_dir=work / "cluster",
+    config = cluster_config(
+        work / "cluster",
         model=str(model_dir),
-        server_env=dict(common.FAST_SERVER_ENV),
+        server_env=FAST_SERVER_ENV,
         worker_env=worker_env(args),
         learner_env=learner_env(args),
     )

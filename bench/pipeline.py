@@ -58,6 +58,7 @@ if __package__ in (None, ""):  # a plain script: the repository root, not bench/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import common, report  # noqa: E402
+from tests.harness.stack import moto_process  # noqa: E402
 
 log = logging.getLogger("bench.pipeline")
 MODES = {"overlap": "1", "serial": "0"}  # ASYNCGRPO_LEARNER_OVERLAP
@@ -633,8 +634,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]]:
     common.exit_on_sigterm()
     shared = shared_parts(args)
     figures = {}
-    with common.postgres_db() as db, common.moto_s3(work) as s3:
-        config = common.cluster_config(work, db, s3)
+    with common.postgres_db() as db, moto_process(work, common.S3_KEYS) as moto:
+        config = common.bench_cluster(work, db, moto.bucket)
         config.threads = args.threads
         config.learner_env.update({"ASYNCGRPO_LEARNER_SPOT_CHECK_FRACTION": "0",
                                    "ASYNCGRPO_LEARNER_DEVICE": args.device})  # fmt: skip

@@ -56,6 +56,7 @@ from bench.common import (  # noqa: E402
     build_templates,
     version_folder,
 )
+from tests.harness.stack import moto_process  # noqa: E402
 
 
 def run_config(max_new_tokens: int) -> dict[str, Any]:
@@ -122,13 +123,13 @@ def measure(args: argparse.Namespace, work: Path) -> list[tuple[Published, dict[
     common.exit_on_sigterm()
     results = []
     templates = build_templates(args.sizes, work / "templates")
-    with common.postgres_db() as db, common.moto_s3(work) as s3:
+    with common.postgres_db() as db, moto_process(work, common.S3_KEYS) as moto:
         # Two leases in flight per worker: on one CPU thread the transformers engine runs one
         # forward batch at a time, and a load (or a new version's first generation) waits for
         # the batch under way; two adapter slots, so versions from the third on are copies.
         env = {"ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": "4",
                "ASYNCGRPO_WORKER_MAX_LOADED_ADAPTERS": "2"}  # fmt: skip
-        cluster = Cluster(common.cluster_config(work, db, s3, **env))
+        cluster = Cluster(common.bench_cluster(work, db, moto.bucket, **env))
         with cluster:
             cluster.start_server()
             run_id = cluster.create_run(run_config(args.max_new_tokens))

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, engine_alone, report  # noqa: E402
 from bench.common import Publisher, build_templates, version_folder  # noqa: E402
+from tests.harness.stack import moto_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -124,8 +125,8 @@ def measure_loop(
     }
     if backend_name == "vllm":
         env.update(VLLM_ENV)
-    with common.postgres_db() as db, common.moto_s3(work) as s3:
-        config = common.cluster_config(work, db, s3, **env)
+    with common.postgres_db() as db, moto_process(work, common.S3_KEYS) as moto:
+        config = common.bench_cluster(work, db, moto.bucket, **env)
         if backend_name == "vllm":
             config.worker_python = str(VLLM_PYTHON)
         cluster = Cluster(config)

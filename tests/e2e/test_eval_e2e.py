@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from asyncgrpo.cluster import Cluster, ClusterConfig
+from asyncgrpo.cluster import Cluster
 from tests.conftest import TEST_SECRET
+from tests.harness.stack import cluster_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,8 +49,8 @@ def _config() -> dict[str, Any]:
 def test_a_tiny_run_is_evaluated_at_version_zero_and_the_final_version(
     tmp_path: Path, small_model_dir: str
 ) -> None:
-    config = ClusterConfig(
-        work_dir=tmp_path / "cluster",
+    config = cluster_config(
+        tmp_path / "cluster",
         secret_key=TEST_SECRET,
         server_env={"ASYNCGRPO_LEASE_LONG_POLL_S": "1"},
         worker_env={

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import E2E, LEASE_TTL_S
 from tests.harness.runs import LIVE_RUN, arithmetic, run_config
+from tests.harness.stack import E2E
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
 
+LEASE_TTL_S = 5.0
 START_S = 240.0  # server + three model loads on two shared cores
 FINISH_S = 300.0
 ATTACHED = re.compile(r"attached to run \S+: fencing \d+, current version (\d+)")

@@ -1,11 +1,14 @@
 """THE run-config builder of the tests and benchmarks: `run_config` with the tiny defaults of a
 test run, layers of overrides a family of tests shares (`LIVE_RUN`: the real small model
-generates and trains), and the datasets they are made of."""
+generates and trains), the datasets they are made of, and `create_run` through the API."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from protocol.client import AsyncGrpoClient
 
 SMALL_MODEL = "smollm2-135m-instruct"
 
@@ -56,3 +59,23 @@ def plus_rows(n: int, plus: int = 1) -> list[dict[str, Any]]:
 def arithmetic(size: int, seed: int = 0) -> dict[str, Any]:
     """The built-in arithmetic generator's dataset (protocol/datasets.py)."""
     return {"kind": "generator", "generator": "arithmetic", "size": size, "seed": seed}
+
+
+@dataclass(frozen=True)
+class CreatedRun:
+    run_id: str
+    learner_token: str
+    registration_token: str | None  # for the run's workers, when one was asked for
+
+
+def create_run(
+    admin: AsyncGrpoClient, config: Mapping[str, Any], registration_uses: int | None = None
+) -> CreatedRun:
+    """Create the run through the API (an admin's client); with `registration_uses`, also a
+    registration token of that many uses (24 h) for its workers."""
+    created = admin.create_run(dict(config))
+    registration = None
+    if registration_uses is not None:
+        token = admin.create_registration_token(max_uses=registration_uses)
+        registration = str(token["token"])
+    return CreatedRun(str(created["run"]["id"]), str(created["learner_token"]), registration)

@@ -16,11 +16,11 @@ import pytest
 from lm.chat import encode_prompt, tokenizer_fingerprint
 from protocol.batches import BatchExpectations, read_batch
 from tests.harness.runs import run_config
+from tests.harness.stack import LiveServer
 from tests.worker.harness import (
     RUNNING,
     SYSTEM_PROMPT,
     LoopThread,
-    ServerProcess,
     Stack,
     worker_run,
     worker_settings,
@@ -132,7 +132,7 @@ def test_lease_expired_while_generating_is_not_completed(
 
 @pytest.mark.timeout(300)
 def test_lease_with_another_tokenizer_fingerprint_is_released(
-    server: ServerProcess, tx_backend: Any, tmp_path: Path
+    server: LiveServer, tx_backend: Any, tmp_path: Path
 ) -> None:
     # The learner attached with a tokenizer this worker does not have.
     stack = Stack(server, "f" * 64, run_config(worker_run(2)))
