@@ -56,26 +56,27 @@ from bench.common import (  # noqa: E402
     build_templates,
     version_folder,
 )
+from tests.harness.runs import LIVE_RUN, arithmetic  # noqa: E402
+from tests.harness.runs import run_config as harness_run_config  # noqa: E402
 from tests.harness.stack import moto_process  # noqa: E402
 
 
 def run_config(max_new_tokens: int) -> dict[str, Any]:
     """Short leases (1 prompt, G = 2, a few tokens) so a lease cycle is short next to sync."""
-    return {
-        "name": "bench-sync-latency",
-        "base_model": common.MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 5000, "seed": 0},
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ALL_LINEAR},
-        "grpo": {"spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": max_new_tokens},
-        "group_size": 2,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 1,
-        "max_staleness": 32,  # admission never blocks between two publishes
-        "lease_ttl_s": 60.0,
-        "heartbeat_interval_s": 5.0,
-    }
+    return harness_run_config(
+        LIVE_RUN,
+        name="bench-sync-latency",
+        dataset=arithmetic(5000),
+        lora={**LIVE_RUN["lora"], "target_modules": ALL_LINEAR},
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens},
+        group_size=2,
+        prompts_per_lease=1,
+        prompts_per_step=1,
+        max_staleness=32,  # admission never blocks between two publishes
+        lease_ttl_s=60.0,
+        heartbeat_interval_s=5.0,
+    )
 
 
 # -- worker timestamps ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from protocol.storage import PresignedPut
 from protocol.transfer import upload_presigned
 from tests.conftest import mint_token
 from tests.harness.live_app import live_app
+from tests.harness.runs import jsonl, run_config
 from tests.server.learner.support import make_worker
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -44,23 +45,20 @@ def live(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _config() -> dict[str, Any]:
-    return {
-        "name": "eval-scorer",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {"kind": "jsonl", "rows": [{"prompt": "What is 4 + 4?", "answer": "8"}]},
-        "rewards": [{"name": "numeric_match"}],
-        "group_size": 2,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 1,
-        "max_staleness": 0,
-        "eval": {
-            "dataset": {"kind": "jsonl", "rows": EVAL_ROWS},
+    return run_config(
+        name="eval-scorer",
+        dataset=jsonl([{"prompt": "What is 4 + 4?", "answer": "8"}]),
+        prompts_per_lease=1,
+        prompts_per_step=1,
+        max_staleness=0,
+        eval={
+            "dataset": jsonl(EVAL_ROWS),
             "n": 2,
             "temperature": 0.5,
             "accuracy_reward": "numeric_match",
             "max_leases_in_flight": 2,
         },
-    }
+    )
 
 
 def _eval_batch(
