@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -319,13 +320,21 @@ class Cluster:
             proc = self.workers[name] = ManagedProcess(name, argv, env, self.dir, log).start()
         return proc
 
-    def start_learner(self) -> ManagedProcess:
+    def start_learner(
+        self,
+        command: Sequence[str] | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> ManagedProcess:
+        """Start (or restart, in the same work dir) the learner. `command` replaces
+        `asyncgrpo learner` (a wrapper that takes the learner's arguments, e.g. torchrun);
+        `args` follow the learner's own; `env` is added to the config's learner_env."""
         assert self.run_id is not None and self.learner_token is not None
-        env = _base_env(dict(self.config.learner_env))
+        env = _base_env({**self.config.learner_env, **(env or {})})
         argv = [
-            *self._cli(), "learner", "--server", self.url, "--run", self.run_id,
+            *(command or [*self._cli(), "learner"]), "--server", self.url, "--run", self.run_id,
             "--token", self.learner_token, "--model", self.config.model,
-            "--threads", str(self.config.threads), "--work-dir", str(self.dir / "learner"),
+            "--threads", str(self.config.threads), "--work-dir", str(self.dir / "learner"), *args,
         ]  # fmt: skip
         log = self.dir / "logs" / "learner.log"
         with interrupts.deferred():

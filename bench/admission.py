@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common, report  # noqa: E402
+from tests.harness.runs import run_config  # noqa: E402
 
 
 def main() -> None:
@@ -51,9 +52,10 @@ def main() -> None:
     )
     settings = [(s, on) for s in args.staleness for on in (True, False)]
     configs = [
-        common.tiny_run(
-            f"bench-admission-s{s}-{'on' if on else 'off'}",
-            args.versions,
+        run_config(
+            common.SWEEP_RUN,
+            name=f"bench-admission-s{s}-{'on' if on else 'off'}",
+            max_versions=args.versions,
             max_staleness=s,
             admission_control=on,
         )

@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common, report  # noqa: E402
+from tests.harness.runs import run_config  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +42,10 @@ def main() -> None:
     args = parser.parse_args()
     layout = common.Layout(slow_duty=args.slow_duty)
     configs = [
-        common.tiny_run(f"bench-async-s{s}", args.versions, max_staleness=s) for s in args.staleness
+        run_config(
+            common.SWEEP_RUN, name=f"bench-async-s{s}", max_versions=args.versions, max_staleness=s
+        )
+        for s in args.staleness
     ]
     figures = common.sweep(configs, layout)
     base = figures[0].samples_per_hour if figures and args.staleness[0] == 0 else None

@@ -19,13 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,98 +33,39 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import report  # noqa: E402
 from protocol.storage import ObjectStore, sha256_file
 from protocol.storage_local import LocalStore
 from protocol.storage_s3 import S3Store
 from protocol.transfer import download_url, upload_presigned
+from tests.harness.stack import cluster_config, moto_process
 
 MB = 1024 * 1024
 SECRET = "bench-secret-" + "x" * 40
 KEYS = ("bench-access-key", "bench-secret-key")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_http(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1.0)
-            return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up in {timeout_s} s")
-
-
-@contextmanager
-def process(cmd: list[str], env: dict[str, str], probe: str, cwd: Path) -> Iterator[None]:
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
-        wait_http(probe)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextmanager
 def moto_s3(work: Path) -> Iterator[S3Store]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    with process(cmd, dict(os.environ), url + "/moto-api/", work):
-        store = S3Store(
-            bucket=f"bench-{uuid.uuid4().hex[:8]}",
-            endpoint_url=url,
+    """moto's S3 server in its own process (tests/harness/stack.py) with a fresh bucket."""
+    with moto_process(work, KEYS) as moto:
+        yield S3Store(
+            bucket=moto.bucket.bucket,
+            endpoint_url=moto.bucket.endpoint.url,
             path_style=True,
             access_key_id=KEYS[0],
             secret_access_key=KEYS[1],
         )
-        store.client.create_bucket(Bucket=store.bucket)
-        yield store
 
 
 @contextmanager
 def control_plane(work: Path) -> Iterator[LocalStore]:
-    """The real app under uvicorn on 127.0.0.1, embedded SQLite, a local bucket folder."""
-    port = free_port()
-    public = f"http://127.0.0.1:{port}"
-    bucket = work / "bucket"
-    env = dict(os.environ) | {
-        "ASYNCGRPO_DATABASE_URL": f"sqlite:///{work / 'bench.db'}",
-        "ASYNCGRPO_BUCKET_URL": str(bucket),
-        "ASYNCGRPO_PUBLIC_URL": public,
-        "ASYNCGRPO_SECURITY__SECRET_KEY": SECRET,
-        "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
-    }
-    repo = Path(__file__).resolve().parent.parent
-    cmd = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "server.main:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    with process(cmd, env, public + "/docs", repo):
-        yield LocalStore(bucket, public + "/blobs", SECRET)
+    """The real app under uvicorn on 127.0.0.1 (asyncgrpo.cluster), embedded SQLite, a local
+    bucket folder."""
+    with Cluster(cluster_config(work / "control-plane", secret_key=SECRET)) as cluster:
+        cluster.start_server()
+        yield LocalStore(Path(cluster.bucket_location), cluster.url + "/blobs", SECRET)
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """Shared helpers of bench/sync_latency.py, bench/async_vs_sync.py and bench/admission.py.
 
-Everything runs the real system through asyncgrpo/cluster.py: a uvicorn control plane on a
-fresh Postgres database (jobs in-process), moto's S3 server in its own process as the bucket,
-rollout workers (transformers on CPU) and the learner as subprocesses with one torch thread
-each. These helpers add what only the benchmarks need: the moto process, a throw-away
-database, CPU pinning with `taskset`, a SIGSTOP/SIGCONT duty-cycle throttle (what `cpulimit`
-does), figures read back from the run's rows, printed tables, and a scripted learner
-(`Publisher`: attaches with the learner token, claims whatever batches are ready and publishes
-version N+1 through the real learner calls with a real PEFT LoRA adapter, so that no training
-time hides in a figure).
+Everything runs the real system through asyncgrpo/cluster.py, put together by the test harness
+(tests/harness/stack.py): a uvicorn control plane on a fresh Postgres database (jobs
+in-process), moto's S3 server in its own process as the bucket, rollout workers (transformers on
+CPU) and the learner as subprocesses with one torch thread each. These helpers add what only
+the benchmarks need: the bench's settings of that stack, CPU pinning with `taskset`, a
+SIGSTOP/SIGCONT duty-cycle throttle (what `cpulimit` does), figures read back from the run's
+rows, printed tables, and a scripted learner (`Publisher`: attaches with the learner token,
+claims whatever batches are ready and publishes version N+1 through the real learner calls
+with a real PEFT LoRA adapter, so that no training time hides in a figure).
 """
 
 from __future__ import annotations
@@ -30,18 +30,30 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess, free_port
+from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient
 from protocol.storage import PresignedPut, sha256_file
 from protocol.transfer import upload_presigned
 from server.runs.waste import Waste, stale_waste
+from tests.harness.runs import LIVE_RUN, arithmetic
+from tests.harness.stack import (
+    FAST_LEARNER_ENV,
+    FAST_SERVER_ENV,
+    FAST_WORKER_ENV,
+    S3Bucket,
+    cluster_config,
+    migrated_database,
+    moto_process,
+    sql,
+    wait_run_finished,
+    wait_workers_ready,
+)
 
 MB = 1024 * 1024
 MODEL = "smollm2-135m-instruct"
@@ -59,110 +71,24 @@ CONTENDED = (
 # -- processes -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class S3:
-    url: str
-    bucket: str
-    pid: int  # the moto server process
-    region: str = "us-east-1"
-
-
-@contextmanager
-def moto_s3(work: Path) -> Iterator[S3]:
-    """moto's S3 server in its own process (`python -m moto.server`) with one bucket."""
-    import boto3
-    from botocore.config import Config
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    (work / "logs").mkdir(parents=True, exist_ok=True)
-    proc = ManagedProcess("moto", argv, dict(os.environ), work, work / "logs" / "moto.log").start()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url + "/moto-api/", timeout=1.0)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or not proc.alive():
-                    raise RuntimeError("moto server did not start:\n" + proc.log_text()) from None
-                time.sleep(0.2)
-        s3 = S3(url=url, bucket=f"bench-{uuid.uuid4().hex[:12]}", pid=proc.pid)
-        client = boto3.client(
-            "s3",
-            endpoint_url=url,
-            region_name=s3.region,
-            aws_access_key_id=S3_KEYS[0],
-            aws_secret_access_key=S3_KEYS[1],
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-        )
-        client.create_bucket(Bucket=s3.bucket)
-        yield s3
-    finally:
-        proc.stop(grace_s=5)
-
-
 @contextmanager
 def postgres_db() -> Iterator[str]:
-    """A fresh Postgres database migrated to head, dropped afterwards."""
-    from server.db import make_engine
-    from server.migrate import upgrade
-
-    name = f"agr_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    try:
-        engine = make_engine(url)
-        upgrade(engine)
-        engine.dispose()
+    """A fresh Postgres database (at ASYNCGRPO_BENCH_PG_URL's server) migrated to head, dropped
+    afterwards."""
+    with migrated_database(PG_ADMIN_URL) as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
-# Short long-polls and back-offs (the e2e suite's), so that a benchmark's figures are not made
-# of waits the settings chose.
-FAST_SERVER_ENV = {
-    "ASYNCGRPO_JOBS__MODE": "inprocess",
-    "ASYNCGRPO_JOBS__SWEEP_INTERVAL_S": "1",
-    "ASYNCGRPO_LEASE_LONG_POLL_S": "1",
-    "ASYNCGRPO_LEARNER_LEASE_TTL_S": "60",
-}
-FAST_WORKER_ENV = {
-    "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "1",
-    "ASYNCGRPO_WORKER_IDLE_BACKOFF_MIN_S": "0.2",
-    "ASYNCGRPO_WORKER_IDLE_BACKOFF_MAX_S": "1",
-    "ASYNCGRPO_WORKER_RETRY_MAX_S": "2",
-    "ASYNCGRPO_WORKER_HTTP_TIMEOUT_S": "30",
-}
-FAST_LEARNER_ENV = {
-    "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
-    "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "1",
-}
-
-
-def cluster_config(work: Path, database_url: str, s3: S3, **worker_env: str) -> ClusterConfig:
-    """The fast settings above, on Postgres and moto S3."""
-    return ClusterConfig(
-        work_dir=work / "cluster",
+def bench_cluster(work: Path, database_url: str, s3: S3Bucket, **worker_env: str) -> ClusterConfig:
+    """The FAST settings (tests/harness/stack.py), on Postgres and moto S3."""
+    return cluster_config(
+        work / "cluster",
         database_url=database_url,
-        bucket_url=f"s3://{s3.bucket}",
-        s3={
-            "endpoint_url": s3.url,
-            "path_style": "true",
-            "region": s3.region,
-            "access_key_id": S3_KEYS[0],
-            "secret_access_key": S3_KEYS[1],
-        },
+        bucket=s3,
         secret_key=SECRET,
-        server_env=dict(FAST_SERVER_ENV),
+        server_env=FAST_SERVER_ENV,
         worker_env={**FAST_WORKER_ENV, **worker_env},
-        learner_env=dict(FAST_LEARNER_ENV),
+        learner_env=FAST_LEARNER_ENV,
     )
 
 
@@ -214,36 +140,6 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def wait_workers_ready(cluster: Cluster, names: Sequence[str], timeout_s: float = 600) -> None:
-    """Until each worker's log says its backend is loaded."""
-    deadline = time.monotonic() + timeout_s
-    pending = set(names)
-    while pending:
-        for name in list(pending):
-            proc = cluster.workers[name]
-            if "backend ready" in proc.log_text():
-                pending.discard(name)
-            elif not proc.alive():
-                raise RuntimeError(f"worker {name} exited:\n{proc.log_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"workers not ready: {sorted(pending)}")
-        time.sleep(0.5)
-
-
-def wait_run_finished(cluster: Cluster, run_id: str, timeout_s: float) -> str:
-    """Poll the run's status until it leaves pending/running (or the learner dies)."""
-    assert cluster.admin is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = str(cluster.admin.get_run(run_id)["status"])
-        if status not in ("pending", "running"):
-            return status
-        if cluster.learner is not None and not cluster.learner.alive():
-            raise RuntimeError("learner exited:\n" + cluster.learner.log_text()[-3000:])
-        time.sleep(1.0)
-    raise TimeoutError(f"run {run_id} not finished after {timeout_s}s")
-
-
 def log_time(line: str) -> float:
     """Epoch seconds of a `%(asctime)s` log line (local time, milliseconds)."""
     stamp = line[:23]
@@ -251,15 +147,6 @@ def log_time(line: str) -> float:
 
 
 # -- figures from the run's rows -----------------------------------------------------------------
-
-
-def sql(database_url: str, statement: str, **params: Any) -> list[Any]:
-    engine = create_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(text(statement), params))
-    finally:
-        engine.dispose()
 
 
 @dataclass(frozen=True)
@@ -426,26 +313,16 @@ def load_average() -> str:
 # -- a sweep of runs on one cluster ------------------------------------------------------------
 
 
-def tiny_run(name: str, versions: int, **overrides: Any) -> dict[str, Any]:
-    """A tiny arithmetic run: G = 4, 1 prompt per lease, 2 per step, 16 new tokens, LoRA r 4."""
-    config: dict[str, Any] = {
-        "name": name,
-        "base_model": MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 400, "seed": 0},
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"learning_rate": 5e-4, "spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
-        "group_size": 4,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 2,
-        "max_versions": versions,
-        "max_attempts": 3,
-        "lease_ttl_s": 30.0,
-        "heartbeat_interval_s": 1.0,
-    }
-    config.update(overrides)
-    return config
+# A sweep's tiny arithmetic run (a layer of tests/harness/runs.py run_config): G = 4, 1 prompt
+# per lease, 2 per step, 16 new tokens, LoRA r 4; give it a name and max_versions.
+SWEEP_RUN: dict[str, Any] = {
+    **LIVE_RUN,
+    "dataset": arithmetic(400),
+    "grpo": {"learning_rate": 5e-4, "spot_check_fraction": 0.0},
+    "prompts_per_lease": 1,
+    "prompts_per_step": 2,
+    "lease_ttl_s": 30.0,
+}
 
 
 @dataclass(frozen=True)
@@ -481,13 +358,13 @@ def sweep(
     out: list[RunFigures] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, postgres_db() as db:
         work = Path(tmp)
-        with moto_s3(work) as s3:
-            cluster = Cluster(cluster_config(work, db, s3))
+        with moto_process(work, S3_KEYS) as moto:
+            cluster = Cluster(bench_cluster(work, db, moto.bucket))
             with cluster:
                 cluster.start_server()
                 assert cluster.server is not None
                 pin(cluster.server, layout.control_cpus)
-                _taskset(s3.pid, layout.control_cpus)
+                _taskset(moto.pid, layout.control_cpus)
                 throttle = None
                 try:
                     for i, config in enumerate(configs):

@@ -51,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 from bench import common, report  # noqa: E402
 from bench.common import Window, union_overlap  # noqa: E402
 from bench.leases import SECRET, serve  # noqa: E402
+from tests.harness.runs import arithmetic  # noqa: E402
+from tests.harness.runs import run_config as harness_run_config  # noqa: E402
 from worker.backends.simulated import lease_seconds  # noqa: E402
 from worker.config import SimulatedSettings  # noqa: E402
 
@@ -67,21 +69,19 @@ LABEL = (
 
 
 def run_config(rows: int, epochs: int) -> dict[str, Any]:
-    return {
-        "name": "bench-fleet",
-        "base_model": common.MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": rows, "seed": 0},
-        "epochs": epochs,
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "grpo": {"spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
-        "group_size": GROUP_SIZE,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 1000,
-        "max_staleness": 1000,  # admission bound 1,001,000 groups: never the limit here
-        "lease_ttl_s": 30.0,
-        "heartbeat_interval_s": 1.0,
-    }
+    return harness_run_config(
+        name="bench-fleet",
+        dataset=arithmetic(rows),
+        epochs=epochs,
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
+        group_size=GROUP_SIZE,
+        prompts_per_lease=1,
+        prompts_per_step=1000,
+        max_staleness=1000,  # admission bound 1,001,000 groups: never the limit here
+        lease_ttl_s=30.0,
+        heartbeat_interval_s=1.0,
+    )
 
 
 @dataclass

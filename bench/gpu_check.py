@@ -57,8 +57,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncgrpo.cluster import Cluster, ClusterConfig  # noqa: E402
+from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, report  # noqa: E402
+from tests.harness.runs import arithmetic  # noqa: E402
+from tests.harness.runs import run_config as harness_run_config  # noqa: E402
+from tests.harness.stack import (  # noqa: E402
+    FAST_LEARNER_ENV,
+    FAST_SERVER_ENV,
+    FAST_WORKER_ENV,
+    cluster_config,
+)
 
 BANNER = (
     "RANDOM WEIGHTS: every figure below is about speed only (tokens/s, MFU, memory, latency); "
@@ -195,37 +203,32 @@ def lora_weights(shape: dict[str, Any], rank: int, targets: list[str]) -> int:
 
 
 def run_config(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    return {
-        "name": "gpu-check",
-        "base_model": str(model_dir),
-        "dataset": {
-            "kind": "generator",
-            "generator": "arithmetic",
-            "size": args.versions * args.prompts_per_step * 2,
-            "seed": 0,
-        },
-        "rewards": [{"name": "hash_score", "weight": 1.0, "kwargs": {}}],
-        "lora": {
+    return harness_run_config(
+        name="gpu-check",
+        base_model=str(model_dir),
+        dataset=arithmetic(args.versions * args.prompts_per_step * 2),
+        rewards=[{"name": "hash_score", "weight": 1.0, "kwargs": {}}],
+        lora={
             "rank": args.lora_rank,
             "alpha": 2.0 * args.lora_rank,
             "dropout": 0.0,
             "target_modules": args.lora_targets,
         },  # fmt: skip
-        "grpo": {
+        grpo={
             "learning_rate": 1e-5,
             "spot_check_fraction": 0.0,
             "micro_batch_tokens": args.micro_batch_tokens,
             "system_prompt": SYSTEM_PROMPT,
         },
-        "sampling": {"temperature": 1.0, "max_new_tokens": args.max_new_tokens},
-        "group_size": args.group_size,
-        "prompts_per_lease": args.prompts_per_lease,
-        "prompts_per_step": args.prompts_per_step,
-        "max_staleness": 2,
-        "max_versions": args.versions,
-        "lease_ttl_s": 300.0,
-        "heartbeat_interval_s": 5.0,
-    }
+        sampling={"temperature": 1.0, "max_new_tokens": args.max_new_tokens},
+        group_size=args.group_size,
+        prompts_per_lease=args.prompts_per_lease,
+        prompts_per_step=args.prompts_per_step,
+        max_staleness=2,
+        max_versions=args.versions,
+        lease_ttl_s=300.0,
+        heartbeat_interval_s=5.0,
+    )
 
 
 def prompt_tokens(config: dict[str, Any], model_dir: Path) -> tuple[float, bool]:
@@ -292,7 +295,7 @@ class Outcome:
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
     return {
-        **common.FAST_WORKER_ENV,
+        **FAST_WORKER_ENV,
         "ASYNCGRPO_WORKER_DEVICE": args.device,
         "ASYNCGRPO_WORKER_DTYPE": args.dtype,
         "ASYNCGRPO_WORKER_MAX_BATCH_SEQUENCES": str(args.batch_sequences),
@@ -301,17 +304,17 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
 
 def learner_env(args: argparse.Namespace) -> dict[str, str]:
     return {
-        **common.FAST_LEARNER_ENV,
+        **FAST_LEARNER_ENV,
         "ASYNCGRPO_LEARNER_DEVICE": args.device,
         "ASYNCGRPO_LEARNER_DTYPE": args.dtype,
     }
 
 
 def run_cluster(args: argparse.Namespace, work: Path, model_dir: Path, deadline: float) -> Outcome:
-    config = ClusterConfig(
-        work_dir=work / "cluster",
+    config = cluster_config(
+        work / "cluster",
         model=str(model_dir),
-        server_env=dict(common.FAST_SERVER_ENV),
+        server_env=FAST_SERVER_ENV,
         worker_env=worker_env(args),
         learner_env=learner_env(args),
     )

@@ -58,6 +58,9 @@ if __package__ in (None, ""):  # a plain script: the repository root, not bench/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import common, report  # noqa: E402
+from tests.harness.runs import LIVE_RUN, arithmetic  # noqa: E402
+from tests.harness.runs import run_config as harness_run_config  # noqa: E402
+from tests.harness.stack import moto_process  # noqa: E402
 
 log = logging.getLogger("bench.pipeline")
 MODES = {"overlap": "1", "serial": "0"}  # ASYNCGRPO_LEARNER_OVERLAP
@@ -69,25 +72,21 @@ SAMPLE_EVERY_S = 0.25
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """Short completions and a few groups per step, so that a CPU step takes a few seconds."""
-    return {
-        "name": "bench-pipeline",
-        "base_model": common.MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 5000, "seed": 0},
-        "rewards": [
-            {"name": "length_limit", "weight": 1.0, "kwargs": {"max_chars": args.max_chars}}
-        ],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": args.tokens},
-        "group_size": args.group,
-        "prompts_per_lease": 1,
-        "prompts_per_step": args.prompts,
-        "weight_sync_steps": 1,
-        "max_staleness": 3,  # the admission bound holds 4 steps of groups: never the limit
-        "max_versions": args.versions,
-        "lease_ttl_s": 60.0,
-        "heartbeat_interval_s": 5.0,
-    }
+    return harness_run_config(
+        LIVE_RUN,
+        name="bench-pipeline",
+        dataset=arithmetic(5000),
+        rewards=[{"name": "length_limit", "weight": 1.0, "kwargs": {"max_chars": args.max_chars}}],
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"temperature": 1.0, "max_new_tokens": args.tokens},
+        group_size=args.group,
+        prompts_per_lease=1,
+        prompts_per_step=args.prompts,
+        max_staleness=3,  # the admission bound holds 4 steps of groups: never the limit
+        max_versions=args.versions,
+        lease_ttl_s=60.0,
+        heartbeat_interval_s=5.0,
+    )
 
 
 # -- prebuilt completions ------------------------------------------------------------------------
@@ -633,8 +632,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]]:
     common.exit_on_sigterm()
     shared = shared_parts(args)
     figures = {}
-    with common.postgres_db() as db, common.moto_s3(work) as s3:
-        config = common.cluster_config(work, db, s3)
+    with common.postgres_db() as db, moto_process(work, common.S3_KEYS) as moto:
+        config = common.bench_cluster(work, db, moto.bucket)
         config.threads = args.threads
         config.learner_env.update({"ASYNCGRPO_LEARNER_SPOT_CHECK_FRACTION": "0",
                                    "ASYNCGRPO_LEARNER_DEVICE": args.device})  # fmt: skip

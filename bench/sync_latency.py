@@ -56,25 +56,27 @@ from bench.common import (  # noqa: E402
     build_templates,
     version_folder,
 )
+from tests.harness.runs import LIVE_RUN, arithmetic  # noqa: E402
+from tests.harness.runs import run_config as harness_run_config  # noqa: E402
+from tests.harness.stack import moto_process  # noqa: E402
 
 
 def run_config(max_new_tokens: int) -> dict[str, Any]:
     """Short leases (1 prompt, G = 2, a few tokens) so a lease cycle is short next to sync."""
-    return {
-        "name": "bench-sync-latency",
-        "base_model": common.MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 5000, "seed": 0},
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ALL_LINEAR},
-        "grpo": {"spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": max_new_tokens},
-        "group_size": 2,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 1,
-        "max_staleness": 32,  # admission never blocks between two publishes
-        "lease_ttl_s": 60.0,
-        "heartbeat_interval_s": 5.0,
-    }
+    return harness_run_config(
+        LIVE_RUN,
+        name="bench-sync-latency",
+        dataset=arithmetic(5000),
+        lora={**LIVE_RUN["lora"], "target_modules": ALL_LINEAR},
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"temperature": 1.0, "max_new_tokens": max_new_tokens},
+        group_size=2,
+        prompts_per_lease=1,
+        prompts_per_step=1,
+        max_staleness=32,  # admission never blocks between two publishes
+        lease_ttl_s=60.0,
+        heartbeat_interval_s=5.0,
+    )
 
 
 # -- worker timestamps ---------------------------------------------------------------------------
@@ -122,13 +124,13 @@ def measure(args: argparse.Namespace, work: Path) -> list[tuple[Published, dict[
     common.exit_on_sigterm()
     results = []
     templates = build_templates(args.sizes, work / "templates")
-    with common.postgres_db() as db, common.moto_s3(work) as s3:
+    with common.postgres_db() as db, moto_process(work, common.S3_KEYS) as moto:
         # Two leases in flight per worker: on one CPU thread the transformers engine runs one
         # forward batch at a time, and a load (or a new version's first generation) waits for
         # the batch under way; two adapter slots, so versions from the third on are copies.
         env = {"ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": "4",
                "ASYNCGRPO_WORKER_MAX_LOADED_ADAPTERS": "2"}  # fmt: skip
-        cluster = Cluster(common.cluster_config(work, db, s3, **env))
+        cluster = Cluster(common.bench_cluster(work, db, moto.bucket, **env))
         with cluster:
             cluster.start_server()
             run_id = cluster.create_run(run_config(args.max_new_tokens))

@@ -48,6 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncgrpo.cluster import Cluster  # noqa: E402
 from bench import common, engine_alone, report  # noqa: E402
 from bench.common import Publisher, build_templates, version_folder  # noqa: E402
+from tests.harness.runs import LIVE_RUN, arithmetic  # noqa: E402
+from tests.harness.runs import run_config as harness_run_config  # noqa: E402
+from tests.harness.stack import moto_process  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -62,21 +65,19 @@ MAX_NEW_TOKENS = engine_alone.MAX_NEW_TOKENS
 
 
 def run_config() -> dict[str, Any]:
-    return {
-        "name": "bench-worker-pipeline",
-        "base_model": common.MODEL,
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 100000, "seed": 0},
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
-        "group_size": GROUP_SIZE,
-        "prompts_per_lease": 1,
-        "prompts_per_step": PROMPTS_PER_STEP,
-        "max_staleness": 4,
-        "lease_ttl_s": 60.0,
-        "heartbeat_interval_s": 2.0,
-    }
+    return harness_run_config(
+        LIVE_RUN,
+        name="bench-worker-pipeline",
+        dataset=arithmetic(100000),
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
+        group_size=GROUP_SIZE,
+        prompts_per_lease=1,
+        prompts_per_step=PROMPTS_PER_STEP,
+        max_staleness=4,
+        lease_ttl_s=60.0,
+        heartbeat_interval_s=2.0,
+    )
 
 
 # -- the engine alone ------------------------------------------------------------------------------
@@ -124,8 +125,8 @@ def measure_loop(
     }
     if backend_name == "vllm":
         env.update(VLLM_ENV)
-    with common.postgres_db() as db, common.moto_s3(work) as s3:
-        config = common.cluster_config(work, db, s3, **env)
+    with common.postgres_db() as db, moto_process(work, common.S3_KEYS) as moto:
+        config = common.bench_cluster(work, db, moto.bucket, **env)
         if backend_name == "vllm":
             config.worker_python = str(VLLM_PYTHON)
         cluster = Cluster(config)

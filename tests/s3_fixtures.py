@@ -8,47 +8,16 @@ CompleteMultipartUpload) but not presigned-URL expiry nor a signed ChecksumSHA25
 from __future__ import annotations
 
 import logging
-import socket
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
+from asyncgrpo.cluster import free_port
 from tests.e2e.tcp_proxy import TcpProxy
+from tests.harness.s3 import S3Endpoint
 
-MOTO_ACCESS_KEY = "testing-access-key"
-MOTO_SECRET_KEY = "testing-secret-key"
-MOTO_REGION = "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass(frozen=True)
-class S3Endpoint:
-    url: str
-    access_key_id: str = MOTO_ACCESS_KEY
-    secret_access_key: str = MOTO_SECRET_KEY
-    region: str = MOTO_REGION
-
-    def client(self) -> Any:
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.url,
-            region_name=self.region,
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-        )
+__all__ = ["S3Endpoint", "free_port"]  # re-exported: tests import them from here
 
 
 @pytest.fixture(scope="session")

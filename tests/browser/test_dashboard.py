@@ -24,9 +24,8 @@ from protocol.client import AsyncGrpoClient
 from protocol.schemas import BatchManifest
 from protocol.storage import PresignedPut
 from protocol.transfer import upload_presigned
-from tests.conftest import TEST_SECRET, mint_token
-from tests.live_server import serve_in_thread
-from tests.s3_fixtures import free_port
+from tests.conftest import mint_token
+from tests.harness.live_app import live_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres]
 
@@ -47,23 +46,9 @@ SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 
 @pytest.fixture
 def server(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    from server.app import create_app
-    from server.config import Settings
-
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    settings = Settings(
-        database_url=pg_url,
-        bucket_url=str(tmp_path / "bucket"),
-        public_url=base,
-        security={"secret_key": TEST_SECRET},
-        print_admin_token=False,
-        lease_long_poll_s=0.0,
-        jobs={"mode": "celery"},  # no scheduler: the page reads the figures on request
-    )
-    app = create_app(settings, migrate=True)
-    with serve_in_thread(app, port) as url:
-        yield url, app
+    """The app served (no scheduler: the page reads the figures on request)."""
+    with live_app(pg_url, tmp_path) as served:
+        yield served.base, served.app
 
 
 # Every CSP violation reaches the console: Chromium logs the refusals itself, and the page's

@@ -11,45 +11,41 @@ from typing import Any
 
 import pytest
 
-from asyncgrpo.cluster import Cluster, ClusterConfig
+from asyncgrpo.cluster import Cluster
 from tests.conftest import TEST_SECRET
+from tests.harness.runs import arithmetic, run_config
+from tests.harness.stack import cluster_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _config() -> dict[str, Any]:
-    return {
-        "name": "e2e-eval",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {"kind": "generator", "generator": "arithmetic", "size": 4, "seed": 0},
-        "rewards": [{"name": "numeric_match"}],
-        "lora": {"rank": 2, "alpha": 4.0, "target_modules": ["q_proj"]},
-        "grpo": {"spot_check_fraction": 0.0},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 4},
-        "group_size": 2,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 2,
-        "max_staleness": 1,
-        "epochs": 1,  # 2 versions
-        "lease_ttl_s": 30.0,
-        "heartbeat_interval_s": 2.0,
-        "eval": {
-            "dataset": {"kind": "generator", "generator": "arithmetic", "size": 2, "seed": 7},
+    return run_config(
+        name="e2e-eval",
+        dataset=arithmetic(4),
+        lora={"rank": 2, "alpha": 4.0, "target_modules": ["q_proj"]},
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"temperature": 1.0, "max_new_tokens": 4},
+        epochs=1,  # 2 versions
+        lease_ttl_s=30.0,
+        heartbeat_interval_s=2.0,
+        eval={
+            "dataset": arithmetic(2, seed=7),
             "every_versions": 5,  # 0, and the final version
             "n": 2,
             "temperature": 1.0,
             "max_new_tokens": 4,
             "accuracy_reward": "numeric_match",
         },
-    }
+    )
 
 
 @pytest.mark.timeout(600)
 def test_a_tiny_run_is_evaluated_at_version_zero_and_the_final_version(
     tmp_path: Path, small_model_dir: str
 ) -> None:
-    config = ClusterConfig(
-        work_dir=tmp_path / "cluster",
+    config = cluster_config(
+        tmp_path / "cluster",
         secret_key=TEST_SECRET,
         server_env={"ASYNCGRPO_LEASE_LONG_POLL_S": "1"},
         worker_env={

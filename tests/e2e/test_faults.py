@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import E2E, tiny_run
+from tests.harness.runs import LIVE_RUN, arithmetic, run_config
+from tests.harness.stack import E2E
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
 
+LEASE_TTL_S = 5.0
 START_S = 240.0  # server + three model loads on two shared cores
 FINISH_S = 300.0
 ATTACHED = re.compile(r"attached to run \S+: fencing \d+, current version (\d+)")
@@ -37,7 +39,18 @@ def tail_from(log: Path) -> Callable[[], str]:
 def start(e2e: E2E, epochs: int, workers: tuple[str, ...] = ("w1", "w2")) -> None:
     c = e2e.cluster
     c.start_server()
-    c.create_run(tiny_run(epochs))
+    # 8 prompts, two a lease, a 5 s lease TTL
+    c.create_run(
+        run_config(
+            LIVE_RUN,
+            name="e2e-faults",
+            dataset=arithmetic(8),
+            grpo={"spot_check_fraction": 0.0},
+            max_attempts=5,
+            epochs=epochs,
+            lease_ttl_s=LEASE_TTL_S,
+        )
+    )
     c.start_learner()
     for name in workers:
         c.start_worker(name)

@@ -14,6 +14,7 @@ import torch
 
 from learner.data import Completion, Group
 from protocol.run_config import RunConfig
+from tests.harness import runs
 
 CASES: dict[str, dict[str, Any]] = {
     "grpo": {"loss_type": "grpo"},
@@ -56,18 +57,15 @@ def steps() -> list[list[Group]]:
 
 def run_config(grpo: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(
-        {
-            "name": "data-parallel",
-            "base_model": "smollm2-135m-instruct",
-            "dataset": {"kind": "jsonl", "rows": [{"prompt": "p", "answer": 1}]},
-            "rewards": [{"name": "numeric_match"}],
-            "lora": {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-            "sampling": {"max_new_tokens": 8},
-            "grpo": {"learning_rate": 1e-2, "micro_batch_tokens": 24, **grpo},
-            "group_size": 2,
-            "prompts_per_lease": 1,
-            "prompts_per_step": 5,
-        }
+        runs.run_config(
+            name="data-parallel",
+            dataset=runs.jsonl([{"prompt": "p", "answer": 1}]),
+            lora={"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
+            sampling={"max_new_tokens": 8},
+            grpo={"learning_rate": 1e-2, "micro_batch_tokens": 24, **grpo},
+            prompts_per_lease=1,
+            prompts_per_step=5,
+        )
     )
 
 

@@ -18,13 +18,15 @@ from sqlalchemy import select
 from server.db import transaction
 from server.models import AdapterVersion, RolloutBatch, Run
 from tests.e2e.tcp_proxy import TcpProxy
-from tests.learner.s3_live import wait_log as _wait_log
-from tests.learner.test_e2e_learner import ROWS, _learner, _real_batch, _wait_version
+from tests.harness.batches import real_batch
+from tests.harness.live_app import LiveApp, wait_log, wait_version
+from tests.harness.runs import plus_rows
 from tests.s3_fixtures import S3Endpoint
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 OUTAGE_S = 10.0
+ROWS = plus_rows(6)
 
 
 def _outage(
@@ -51,7 +53,7 @@ def _published_at(app: Any, run_id: Any, version: int) -> datetime:
 
 
 def test_learner_keeps_publishing_through_bucket_outages(
-    live_s3: tuple[str, Any],
+    live_s3: LiveApp,
     proxy: TcpProxy,
     moto_endpoint: S3Endpoint,
     s3_bucket: str,
@@ -59,7 +61,7 @@ def test_learner_keeps_publishing_through_bucket_outages(
 ) -> None:
     from lm.models import load_tokenizer
 
-    base, app = live_s3
+    app = live_s3.app
     run = make_run(
         app,
         dataset={"kind": "jsonl", "rows": ROWS},
@@ -70,16 +72,16 @@ def test_learner_keeps_publishing_through_bucket_outages(
     )
     worker_id, _ = make_worker(app)
     tok = load_tokenizer("smollm2-135m-instruct")
-    log = tmp_path / "learner.log"
-    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
-    proc = _learner(base, run, tmp_path / "work", log, {"TRANSFER_RETRY_CAP_S": "2"})
+    log = live_s3.learner_log
+    batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
+    proc = live_s3.learner(run, {"TRANSFER_RETRY_CAP_S": "2"})
     try:
-        _wait_version(app, run.id, 1, proc, log)
+        wait_version(app, run.id, 1, proc, log)
         # 1. mid-publish: cut as soon as step 2 is trained, before its files are uploaded
-        batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
-        _wait_log(log, "trained step 2 ", proc)
+        batches.append(real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+        wait_log(log, "trained step 2 ", proc)
         restored_at = _outage(proxy, proc, log)
-        _wait_version(app, run.id, 2, proc, log)
+        wait_version(app, run.id, 2, proc, log)
         # The publish waited out the cut: the learner logged a failed transfer or publish, or the
         # client retried the server's 503 (bucket unavailable) itself until version 2 landed
         # after the bucket came back.
@@ -94,7 +96,7 @@ def test_learner_keeps_publishing_through_bucket_outages(
             def put(key: str, data: bytes) -> None:
                 moto.put_object(Bucket=s3_bucket, Key=key, Body=data)
 
-            batches.append(_real_batch(app, run.id, worker_id, 2, tok, tmp_path, put))
+            batches.append(real_batch(app, run.id, worker_id, 2, tok, tmp_path, put))
 
         _outage(proxy, proc, log, during=batch_behind_the_cut)
         assert proc.wait(300) == 0, log.read_text()[-3000:]

@@ -21,6 +21,7 @@ from learner.data import (
 )
 from learner.trainer import Trainer
 from protocol.run_config import RunConfig
+from tests.harness.runs import run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -29,21 +30,17 @@ BUDGET = 40  # padded positions per micro-batch: a few rows each
 
 def _config(*, checkpointing: bool = False) -> RunConfig:
     return RunConfig.model_validate(
-        {
-            "name": "bucketing",
-            "base_model": "smollm2-135m-instruct",
-            "dataset": {"kind": "generator"},
-            "rewards": [{"name": "numeric_match"}],
-            "group_size": 3,
-            "prompts_per_lease": 2,
-            "prompts_per_step": 2,
-            "sampling": {"max_new_tokens": 12},
-            "grpo": {
+        run_config(
+            name="bucketing",
+            dataset={"kind": "generator"},
+            group_size=3,
+            sampling={"max_new_tokens": 12},
+            grpo={
                 "micro_batch_tokens": BUDGET,
                 "max_grad_norm": 1e9,  # no clipping: the raw accumulated gradient is compared
                 "gradient_checkpointing": checkpointing,
             },
-        }
+        )
     )
 
 

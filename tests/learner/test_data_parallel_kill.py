@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -26,37 +25,26 @@ from protocol.client import AsyncGrpoClient
 from server.db import transaction
 from server.learner.ledger import ledger_model
 from server.models import AdapterVersion, RolloutBatch, Run
-from tests.conftest import make_settings
-from tests.learner.s3_live import wait_log
-from tests.learner.test_e2e_learner import ROWS, _learner, _real_batch, _wait_version
-from tests.live_server import serve_in_thread
-from tests.s3_fixtures import free_port
+from tests.harness.batches import real_batch
+from tests.harness.live_app import LiveApp, live_app, wait_log, wait_version
+from tests.harness.runs import plus_rows
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 TTL_S = 10.0
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The learner processes import this checkout's code (as `python -m pytest` here does),
-    whatever an editable install of the package points at."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+ROWS = plus_rows(6)
+BIN = Path(sys.executable).parent
+# torchrun runs two ranks of its command, each with the learner's arguments
+TWO_RANKS = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+TWO_LEARNER_RANKS = [*TWO_RANKS, "--no-python", "--", str(BIN / "asyncgrpo"), "learner"]
+COLLECTIVE_5_S = {"COLLECTIVE_TIMEOUT_S": "5"}
 
 
 @pytest.fixture
-def live10(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
+def live10(pg_url: str, tmp_path: Path) -> Iterator[LiveApp]:
     """The server with a 10 s learner lease (the ranks' collective timeout is 5 s)."""
-    from server.app import create_app
-
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    settings = make_settings(pg_url, tmp_path / "bucket", learner_lease_ttl_s=TTL_S)
-    settings = settings.model_copy(update={"public_url": base, "lease_long_poll_s": 1.0})
-    app = create_app(settings, migrate=True)
-    with serve_in_thread(app, port):
-        yield base, app
+    with live_app(pg_url, tmp_path, learner_lease_ttl_s=TTL_S, long_poll_s=1.0) as served:
+        yield served
 
 
 def _run(app: Any) -> Any:
@@ -70,27 +58,11 @@ def _run(app: Any) -> Any:
     )
 
 
-def _torchrun(base: str, run: Any, work: Path, log: Path, hold_step: int) -> Any:
-    env = {
-        **os.environ,
-        "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
-        "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
-        "ASYNCGRPO_LEARNER_COLLECTIVE_TIMEOUT_S": "5",
-    }
-    cmd = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "--",  # torchrun would take --run for its own --run-path
-        "tests.learner.hold_step",
-        str(hold_step),
-        *["--server", base, "--run", str(run.id), "--token", run.token],
-        *["--threads", "1", "--work-dir", str(work)],
-    ]
-    out = log.open("ab")
-    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+def _torchrun(live: LiveApp, run: Any, hold_step: int) -> Any:
+    """Two learner ranks; rank 1 hangs in step `hold_step` (tests/learner/hold_step.py)."""
+    # "--": torchrun would take --run for its own --run-path
+    command = [*TWO_RANKS, "-m", "--", "tests.learner.hold_step", str(hold_step)]
+    return live.learner(run, COLLECTIVE_5_S, command=command)
 
 
 def _lease_lapsed(app: Any, run_id: uuid.UUID) -> bool:
@@ -131,23 +103,22 @@ def _outcome(app: Any, run_id: uuid.UUID) -> tuple[list[Any], dict[Any, Any], An
 
 
 def test_a_rank_killed_mid_step_publishes_nothing_and_one_rank_resumes(
-    live10: tuple[str, Any], tmp_path: Path
+    live10: LiveApp, tmp_path: Path
 ) -> None:
     from lm.models import load_tokenizer
 
-    base, app = live10
+    app = live10.app
     run = _run(app)
     worker_id, _ = make_worker(app)
     tok = load_tokenizer("smollm2-135m-instruct")
-    log = tmp_path / "learner.log"
-    work = tmp_path / "work"
-    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
-    group = _torchrun(base, run, work, log, hold_step=2)
+    log = live10.learner_log
+    batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
+    group = _torchrun(live10, run, hold_step=2)
     try:
-        _wait_version(app, run.id, 1, group, log)  # step 1 over two ranks, published
+        wait_version(app, run.id, 1, group, log)  # step 1 over two ranks, published
         text = log.read_text()
         assert "rank 0 of 2 on cpu" in text and "rank 1 of 2 on cpu" in text
-        batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+        batches.append(real_batch(app, run.id, worker_id, 1, tok, tmp_path))
         wait_log(log, r"test hold: rank 1 \(pid \d+\) in step 2", group)
         pid = int(re.findall(r"test hold: rank 1 \(pid (\d+)\)", log.read_text())[-1])
         os.kill(pid, signal.SIGKILL)
@@ -163,8 +134,8 @@ def test_a_rank_killed_mid_step_publishes_nothing_and_one_rank_resumes(
         assert list(versions) == [1]  # step 2 was never published
     _wait_lapsed(app, run.id, TTL_S + 5)
 
-    batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
-    single = _learner(base, run, work, log)  # one rank, no torchrun
+    batches.append(real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+    single = live10.learner(run)  # one rank, no torchrun
     try:
         assert single.wait(300) == 0, log.read_text()[-3000:]
     finally:
@@ -179,14 +150,14 @@ def test_a_rank_killed_mid_step_publishes_nothing_and_one_rank_resumes(
 
 
 def test_the_step_watchdog_withholds_the_heartbeat_until_the_lease_lapses(
-    live10: tuple[str, Any],
+    live10: LiveApp,
 ) -> None:
     from lm.chat import tokenizer_fingerprint
     from lm.models import load_tokenizer
 
-    base, app = live10
+    app = live10.app
     run = _run(app)
-    client = AsyncGrpoClient(base, run.token)
+    client = AsyncGrpoClient(live10.base, run.token)
     fingerprint = str(tokenizer_fingerprint(load_tokenizer("smollm2-135m-instruct")))
     attach = client.learner_attach(
         str(run.id), fingerprint, name="dp-test", reward_names=["numeric_match"]
@@ -208,64 +179,38 @@ def test_the_step_watchdog_withholds_the_heartbeat_until_the_lease_lapses(
         client.close()
 
 
-def test_a_collective_timeout_not_below_the_lease_ttl_is_refused(
-    live10: tuple[str, Any], tmp_path: Path
-) -> None:
-    base, app = live10
+def test_a_collective_timeout_not_below_the_lease_ttl_is_refused(live10: LiveApp) -> None:
+    app = live10.app
     run = _run(app)
-    log = tmp_path / "learner.log"
-    env = {**os.environ, "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5"}
-    cmd = [
-        str(Path(sys.executable).parent / "torchrun"),
-        *["--standalone", "--nproc-per-node", "2", "--no-python", "--"],
-        str(Path(sys.executable).parent / "asyncgrpo"),
-        "learner",
-        *["--server", base, "--run", str(run.id), "--token", run.token],
-        *["--collective-timeout-s", str(TTL_S), "--work-dir", str(tmp_path / "work")],
-    ]
-    with log.open("ab") as out:
-        code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    log = live10.learner_log
+    timeout = ["--collective-timeout-s", str(TTL_S)]
+    code = live10.learner(run, command=TWO_LEARNER_RANKS, args=timeout).wait(120)
     text = log.read_text()
-    assert code.returncode == 1, text[-3000:]
+    assert code == 1, text[-3000:]
     assert "collective_timeout_s 10 must be shorter than the run's learner lease TTL" in text
     assert "rank 0 stopped (exit code 1)" in text  # rank 1 was told, not left waiting
 
 
 def test_a_one_rank_run_resumes_on_two_fsdp2_ranks_and_completes(
-    live10: tuple[str, Any], tmp_path: Path
+    live10: LiveApp, tmp_path: Path
 ) -> None:
     """Checkpoints are unsharded: version 1 from one process, the rest from two ranks with
     FSDP2-sharded base weights (the resumed adapter loaded, then sharded)."""
     from lm.models import load_tokenizer
 
-    base, app = live10
+    app = live10.app
     run = _run(app)
     worker_id, _ = make_worker(app)
     tok = load_tokenizer("smollm2-135m-instruct")
-    log = tmp_path / "learner.log"
-    work = tmp_path / "work"
-    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path) for _ in range(3)]
-    single = _learner(base, run, work, log, {"MAX_VERSIONS": "1"})
+    log = live10.learner_log
+    batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path) for _ in range(3)]
+    single = live10.learner(run, {"MAX_VERSIONS": "1"})
     assert single.wait(300) == 0, log.read_text()[-3000:]
     _wait_lapsed(app, run.id, TTL_S + 5)
-    env = {
-        **os.environ,
-        "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
-        "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
-        "ASYNCGRPO_LEARNER_COLLECTIVE_TIMEOUT_S": "5",
-    }
-    cmd = [
-        str(Path(sys.executable).parent / "torchrun"),
-        *["--standalone", "--nproc-per-node", "2", "--no-python", "--"],
-        str(Path(sys.executable).parent / "asyncgrpo"),
-        "learner",
-        *["--server", base, "--run", str(run.id), "--token", run.token, "--fsdp"],
-        *["--threads", "1", "--work-dir", str(work)],
-    ]
-    with log.open("ab") as out:
-        done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    fsdp = live10.learner(run, COLLECTIVE_5_S, command=TWO_LEARNER_RANKS, args=["--fsdp"])
+    done = fsdp.wait(300)
     text = log.read_text()
-    assert done.returncode == 0, text[-3000:]
+    assert done == 0, text[-3000:]
     assert "rank 1 of 2 on cpu (FSDP2)" in text
     assert "resuming version 1 (step 1) with the optimizer state of version 1" in text
     assert "rank 1 joined the session at step 1" in text  # rank 0's state reached rank 1

@@ -13,6 +13,7 @@ from learner.data import Completion, Group
 from learner.trainer import Trainer, add_lora
 from lm.logprobs import completion_logprobs
 from protocol.run_config import RunConfig
+from tests.harness.runs import jsonl, run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -32,17 +33,15 @@ VARIANTS = {
 
 def _config(grpo: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(
-        {
-            "name": "direction",
-            "base_model": "smollm2-135m-instruct",
-            "dataset": {"kind": "jsonl", "rows": [{"prompt": "What is 7+5?", "answer": 12}]},
-            "rewards": [{"name": "numeric_match"}],
-            "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-            "grpo": {"learning_rate": 5e-3, **grpo},
-            "group_size": 4,
-            "prompts_per_lease": 1,
-            "prompts_per_step": 1,
-        }
+        run_config(
+            name="direction",
+            dataset=jsonl([{"prompt": "What is 7+5?", "answer": 12}]),
+            lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+            grpo={"learning_rate": 5e-3, **grpo},
+            group_size=4,
+            prompts_per_lease=1,
+            prompts_per_step=1,
+        )
     )
 
 

@@ -20,10 +20,11 @@ from protocol.batches import BatchMetadata, TrajectorySample, write_trajectory_b
 from protocol.layout import batch_key
 from protocol.run_config import RunConfig
 from server.db import transaction
-from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run
+from server.models import DatasetRow, RolloutBatch, Run
 from server.models.telemetry import MetricPoint
-from tests.learner.test_e2e_learner import _learner, live  # noqa: F401 (live: a fixture)
-from tests.server.learner.support import make_run, make_worker, next_fencing, record_accepted
+from tests.harness.batches import completed_lease, queued_rows, record_accepted
+from tests.harness.live_app import LiveApp
+from tests.server.learner.support import make_run, make_worker
 from tests.worker.environments.scripted import ScriptedEngine
 from worker.environments.guess_number import GuessNumberEnvironment
 
@@ -43,13 +44,7 @@ def _trajectory_batch(
         run = session.get(Run, run_id)
         assert run is not None
         config = RunConfig.model_validate(run.config)
-        rows = list(
-            session.execute(
-                select(PromptRow)
-                .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
-                .order_by(PromptRow.queue_pos)
-            ).scalars()
-        )
+        rows = queued_rows(session, run_id, None)
         env = GuessNumberEnvironment(config.environment, tok, max_model_len=2048)
         samples = []
         for row in rows:
@@ -61,20 +56,8 @@ def _trajectory_batch(
                 )
                 assert [s.kind for s in t.spans] == ["prompt", "model", "environment", "model"]
                 samples.append(TrajectorySample(row.id, g, t))
-        fencing = next_fencing(session, run_id)
-        lease = Lease(
-            run_id=run_id,
-            worker_id=worker_id,
-            adapter_version=0,
-            fencing=fencing,
-            state="completed",
-            expires_at=run.created_at,
-            seed=1,
-            n_prompts=len(rows),
-            group_size=config.group_size,
-        )
-        session.add(lease)
-        session.flush()
+        lease = completed_lease(session, run, worker_id, 0, rows, config.group_size)
+        fencing = lease.fencing
         meta = BatchMetadata(
             format_version=2,
             run_id=str(run_id),
@@ -109,12 +92,12 @@ def _trajectory_batch(
 
 
 def test_the_learner_trains_a_multi_turn_run_and_reports_its_trajectories(
-    live,  # noqa: F811
+    live: LiveApp,
     tmp_path: Path,
 ) -> None:
     from lm.models import load_tokenizer
 
-    base, app, _bucket = live
+    app = live.app
     run = make_run(
         app,
         dataset={"kind": "jsonl", "rows": ROWS},
@@ -126,8 +109,8 @@ def test_the_learner_trains_a_multi_turn_run_and_reports_its_trajectories(
     worker_id, _ = make_worker(app)
     tok = load_tokenizer("smollm2-135m-instruct")
     batch_id = _trajectory_batch(app, run.id, worker_id, tok, tmp_path)
-    log = tmp_path / "learner.log"
-    proc = _learner(base, run, tmp_path / "work", log)
+    log = live.learner_log
+    proc = live.learner(run)
     try:
         assert proc.wait(400) == 0, log.read_text()[-3000:]
     finally:

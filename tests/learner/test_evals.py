@@ -23,9 +23,9 @@ from protocol.run_config import LearnerRunConfig
 from protocol.schemas import BatchManifest, Lease
 from protocol.storage import PresignedPut
 from protocol.transfer import upload_presigned
-from tests.conftest import make_settings, mint_token
-from tests.live_server import serve_in_thread
-from tests.s3_fixtures import free_port
+from tests.conftest import mint_token
+from tests.harness.live_app import live_app
+from tests.harness.runs import jsonl, run_config
 from tests.server.learner.support import make_worker
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -40,34 +40,25 @@ ANSWERS = {"5": ["5", "7"], "2": ["2", "2"]}
 
 @pytest.fixture
 def live(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
-    from server.app import create_app
-
-    port = free_port()
-    settings = make_settings(sqlite_url, tmp_path / "bucket")
-    settings = settings.model_copy(update={"public_url": f"http://127.0.0.1:{port}"})
-    app = create_app(settings, migrate=True)
-    with serve_in_thread(app, port) as base:
-        yield base, app
+    with live_app(sqlite_url, tmp_path) as served:
+        yield served.base, served.app
 
 
 def _config() -> dict[str, Any]:
-    return {
-        "name": "eval-scorer",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {"kind": "jsonl", "rows": [{"prompt": "What is 4 + 4?", "answer": "8"}]},
-        "rewards": [{"name": "numeric_match"}],
-        "group_size": 2,
-        "prompts_per_lease": 1,
-        "prompts_per_step": 1,
-        "max_staleness": 0,
-        "eval": {
-            "dataset": {"kind": "jsonl", "rows": EVAL_ROWS},
+    return run_config(
+        name="eval-scorer",
+        dataset=jsonl([{"prompt": "What is 4 + 4?", "answer": "8"}]),
+        prompts_per_lease=1,
+        prompts_per_step=1,
+        max_staleness=0,
+        eval={
+            "dataset": jsonl(EVAL_ROWS),
             "n": 2,
             "temperature": 0.5,
             "accuracy_reward": "numeric_match",
             "max_leases_in_flight": 2,
         },
-    }
+    )
 
 
 def _eval_batch(

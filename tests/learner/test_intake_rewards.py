@@ -7,7 +7,6 @@ same way."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,30 +24,22 @@ from protocol.rewards import RewardAllowlist
 from protocol.run_config import LearnerRunConfig
 from server.db import transaction
 from server.models import PromptRow, RolloutBatch
-from tests.conftest import make_settings
 from tests.fake_judge import Reply, fake_judge
-from tests.learner.test_e2e_learner import _real_batch
-from tests.live_server import serve_in_thread
+from tests.harness.batches import real_batch
+from tests.harness.live_app import live_app
+from tests.harness.runs import plus_rows
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MOD = "tests.learner.rewards_for_tests"
-ROWS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+ROWS = plus_rows(4)
 
 
 @pytest.fixture
 def live(pg_url: str, tmp_path: Path) -> Iterator[tuple[str, Any]]:
     """The server on a free port, with a learner lease that outlasts the test (no heartbeat)."""
-    from server.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    settings = make_settings(pg_url, tmp_path / "bucket", learner_lease_ttl_s=300.0)
-    app = create_app(settings.model_copy(update={"public_url": base}), migrate=True)
-    with serve_in_thread(app, port):
-        yield base, app
+    with live_app(pg_url, tmp_path, learner_lease_ttl_s=300.0) as served:
+        yield served.base, served.app
 
 
 def _load_in_thread(intake: Intake, batch: Any) -> tuple[Any, float]:
@@ -87,7 +78,7 @@ def test_a_hanging_reward_rejects_its_batch_reward_error(live, tmp_path: Path) -
     worker_id, _ = make_worker(app)
     tok = load_tokenizer("smollm2-135m-instruct")
     for _ in range(2):
-        _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+        real_batch(app, run.id, worker_id, 0, tok, tmp_path)
     client = AsyncGrpoClient(base, run.token)
     attach = client.learner_attach(str(run.id), str(tokenizer_fingerprint(tok)))
     claimed = client.claim_batches(str(run.id), attach.fencing, 4).batches
@@ -157,7 +148,7 @@ def test_a_judge_that_keeps_failing_rejects_its_batch_reward_error(live, tmp_pat
         )
         worker_id, _ = make_worker(app)
         tok = load_tokenizer("smollm2-135m-instruct")
-        _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+        real_batch(app, run.id, worker_id, 0, tok, tmp_path)
         client = AsyncGrpoClient(base, run.token)
         attach = client.learner_attach(str(run.id), str(tokenizer_fingerprint(tok)))
         (claimed,) = client.claim_batches(str(run.id), attach.fencing, 4).batches

@@ -22,6 +22,7 @@ from protocol.rewards import RewardAllowlist
 from protocol.run_config import RunConfig
 from protocol.schemas_learner import ClaimedBatch, PromptRowOut
 from protocol.trajectories import Trajectory
+from tests.harness.runs import jsonl, run_config
 from tests.learner.test_env_check import PRODUCT, call, doctor
 from tests.worker.environments.scripted import ScriptedEngine
 from worker.environments.sandbox import ToolSandbox
@@ -37,22 +38,18 @@ REPLIES = {  # per sample of a group: one calls the calculator, one answers at o
 
 def _config() -> RunConfig:
     return RunConfig.model_validate(
-        {
-            "name": "trajectories",
-            "base_model": "smollm2-135m-instruct",
-            "dataset": {"kind": "jsonl", "rows": [{"prompt": "p", "answer": "1"}]},
-            "rewards": [{"name": "tests.learner.rewards_for_tests:transcript_score"}],
-            "environment": {
+        run_config(
+            name="trajectories",
+            dataset=jsonl([{"prompt": "p", "answer": "1"}]),
+            rewards=[{"name": "tests.learner.rewards_for_tests:transcript_score"}],
+            environment={
                 "name": "tool_calls",
                 "tools": ["calculator"],
                 "max_turns": 3,
                 "max_total_tokens": 1024,
             },
-            "sampling": {"max_new_tokens": 96},
-            "group_size": 2,
-            "prompts_per_lease": 2,
-            "prompts_per_step": 2,
-        }
+            sampling={"max_new_tokens": 96},
+        )
     )
 
 

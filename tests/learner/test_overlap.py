@@ -18,15 +18,15 @@ from server.db import transaction
 from server.learner.ledger import ledger_model
 from server.models import AdapterVersion, RolloutBatch, Run
 from tests.e2e.tcp_proxy import TcpProxy
-from tests.learner.s3_live import wait_log
-from tests.learner.test_e2e_learner import ROWS as SIX_ROWS
-from tests.learner.test_e2e_learner import _learner, _real_batch, _wait_version, live
+from tests.harness.batches import real_batch
+from tests.harness.live_app import LiveApp, wait_log, wait_version
+from tests.harness.runs import plus_rows
 from tests.s3_fixtures import S3Endpoint
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
-__all__ = ["live"]  # the fixture of tests/learner/test_e2e_learner.py
-ROWS = [{"prompt": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(8)]
+ROWS = plus_rows(8, plus=2)
+SIX_ROWS = plus_rows(6)
 SETTINGS = {"TRANSFER_RETRY_CAP_S": "1", "CHECKPOINT_EVERY_VERSIONS": "100"}
 
 
@@ -77,29 +77,28 @@ def _consumed(app: Any, run_id: uuid.UUID) -> dict[uuid.UUID, int | None]:
 
 
 def test_kill_during_background_publish_intake_and_between_checkpoints(
-    live_s3: tuple[str, Any],
+    live_s3: LiveApp,
     proxy: TcpProxy,
     moto_endpoint: S3Endpoint,
     s3_bucket: str,
     tmp_path: Path,
     small_tokenizer: Any,
 ) -> None:
-    base, app = live_s3
+    app = live_s3.app
     run = _run(app)
     worker_id, _ = make_worker(app)
     tok = small_tokenizer
-    log = tmp_path / "learner.log"
-    work = tmp_path / "work"
-    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
+    log = live_s3.learner_log
+    batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
 
     # 1. v1 (the first version carries a checkpoint), v2 (none: every 100th); kill -9 while
     #    the background publish of v3 is uploading
-    first = _learner(base, run, work, log, SETTINGS, hold_publish_from=3)
+    first = live_s3.learner(run, SETTINGS, hold_publish_from=3)
     try:
-        _wait_version(app, run.id, 1, first, log)
-        batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
-        _wait_version(app, run.id, 2, first, log)
-        batches.append(_real_batch(app, run.id, worker_id, 2, tok, tmp_path))
+        wait_version(app, run.id, 1, first, log)
+        batches.append(real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+        wait_version(app, run.id, 2, first, log)
+        batches.append(real_batch(app, run.id, worker_id, 2, tok, tmp_path))
         wait_log(log, "test hold: publish of version 3 uploading", first)
     finally:
         _kill(first)
@@ -107,15 +106,15 @@ def test_kill_during_background_publish_intake_and_between_checkpoints(
 
     # 2. the restart resumes v2's weights with v1's optimizer state (the latest checkpoint at
     #    or below v2), publishes v3; kill -9 while its intake downloads the next batch
-    second = _learner(base, run, work, log, SETTINGS)
+    second = live_s3.learner(run, SETTINGS)
     try:
         wait_log(
             log, r"resuming version 2 \(step 2\) with the optimizer state of version 1", second
         )
-        _wait_version(app, run.id, 3, second, log)
+        wait_version(app, run.id, 3, second, log)
         proxy.cut()
         put = _behind_the_cut(moto_endpoint.client(), s3_bucket)
-        batches.append(_real_batch(app, run.id, worker_id, 3, tok, tmp_path, put))
+        batches.append(real_batch(app, run.id, worker_id, 3, tok, tmp_path, put))
         wait_log(log, r"download of \S+\.parquet failed", second)
     finally:
         _kill(second)
@@ -123,7 +122,7 @@ def test_kill_during_background_publish_intake_and_between_checkpoints(
     assert [v.version for v in _versions(app, run.id)] == [1, 2, 3]
 
     # 3. the last restart trains the batch its predecessor was downloading and finishes
-    third = _learner(base, run, work, log, SETTINGS)
+    third = live_s3.learner(run, SETTINGS)
     try:
         assert third.wait(300) == 0, log.read_text()[-3000:]
     finally:
@@ -158,18 +157,18 @@ def _steal_lease(app: Any, run_id: uuid.UUID, hold_s: float) -> None:
 
 
 def test_a_lost_lease_stops_the_background_publish(
-    live_s3: tuple[str, Any], tmp_path: Path, small_tokenizer: Any
+    live_s3: LiveApp, tmp_path: Path, small_tokenizer: Any
 ) -> None:
-    base, app = live_s3
+    app = live_s3.app
     run = _run(app)
     worker_id, _ = make_worker(app)
     tok = small_tokenizer
-    log = tmp_path / "learner.log"
-    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
-    proc = _learner(base, run, tmp_path / "work", log, SETTINGS, hold_publish_from=2)
+    log = live_s3.learner_log
+    batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
+    proc = live_s3.learner(run, SETTINGS, hold_publish_from=2)
     try:
-        _wait_version(app, run.id, 1, proc, log)
-        batches.append(_real_batch(app, run.id, worker_id, 1, tok, tmp_path))
+        wait_version(app, run.id, 1, proc, log)
+        batches.append(real_batch(app, run.id, worker_id, 1, tok, tmp_path))
         wait_log(log, "test hold: publish of version 2 uploading", proc)
         _steal_lease(app, run.id, hold_s=8.0)
         # the heartbeat sees the 409 within a third of the TTL; the held upload's next lease
@@ -177,7 +176,7 @@ def test_a_lost_lease_stops_the_background_publish(
         wait_log(log, r"test hold: publish of version 2 stopped \(LeaseLost", proc, 30)
         wait_log(log, "learner lease lost", proc, 30)
         assert [v.version for v in _versions(app, run.id)] == [1]
-        batches += [_real_batch(app, run.id, worker_id, 1, tok, tmp_path) for _ in range(2)]
+        batches += [real_batch(app, run.id, worker_id, 1, tok, tmp_path) for _ in range(2)]
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
@@ -201,9 +200,7 @@ def _scorer(model: Any, pad_id: int) -> Any:
 
 
 def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp: Path) -> Any:
-    """A fresh base model with a published version's adapter, read from the bucket folder
-    (PEFT wraps the model in place, so never the shared small_model; a reload costs less than
-    a deep copy)."""
+    """The base model with a published version's adapter, read from the bucket folder."""
     from lm.adapter_io import load_adapter_version
     from lm.models import load_model
 
@@ -221,7 +218,7 @@ def _version_model(app: Any, bucket: Path, run_id: uuid.UUID, version: int, tmp:
 
 
 def test_spot_checks_score_against_the_batchs_own_version(
-    live: tuple[str, Any, Path], tmp_path: Path, small_model: Any, small_tokenizer: Any
+    live: LiveApp, tmp_path: Path, small_model: Any, small_tokenizer: Any
 ) -> None:
     """Every batch spot-checked (fraction 1), each generated with the real log-probs of its
     version: the one trained into v3 was generated with v1 and is checked after the learner has
@@ -230,9 +227,8 @@ def test_spot_checks_score_against_the_batchs_own_version(
     import torch
 
     from learner.spotcheck import compare_logprobs
-
     torch.set_num_threads(1)
-    base, app, bucket = live
+    app, bucket = live.app, live.bucket
     run = make_run(
         app,
         dataset={"kind": "jsonl", "rows": SIX_ROWS},
@@ -244,14 +240,14 @@ def test_spot_checks_score_against_the_batchs_own_version(
     worker_id, _ = make_worker(app)
     tok = small_tokenizer
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-    log = tmp_path / "learner.log"
+    log = live.learner_log
     v0 = _scorer(small_model, pad)  # read only
-    batches = [_real_batch(app, run.id, worker_id, 0, tok, tmp_path, score=v0)]
-    proc = _learner(base, run, tmp_path / "work", log)
+    batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path, score=v0)]
+    proc = live.learner(run)
     try:
-        _wait_version(app, run.id, 1, proc, log)
+        wait_version(app, run.id, 1, proc, log)
         v1 = _scorer(_version_model(app, bucket, run.id, 1, tmp_path), pad)
-        batches += [_real_batch(app, run.id, worker_id, 1, tok, tmp_path, score=v1) for _ in (0, 1)]
+        batches += [real_batch(app, run.id, worker_id, 1, tok, tmp_path, score=v1) for _ in (0, 1)]
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:

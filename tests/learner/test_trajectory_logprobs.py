@@ -21,6 +21,7 @@ from protocol.batch_reader import TrajectoryRecord
 from protocol.environments import EnvironmentConfig
 from protocol.run_config import RunConfig
 from protocol.trajectories import Trajectory, validate_trajectory
+from tests.harness.runs import jsonl, run_config
 from tests.worker.conftest import SMALL_MODEL
 from worker.environments.backend_engine import BackendTurnEngine
 from worker.environments.guess_number import GuessNumberEnvironment
@@ -60,16 +61,13 @@ def rolled_out() -> Iterator[tuple[Any, list[Trajectory]]]:
 
 def _config() -> RunConfig:
     return RunConfig.model_validate(
-        {
-            "name": "trajectory-logprobs",
-            "base_model": "smollm2-135m-instruct",
-            "dataset": {"kind": "jsonl", "rows": [{"prompt": "p", "answer": 1}]},
-            "rewards": [{"name": "numeric_match"}],
-            "lora": {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-            "group_size": 2,
-            "prompts_per_lease": 1,
-            "prompts_per_step": 1,
-        }
+        run_config(
+            name="trajectory-logprobs",
+            dataset=jsonl([{"prompt": "p", "answer": 1}]),
+            lora={"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
+            prompts_per_lease=1,
+            prompts_per_step=1,
+        )
     )
 
 

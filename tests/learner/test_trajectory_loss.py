@@ -16,6 +16,7 @@ from learner.loss import grpo_loss
 from learner.trainer import Trainer, add_lora, model_token_bounds
 from protocol.run_config import RunConfig
 from protocol.trajectories import Trajectory, TranscriptMessage, TurnSpan
+from tests.harness.runs import jsonl, run_config
 
 # Two 2-turn trajectories: prompt (4) | model (3) | environment (2) | model (2).
 SPANS = [("prompt", 0, 4), ("model", 4, 7), ("environment", 7, 9), ("model", 9, 11)]
@@ -199,19 +200,15 @@ def test_dr_grpo_bound_comes_from_the_environment() -> None:
 
 def _config(grpo: dict[str, Any], max_new_tokens: int = 6, **extra: Any) -> RunConfig:
     return RunConfig.model_validate(
-        {
-            **extra,
-            "name": "trajectory-loss",
-            "base_model": "smollm2-135m-instruct",
-            "dataset": {"kind": "jsonl", "rows": [{"prompt": "p", "answer": 1}]},
-            "rewards": [{"name": "numeric_match"}],
-            "lora": {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-            "sampling": {"max_new_tokens": max_new_tokens},
-            "grpo": {"learning_rate": 1e-2, "micro_batch_tokens": 24, **grpo},
-            "group_size": 2,
-            "prompts_per_lease": 1,
-            "prompts_per_step": 2,
-        }
+        run_config(
+            extra,
+            name="trajectory-loss",
+            dataset=jsonl([{"prompt": "p", "answer": 1}]),
+            lora={"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
+            sampling={"max_new_tokens": max_new_tokens},
+            grpo={"learning_rate": 1e-2, "micro_batch_tokens": 24, **grpo},
+            prompts_per_lease=1,
+        )
     )
 
 

@@ -22,7 +22,7 @@ from learner.transfers import BucketRefused, ObjectMissing, Retrier, upload_vers
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient
 from tests.e2e.tcp_proxy import TcpProxy
-from tests.learner.s3_live import proxied_settings
+from tests.harness.live_app import proxied_settings
 from tests.s3_fixtures import S3Endpoint
 from tests.server.learner.support import FP, make_run
 

@@ -8,7 +8,8 @@ import pytest
 
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient, ConflictError, ForbiddenError
-from tests.server.learner.support import FP, accepted_batch, make_run, make_worker
+from tests.harness.batches import accepted_batch
+from tests.server.learner.support import FP, make_run, make_worker
 
 
 def test_learner_round_trip_through_the_client(app, client) -> None:

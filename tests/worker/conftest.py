@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from lm.chat import tokenizer_fingerprint
-from tests.worker.harness import RUNNING, ServerProcess, Stack, run_config
+from tests.harness.fixtures import server
+from tests.harness.runs import run_config
+from tests.harness.stack import LiveServer
+from tests.worker.harness import RUNNING, Stack, worker_run
 
+__all__ = ["server"]  # tests/harness/fixtures.py
 SMALL_MODEL = "smollm2-135m-instruct"
 PROMPTS = [
     "What is 7 + 5? Answer with just the number.",
@@ -68,20 +72,14 @@ def prompt_ids(small_tokenizer: Any) -> list[list[int]]:
 
 
 @pytest.fixture
-def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def make_stack(server: ServerProcess, small_tokenizer: Any) -> Iterator[Callable[..., Stack]]:
+def make_stack(server: LiveServer, small_tokenizer: Any) -> Iterator[Callable[..., Stack]]:
     stacks: list[Stack] = []
 
     def make(n_prompts: int, **overrides: Any) -> Stack:
         stack = Stack(
-            server, tokenizer_fingerprint(small_tokenizer), run_config(n_prompts, **overrides)
+            server,
+            tokenizer_fingerprint(small_tokenizer),
+            run_config(worker_run(n_prompts), **overrides),
         )
         stacks.append(stack)
         return stack

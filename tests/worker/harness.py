@@ -1,13 +1,11 @@
-"""A real control plane for worker tests: uvicorn in a subprocess on 127.0.0.1 (so it can be
-stopped and restarted), a fresh Postgres database, a local-folder bucket, an admin token, a
-run with a learner attached, and a learner that publishes adapter versions."""
+"""The worker tests' side of the real control plane (the `server` fixture of
+tests/harness/fixtures.py: uvicorn in a process, so it can be stopped and restarted, a fresh
+Postgres database, a local-folder bucket): a run with a learner attached that publishes adapter
+versions, the worker's settings, and a WorkerLoop in a thread."""
 
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,135 +13,46 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-from sqlalchemy import create_engine, text
-
 from protocol.client import AsyncGrpoClient
 from protocol.schemas_learner import PublishedFile, PublishRequest, UploadFile, UploadsRequest
 from protocol.transfer import upload_presigned
-from tests.conftest import TEST_SECRET
-from tests.s3_fixtures import free_port
+from tests.harness.runs import LIVE_RUN, create_run, jsonl
+from tests.harness.stack import LiveServer
 from worker.config import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PROMPT = "You are a helpful assistant."
 
 
-class ServerProcess:
-    """`uvicorn server.main:app` with its settings in the environment."""
-
-    def __init__(self, database_url: str, bucket_dir: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.database_url = database_url
-        self.env = {
-            **os.environ,
-            "ASYNCGRPO_DATABASE_URL": database_url,
-            "ASYNCGRPO_BUCKET_URL": str(bucket_dir),
-            "ASYNCGRPO_PUBLIC_URL": self.url,
-            "ASYNCGRPO_SECURITY__SECRET_KEY": TEST_SECRET,
-            "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
-            "ASYNCGRPO_LEASE_LONG_POLL_S": "0.5",
-            "ASYNCGRPO_LEARNER_LEASE_TTL_S": "3600",  # the test learner does not heartbeat
-            "ASYNCGRPO_JOBS__MODE": "inprocess",
-            "ASYNCGRPO_JOBS__SWEEP_INTERVAL_S": "0.5",
-            "PYTHONPATH": str(REPO),
-        }
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning"],
-            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def sql(self, statement: str, **params: Any) -> list[Any]:
-        engine = create_engine(self.database_url.replace("postgresql://", "postgresql+psycopg://"))
-        try:
-            with engine.begin() as conn:
-                result = conn.execute(text(statement), params)
-                return list(result) if result.returns_rows else []
-        finally:
-            engine.dispose()
+# The worker tests' run (a layer of tests/harness/runs.py run_config), a 30 s lease TTL.
+WORKER_RUN: dict[str, Any] = {**LIVE_RUN, "name": "worker-e2e", "lease_ttl_s": 30.0}
 
 
-def mint_admin_token(database_url: str) -> str:
-    from server.db import make_engine, make_sessionmaker, transaction
-    from server.tokens import service as tokens
-
-    engine = make_engine(database_url)
-    try:
-        with transaction(make_sessionmaker(engine)) as session:
-            return tokens.mint(session, "admin", name="worker-tests").plaintext
-    finally:
-        engine.dispose()
+def sum_rows(n: int) -> list[dict[str, Any]]:
+    """`What is i + (i + 3)?`, answered with just the number, for i < n."""
+    return [
+        {"prompt": f"What is {i} + {i + 3}? Answer with just the number.", "answer": str(2 * i + 3)}
+        for i in range(n)
+    ]
 
 
-def run_config(n_prompts: int, **overrides: Any) -> dict[str, Any]:
-    """A tiny run: G=4, 16 new tokens, LoRA r=4, short TTLs."""
-    config: dict[str, Any] = {
-        "name": "worker-e2e",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {
-            "kind": "jsonl",
-            "rows": [
-                {
-                    "prompt": f"What is {i} + {i + 3}? Answer with just the number.",
-                    "answer": str(2 * i + 3),
-                }
-                for i in range(n_prompts)
-            ],
-        },  # fmt: skip
-        "rewards": [{"name": "numeric_match", "weight": 1.0, "kwargs": {}}],
-        "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "grpo": {"system_prompt": SYSTEM_PROMPT},
-        "sampling": {"temperature": 1.0, "max_new_tokens": 16},
-        "group_size": 4,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 4,
-        "max_staleness": 1,
-        "lease_ttl_s": 30.0,
-        "heartbeat_interval_s": 1.0,
-    }
-    config.update(overrides)
-    return config
+def worker_run(n_prompts: int) -> dict[str, Any]:
+    """The layer of a worker test's run of `n_prompts` rows."""
+    return {**WORKER_RUN, "dataset": jsonl(sum_rows(n_prompts))}
 
 
 class Stack:
     """Server + run + attached learner; `publish` makes a new adapter version."""
 
-    def __init__(self, server: ServerProcess, fingerprint: str, config: dict[str, Any]) -> None:
+    def __init__(self, server: LiveServer, fingerprint: str, config: dict[str, Any]) -> None:
         self.server = server
-        self.admin = AsyncGrpoClient(server.url, mint_admin_token(server.database_url))
-        created = self.admin.create_run(config)
-        self.run_id = str(created["run"]["id"])
-        self.learner = AsyncGrpoClient(server.url, created["learner_token"])
+        self.admin = AsyncGrpoClient(server.url, server.admin_token)
+        created = create_run(self.admin, config, registration_uses=10)
+        self.run_id = created.run_id
+        self.learner = AsyncGrpoClient(server.url, created.learner_token)
         self.attach = self.learner.learner_attach(self.run_id, fingerprint)
-        self.registration_token = self.admin.create_registration_token(max_uses=10)["token"]
+        assert created.registration_token is not None
+        self.registration_token = created.registration_token
 
     def publish(self, version: int, adapter_dir: Path) -> None:
         """Upload an adapter version folder (+ a checkpoint file) and publish it."""

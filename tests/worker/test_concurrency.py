@@ -57,7 +57,7 @@ def test_leases_of_two_runs_at_once_abort_and_fence_touch_only_their_own(
     assert all(r.n_samples == 2 for r in others)
     # Neither was cut short by the abort or the fence: every completion ran to its length limit
     # or ended at the model's EOS (T = 2 makes EOS rare, not impossible).
-    bucket = Path(shared.server.env["ASYNCGRPO_BUCKET_URL"])
+    bucket = shared.server.bucket
     for row in shared.batch_rows():
         table = pq.read_table(
             bucket / row.bucket_key, columns=["completion_token_ids", "finish_reason"]

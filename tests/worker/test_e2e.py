@@ -15,13 +15,14 @@ import pytest
 
 from lm.chat import encode_prompt, tokenizer_fingerprint
 from protocol.batches import BatchExpectations, read_batch
+from tests.harness.runs import run_config
+from tests.harness.stack import LiveServer
 from tests.worker.harness import (
     RUNNING,
     SYSTEM_PROMPT,
     LoopThread,
-    ServerProcess,
     Stack,
-    run_config,
+    worker_run,
     worker_settings,
 )
 from worker.loop import Outcome
@@ -131,10 +132,10 @@ def test_lease_expired_while_generating_is_not_completed(
 
 @pytest.mark.timeout(300)
 def test_lease_with_another_tokenizer_fingerprint_is_released(
-    server: ServerProcess, tx_backend: Any, tmp_path: Path
+    server: LiveServer, tx_backend: Any, tmp_path: Path
 ) -> None:
     # The learner attached with a tokenizer this worker does not have.
-    stack = Stack(server, "f" * 64, run_config(2))
+    stack = Stack(server, "f" * 64, run_config(worker_run(2)))
     try:
         worker = LoopThread(worker_settings(stack, tmp_path, max_leases=1), tx_backend).start()
         worker.join(120)

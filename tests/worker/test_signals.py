@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from lm.chat import tokenizer_fingerprint
-from tests.worker.harness import REPO, ServerProcess, Stack, run_config
+from tests.harness.runs import run_config
+from tests.harness.stack import LiveServer
+from tests.worker.harness import REPO, Stack, worker_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
 
@@ -24,10 +26,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_sigterm_with_five_held_leases_releases_all_and_exits_fast(
-    server: ServerProcess, small_tokenizer: Any, tmp_path: Path, signum: int
+    server: LiveServer, small_tokenizer: Any, tmp_path: Path, signum: int
 ) -> None:
     config = run_config(
-        5, prompts_per_lease=1, sampling={"temperature": 2.0, "max_new_tokens": 1000}
+        worker_run(5), prompts_per_lease=1, sampling={"temperature": 2.0, "max_new_tokens": 1000}
     )
     stack = Stack(server, tokenizer_fingerprint(small_tokenizer), config)
     env = {

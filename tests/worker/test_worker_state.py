@@ -19,8 +19,9 @@ import httpx
 import pytest
 
 from protocol.client import AsyncGrpoClient
+from tests.harness.stack import LiveServer
 from tests.s3_fixtures import free_port
-from tests.worker.harness import REPO, ServerProcess, mint_admin_token
+from tests.worker.harness import REPO
 from worker import credentials
 from worker.config import STATE_ROOT, WorkerSettings
 
@@ -113,21 +114,13 @@ def test_a_second_worker_process_on_the_same_token_file_is_refused(tmp_path: Pat
 
 
 @pytest.fixture
-def server(pg_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(pg_url, tmp_path / "bucket", tmp_path / "server.log")
-    proc.start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def admin(server: ServerProcess) -> Iterator[AsyncGrpoClient]:
-    client = AsyncGrpoClient(server.url, mint_admin_token(server.database_url))
+def admin(server: LiveServer) -> Iterator[AsyncGrpoClient]:
+    client = AsyncGrpoClient(server.url, server.admin_token)
     yield client
     client.close()
 
 
-def _refused_tokens(server: ServerProcess, admin: AsyncGrpoClient) -> dict[str, str]:
+def _refused_tokens(server: LiveServer, admin: AsyncGrpoClient) -> dict[str, str]:
     used = admin.create_registration_token(max_uses=1)["token"]
     with AsyncGrpoClient(server.url) as anonymous:
         anonymous.register_worker(used, name="took-the-only-use")
@@ -144,7 +137,7 @@ def _refused_tokens(server: ServerProcess, admin: AsyncGrpoClient) -> dict[str, 
 
 
 def test_a_refused_registration_token_ends_the_start_in_one_line_before_the_model_loads(
-    server: ServerProcess, admin: AsyncGrpoClient, tmp_path: Path
+    server: LiveServer, admin: AsyncGrpoClient, tmp_path: Path
 ) -> None:
     model_cache = tmp_path / "models"  # the built-in model is converted here when it loads
     for reason, token in _refused_tokens(server, admin).items():
@@ -167,7 +160,7 @@ def test_a_refused_registration_token_ends_the_start_in_one_line_before_the_mode
 
 
 def test_a_worker_rejoining_from_its_token_file_says_so(
-    server: ServerProcess, admin: AsyncGrpoClient, tmp_path: Path
+    server: LiveServer, admin: AsyncGrpoClient, tmp_path: Path
 ) -> None:
     token = admin.create_registration_token(max_uses=1)["token"]
     with AsyncGrpoClient(server.url) as anonymous:
@@ -191,7 +184,7 @@ def test_a_worker_rejoining_from_its_token_file_says_so(
 
 
 def test_a_revoked_worker_s_stored_token_ends_the_start_in_one_line_before_the_model_loads(
-    server: ServerProcess, admin: AsyncGrpoClient, tmp_path: Path
+    server: LiveServer, admin: AsyncGrpoClient, tmp_path: Path
 ) -> None:
     token = admin.create_registration_token(max_uses=1)["token"]
     with AsyncGrpoClient(server.url) as anonymous:

@@ -1,4 +1,4 @@
-"""The real learner process (tests/learner/test_e2e_learner.py's server, Postgres, real
+"""The real learner process (the served app of tests/harness/fixtures.py, Postgres, real
 Parquet batches, the small model) with an MLflow tracker named in the run config: its first
 step's metrics and the redacted run config reach the MLflow file store; from the second point
 on the tracker raises (tests/learner/tracking/failing_learner.py), and the learner logs one
@@ -6,62 +6,41 @@ warning and goes on training and publishing to its max_versions."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.learner.test_e2e_learner import _real_batch, _wait_version, live
-from tests.learner.tracking.support import ROOT, WEBHOOK, assert_no_secret
+from tests.harness.batches import real_batch
+from tests.harness.live_app import LiveApp, wait_version
+from tests.harness.runs import plus_rows
+from tests.learner.tracking.support import WEBHOOK, assert_no_secret
 from tests.server.learner.support import make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(400)]
-__all__ = ["live"]  # the fixture of tests/learner/test_e2e_learner.py
-ROWS = [{"prompt": f"What is {i} + 3?", "answer": str(i + 3)} for i in range(4)]
+ROWS = plus_rows(4, plus=3)
 
 
-def _learner(base: str, run: Any, tmp: Path, store: Path) -> subprocess.Popen[bytes]:
-    env = {
-        "ASYNCGRPO_LEARNER_STANDBY_RETRY_S": "0.5",
-        "ASYNCGRPO_LEARNER_CLAIM_WAIT_S": "1",
-        "ASYNCGRPO_LEARNER_MAX_VERSIONS": "2",
-        "MLFLOW_ALLOW_FILE_STORE": "true",
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "tests.learner.tracking.failing_learner",
-        "2",  # the second point (step 2) fails
-        "--server",
-        base,
-        "--run",
-        str(run.id),
-        "--token",
-        run.token,
-        "--threads",
-        "1",
-        "--work-dir",
-        str(tmp / "work"),
-        "--tracking-uri",
-        f"file://{store}",
-    ]
-    log = (tmp / "learner.log").open("ab")
-    return subprocess.Popen(
-        cmd, env={**os.environ, **env}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+def _learner(live: LiveApp, run: Any, store: Path) -> Any:
+    """The learner whose tracker fails from its second point on, to max_versions 2."""
+    return live.learner(
+        run,
+        {"MAX_VERSIONS": "2"},
+        command=[sys.executable, "-m", "tests.learner.tracking.failing_learner", "2"],
+        args=["--tracking-uri", f"file://{store}"],
+        env={"MLFLOW_ALLOW_FILE_STORE": "true"},
     )
 
 
 def test_steps_reach_mlflow_and_a_failing_tracker_does_not_stop_training(  # type: ignore[no-untyped-def]
-    live, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    live: LiveApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlflow.tracking import MlflowClient
 
     from lm.models import load_tokenizer
 
-    base, app, _bucket = live
+    app = live.app
     run = make_run(
         app,
         name="tracked",
@@ -75,12 +54,12 @@ def test_steps_reach_mlflow_and_a_failing_tracker_does_not_stop_training(  # typ
     )
     worker_id, _ = make_worker(app)
     tok = load_tokenizer("smollm2-135m-instruct")
-    store, log = tmp_path / "mlruns", tmp_path / "learner.log"
-    _real_batch(app, run.id, worker_id, 0, tok, tmp_path)
-    proc = _learner(base, run, tmp_path, store)
+    store, log = tmp_path / "mlruns", live.learner_log
+    real_batch(app, run.id, worker_id, 0, tok, tmp_path)
+    proc = _learner(live, run, store)
     try:
-        _wait_version(app, run.id, 1, proc, log)
-        _real_batch(app, run.id, worker_id, 1, tok, tmp_path)
+        wait_version(app, run.id, 1, proc, log)
+        real_batch(app, run.id, worker_id, 1, tok, tmp_path)
         assert proc.wait(240) == 0, log.read_text()[-3000:]  # version 2 published: its limit
     finally:
         if proc.poll() is None:

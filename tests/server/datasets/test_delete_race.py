@@ -14,18 +14,19 @@ import pytest
 from protocol.run_config import RunConfig
 from server.datasets import repository as datasets_repo
 from server.runs import service as runs
+from tests.harness.runs import run_config
 from tests.server.datasets.files import QUESTIONS, jsonl, upload
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _config(dataset_id: str) -> dict[str, Any]:
-    return {
-        "name": "race",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {"kind": "uploaded", "id": dataset_id, "prompt_column": "question"},
-        "rewards": [{"name": "numeric_match"}],
-    }
+    return run_config(
+        name="race",
+        dataset={"kind": "uploaded", "id": dataset_id, "prompt_column": "question"},
+        group_size=8,
+        prompts_per_step=8,
+    )
 
 
 def _in_thread(work: Any) -> tuple[threading.Thread, dict[str, Any]]:

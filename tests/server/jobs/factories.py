@@ -15,6 +15,7 @@ from protocol.storage import ObjectStore
 from server.config import Settings
 from server.db_types import db_now, db_now_plus
 from server.models import Lease, RolloutBatch, Run, Worker
+from tests.harness.runs import jsonl, plus_rows, run_config
 
 BASE_MODEL = "smollm2-135m-instruct"
 
@@ -31,25 +32,16 @@ def new_run(
     from server.runs.service import create_run
 
     config = RunConfig.model_validate(
-        {
-            "name": f"jobs-{uuid.uuid4().hex[:6]}",
-            "base_model": BASE_MODEL,
-            "dataset": {
-                "kind": "jsonl",
-                "rows": [
-                    {"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n_rows)
-                ],
-            },
-            "rewards": [{"name": "numeric_match"}],
-            "group_size": 2,
-            "prompts_per_lease": 2,
-            "prompts_per_step": 2,
-            "lease_ttl_s": 600.0,
-            "max_staleness": 4,
-            "budget_usd": budget_usd,
-            "learner_price_per_hour": learner_price_per_hour,
-            "alarms": alarms or {},
-        }
+        run_config(
+            name=f"jobs-{uuid.uuid4().hex[:6]}",
+            base_model=BASE_MODEL,
+            dataset=jsonl(plus_rows(n_rows)),
+            lease_ttl_s=600.0,
+            max_staleness=4,
+            budget_usd=budget_usd,
+            learner_price_per_hour=learner_price_per_hour,
+            alarms=alarms or {},
+        )
     )
     run, _token = create_run(session, config)
     session.execute(update(Run).where(Run.id == run.id).values(status=status))

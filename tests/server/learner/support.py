@@ -1,5 +1,5 @@
-"""Helpers for the learner-side tests: runs, workers and accepted batches made in the real
-database and the app's real local store, and the learner's upload + publish done over HTTP."""
+"""Helpers for the learner-side tests: runs and workers made in the real database (batches:
+tests/harness/batches.py), and the learner's upload + publish done over HTTP."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from protocol.run_config import RunConfig
 from server.db import transaction
 from server.db_types import db_now_plus
 from server.learner.retention import apply_retention
-from server.models import AdapterVersion, Lease, PromptRow, RolloutBatch, Run, Worker
+from server.models import AdapterVersion, PromptRow, RolloutBatch, Run, Worker
 from server.runs.service import create_run
 from tests.conftest import mint_token
-
-FP = "tok-fp-1"
+from tests.harness.batches import FP
+from tests.harness.runs import run_config
 
 
 @dataclass
@@ -36,30 +36,10 @@ class RunHandle:
         return f"/api/v1/runs/{self.id}/{path}"
 
 
-def make_config(**overrides: Any) -> RunConfig:
-    base: dict[str, Any] = {
-        "name": "learner-test",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {
-            "kind": "jsonl",
-            "rows": [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)],
-        },
-        "rewards": [{"name": "numeric_match"}],
-        "group_size": 2,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 2,
-        "max_staleness": 1,
-        "max_attempts": 3,
-        "epochs": 1,
-    }
-    base.update(overrides)
-    return RunConfig.model_validate(base)
-
-
 def make_run(app: Any, **overrides: Any) -> RunHandle:
     """A pending run created by the runs feature (dataset rows, every epoch's prompt rows
     queued, epoch 0 first) and its learner token."""
-    config = make_config(**overrides)
+    config = RunConfig.model_validate(run_config({"name": "learner-test"}, **overrides))
     with transaction(app.state.sessionmaker) as session:
         run, token = create_run(session, config)
         run_id = run.id
@@ -73,71 +53,6 @@ def make_worker(app: Any) -> tuple[uuid.UUID, str]:
         session.flush()
         worker_id = worker.id
     return worker_id, mint_token(app, "worker", name="w", scope_id=worker_id)
-
-
-def next_fencing(session: Any, run_id: uuid.UUID) -> int:
-    """A fencing token for a lease made by hand: the run's next one, as a grant takes it."""
-    return int(
-        session.execute(
-            update(Run)
-            .where(Run.id == run_id)
-            .values(fencing_seq=Run.fencing_seq + 1)
-            .returning(Run.fencing_seq)
-        ).scalar_one()
-    )
-
-
-def accepted_batch(
-    app: Any, run_id: uuid.UUID, worker_id: uuid.UUID, version: int, n_prompts: int = 2
-) -> uuid.UUID:
-    """What acquire + complete leave behind: the front `n_prompts` queued rows leased and then
-    accepted into one completed lease's batch, whose object is in the store."""
-    store = app.state.store
-    with transaction(app.state.sessionmaker) as session:
-        rows = list(
-            session.execute(
-                select(PromptRow)
-                .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
-                .order_by(PromptRow.queue_pos)
-                .limit(n_prompts)
-            ).scalars()
-        )
-        assert rows, "no queued rows left"
-        run = session.get(Run, run_id)
-        assert run is not None
-        group_size = int(run.config["group_size"])
-        fencing = next_fencing(session, run_id)
-        lease = Lease(
-            run_id=run_id,
-            worker_id=worker_id,
-            adapter_version=version,
-            fencing=fencing,
-            state="completed",
-            expires_at=run.created_at,
-            seed=1,
-            n_prompts=len(rows),
-            group_size=group_size,
-        )
-        session.add(lease)
-        session.flush()
-        key = f"runs/{run_id}/batches/{lease.id}-{fencing}.parquet"
-        data = json.dumps({"lease": str(lease.id), "rows": [r.id for r in rows]}).encode()
-        store.put_bytes(key, data)
-        batch = RolloutBatch(
-            run_id=run_id,
-            lease_id=lease.id,
-            worker_id=worker_id,
-            adapter_version=version,
-            bucket_key=key,
-            sha256=hashlib.sha256(data).hexdigest(),
-            bytes=len(data),
-            n_samples=len(rows) * group_size,
-            n_tokens=10 * len(rows) * group_size,
-            n_groups=len(rows),
-            tokenizer_fingerprint=FP,
-            state="accepted",
-        )
-        return record_accepted(session, run_id, lease.id, batch, rows)
 
 
 def attach(client: TestClient, run: RunHandle, fp: str = FP) -> dict[str, Any]:
@@ -266,25 +181,6 @@ def row_states(app: Any, run_id: uuid.UUID) -> dict[int, tuple[str, int, str | N
             r.id: (r.state, r.attempts, r.drop_reason)
             for r in session.execute(select(PromptRow).where(PromptRow.run_id == run_id)).scalars()
         }
-
-
-def record_accepted(
-    session: Any, run_id: uuid.UUID, lease_id: uuid.UUID, batch: RolloutBatch, rows: list[Any]
-) -> uuid.UUID:
-    """Store an accepted batch as `complete` leaves it: its rows accepted and in flight."""
-    session.add(batch)
-    session.flush()
-    session.execute(
-        update(PromptRow)
-        .where(PromptRow.id.in_([r.id for r in rows]))
-        .values(state="accepted", lease_id=lease_id, batch_id=batch.id)
-    )
-    session.execute(
-        update(Run)
-        .where(Run.id == run_id)
-        .values(groups_in_flight=Run.groups_in_flight + len(rows))
-    )
-    return batch.id
 
 
 def expire_learner(app: Any, run_id: uuid.UUID) -> None:

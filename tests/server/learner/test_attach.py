@@ -8,9 +8,9 @@ from sqlalchemy import func, select
 
 from server.db import transaction
 from server.models import AdapterVersion
+from tests.harness.batches import accepted_batch
 from tests.server.learner.support import (
     FP,
-    accepted_batch,
     attach,
     batch_states,
     claim,

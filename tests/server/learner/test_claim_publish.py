@@ -7,8 +7,8 @@ from sqlalchemy import select
 
 from server.db import transaction
 from server.models import AdapterVersion, PromptRow
+from tests.harness.batches import accepted_batch
 from tests.server.learner.support import (
-    accepted_batch,
     attach,
     batch_states,
     claim,

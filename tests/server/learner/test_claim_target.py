@@ -14,8 +14,8 @@ from sqlalchemy import select
 from server.db import transaction
 from server.models import PromptRow, RolloutBatch
 from tests.conftest import make_settings
+from tests.harness.batches import accepted_batch
 from tests.server.learner.support import (
-    accepted_batch,
     attach,
     batch_states,
     claim,

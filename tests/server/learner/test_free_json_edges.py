@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import make_settings, mint_token
+from tests.harness.runs import jsonl, run_config
 from tests.server.learner.support import attach, make_run, publish_body, upload
 
 
@@ -75,14 +76,8 @@ def test_metric_points_must_be_finite(client: TestClient, app, value: float) -> 
 
 
 def _run_body(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "name": "edges",
-        "base_model": "smollm2-135m-instruct",
-        "dataset": {"kind": "jsonl", "rows": [{"prompt": "1 + 1?", "answer": "2"}]},
-        "rewards": [{"name": "numeric_match"}],
-    }
-    base.update(overrides)
-    return base
+    edges = {"name": "edges", "dataset": jsonl([{"prompt": "1 + 1?", "answer": "2"}])}
+    return run_config(edges, group_size=8, prompts_per_step=8, **overrides)
 
 
 @pytest.mark.parametrize(

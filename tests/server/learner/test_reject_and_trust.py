@@ -8,15 +8,8 @@ from sqlalchemy import select
 
 from server.db import transaction
 from server.models import Event, RolloutBatch, WebhookDelivery, Worker
-from tests.server.learner.support import (
-    accepted_batch,
-    attach,
-    claim,
-    make_run,
-    make_worker,
-    row_states,
-    run_row,
-)
+from tests.harness.batches import accepted_batch
+from tests.server.learner.support import attach, claim, make_run, make_worker, row_states, run_row
 
 
 def test_reject_requeues_rows_and_counts_against_the_worker(app, client) -> None:

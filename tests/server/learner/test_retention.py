@@ -6,8 +6,8 @@ from sqlalchemy import update
 
 from server.db import transaction
 from server.models import Lease, RolloutBatch
+from tests.harness.batches import accepted_batch
 from tests.server.learner.support import (
-    accepted_batch,
     attach,
     deleted_versions,
     make_run,

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from server.db import transaction
 from server.models import AdapterVersion
 from tests.conftest import make_settings
+from tests.harness.batches import accepted_batch
 from tests.server.learner.support import (
-    accepted_batch,
     attach,
     claim,
     deleted_versions,

@@ -6,8 +6,8 @@ from sqlalchemy import select
 
 from server.db import transaction
 from server.models import PromptRow, RolloutBatch
+from tests.harness.batches import accepted_batch
 from tests.server.learner.support import (
-    accepted_batch,
     attach,
     claim,
     make_run,

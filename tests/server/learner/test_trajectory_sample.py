@@ -18,9 +18,10 @@ from protocol.batches import write_batch, write_trajectory_batch
 from server.db import transaction
 from server.models import RolloutBatch
 from tests.conftest import make_settings
+from tests.harness.batches import accepted_batch
 from tests.protocol import batch_factory as bf
 from tests.protocol import trajectory_factory as tf
-from tests.server.learner.support import accepted_batch, attach, make_run, make_worker
+from tests.server.learner.support import attach, make_run, make_worker
 
 
 @pytest.fixture

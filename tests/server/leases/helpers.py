@@ -20,29 +20,19 @@ from protocol.run_config import InlineDataset, RunConfig
 from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
 from server.runs import service as runs
 from server.tokens import service as tokens
+from tests.harness.runs import jsonl, plus_rows, run_config
 
 MODEL = "tiny-model"
 
 
-def run_config(n_rows: int = 10, **overrides: Any) -> RunConfig:
-    fields: dict[str, Any] = {
-        "name": "lease-test",
-        "base_model": MODEL,
-        "dataset": {
-            "kind": "jsonl",
-            "rows": [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n_rows)],
-        },
-        "rewards": [{"name": "numeric_match"}],
-        "group_size": 2,
-        "prompts_per_lease": 2,
-        "prompts_per_step": 4,
-        "weight_sync_steps": 1,
-        "max_staleness": 1,
-        "lease_ttl_s": 60.0,
-        "heartbeat_interval_s": 5.0,
-    }
-    fields.update(overrides)
-    return RunConfig.model_validate(fields)
+# The lease tests' run (a layer of tests/harness/runs.py run_config): 10 rows by default.
+LEASE_RUN: dict[str, Any] = {
+    "name": "lease-test",
+    "base_model": MODEL,
+    "prompts_per_step": 4,
+    "lease_ttl_s": 60.0,
+    "heartbeat_interval_s": 5.0,
+}
 
 
 def make_run(
@@ -51,9 +41,14 @@ def make_run(
     *,
     status: str = "running",
     run_id: uuid.UUID | None = None,
-    **kw: Any,
+    n_rows: int = 10,
+    **overrides: Any,
 ) -> Run:
-    config = config or run_config(**kw)
+    """A run of `config`, or else of tests/harness/runs.py's run_config with `LEASE_RUN`,
+    `n_rows` rows and `overrides`."""
+    config = config or RunConfig.model_validate(
+        run_config(LEASE_RUN, dataset=jsonl(plus_rows(n_rows)), **overrides)
+    )
     run = Run(
         id=run_id or uuid.uuid4(),
         name=config.name,

@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from server.models import PromptRow, Worker
-from tests.server.leases.helpers import make_run, make_worker, run_config
+from tests.server.leases.helpers import make_run, make_worker
 from tests.server.leases.lease_paths import Answered
 
 ACQUIRE = "/api/v1/leases/acquire"
@@ -29,7 +29,7 @@ def _acquire(client: TestClient, token: str, **body: object) -> tuple[int, dict 
 def test_an_old_worker_gets_single_turn_runs_only(
     lease_client: TestClient, db: Session, answered: Answered
 ) -> None:
-    make_run(db, run_config(environment=TOOLS, priority=5))
+    make_run(db, environment=TOOLS, priority=5)
     plain = make_run(db)
     _, token = make_worker(db)  # declared nothing: single_turn
     db.commit()
@@ -43,7 +43,7 @@ def test_an_old_worker_gets_single_turn_runs_only(
 
 
 def test_a_run_nobody_declared_waits(lease_client: TestClient, db: Session) -> None:
-    make_run(db, run_config(environment=TOOLS))
+    make_run(db, environment=TOOLS)
     _, token = make_worker(db)
     db.commit()
     assert _acquire(lease_client, token)[0] == 204
@@ -56,7 +56,7 @@ def test_a_run_nobody_declared_waits(lease_client: TestClient, db: Session) -> N
 def test_the_acquire_declaration_is_kept(
     lease_client: TestClient, db: Session, answered: Answered
 ) -> None:
-    make_run(db, run_config(environment=TOOLS))
+    make_run(db, environment=TOOLS)
     worker, token = make_worker(db)
     db.commit()
     assert _acquire(lease_client, token, environments=ALL)[0] == 200
@@ -69,7 +69,7 @@ def test_the_acquire_declaration_is_kept(
 
 
 def test_module_declarations_cover_their_classes(lease_client: TestClient, db: Session) -> None:
-    make_run(db, run_config(environment={"name": "my_envs.games:Maze"}))
+    make_run(db, environment={"name": "my_envs.games:Maze"})
     _, token = make_worker(db)
     db.commit()
     assert _acquire(lease_client, token, environments=["single_turn", "other:*"])[0] == 204
@@ -79,7 +79,7 @@ def test_module_declarations_cover_their_classes(lease_client: TestClient, db: S
 
 
 def test_trusted_worker_required(lease_client: TestClient, db: Session) -> None:
-    make_run(db, run_config(environment={"name": "guess_number", "requires_trusted_worker": True}))
+    make_run(db, environment={"name": "guess_number", "requires_trusted_worker": True})
     worker, token = make_worker(db)
     db.commit()
     assert _acquire(lease_client, token, environments=ALL)[0] == 204
@@ -106,7 +106,7 @@ def test_prompt_too_long_counts_an_attempt_on_the_named_rows_only(
 ) -> None:
     """A worker whose environment cannot fit a prompt names it: it counts an attempt (and is
     dropped after max_attempts), the lease's other prompt goes back unpunished."""
-    run = make_run(db, run_config(n_rows=2, environment=TOOLS, max_attempts=1))
+    run = make_run(db, n_rows=2, environment=TOOLS, max_attempts=1)
     _, token = make_worker(db)
     db.commit()
     _, lease = _acquire(lease_client, token, environments=ALL)
@@ -137,7 +137,7 @@ def test_prompt_too_long_counts_an_attempt_on_the_named_rows_only(
 
 
 def test_environment_error_counts_an_attempt(lease_client: TestClient, db: Session) -> None:
-    run = make_run(db, run_config(n_rows=2, environment=TOOLS, max_attempts=1))
+    run = make_run(db, n_rows=2, environment=TOOLS, max_attempts=1)
     _, token = make_worker(db)
     db.commit()
     _, lease = _acquire(lease_client, token, environments=ALL)

@@ -15,20 +15,16 @@ from server.evals.ledger import EVAL
 from server.evals.service import EVAL_TURN
 from server.leases import ledger
 from server.leases.train import TRAIN
+from tests.harness.runs import run_config
 
 ROOT = Path(__file__).resolve().parents[3]
 KIND_HOMES = {ROOT / "server" / "evals"}  # the eval kind's own feature
 
 
 def _config(**overrides: object) -> RunConfig:
+    kinds = {"name": "kinds", "base_model": "m", "dataset": {"kind": "generator", "size": 4}}
     return RunConfig.model_validate(
-        {
-            "name": "kinds",
-            "base_model": "m",
-            "dataset": {"kind": "generator", "size": 4},
-            "rewards": [{"name": "numeric_match"}],
-            **overrides,
-        }
+        run_config(kinds, group_size=8, prompts_per_step=8, **overrides)
     )
 
 

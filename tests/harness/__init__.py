@@ -1,0 +1,13 @@
+"""The one test harness of tests/ and bench/ (bench/ imports it; nothing in it needs pytest but
+fixtures.py):
+
+- runs.py: THE run-config builder (`run_config` with tiny defaults and layers of overrides)
+  and run creation through the API;
+- batches.py: batch factories, what acquire + upload + complete leave behind;
+- live_app.py: the app served in the test process (its sessionmaker and store at hand), with
+  learner processes against it through asyncgrpo.cluster.Cluster;
+- stack.py: live stacks on Cluster (server, workers and learner as processes; Postgres or
+  SQLite; a bucket folder or S3), the moto process and a migrated throw-away database;
+- s3.py: an S3 endpoint as tests and benchmarks reach one;
+- fixtures.py: the pytest fixtures over them, registered by the conftests that use them.
+"""
