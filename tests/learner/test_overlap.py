@@ -227,6 +227,7 @@ def test_spot_checks_score_against_the_batchs_own_version(
     import torch
 
     from learner.spotcheck import compare_logprobs
+
     torch.set_num_threads(1)
     app, bucket = live.app, live.bucket
     run = make_run(
