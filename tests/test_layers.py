@@ -159,7 +159,7 @@ def test_integration():
     result = layered.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        [f"E*Failed: unit test {opened}: {MESSAGE}*", "FAILED *::test_unit"]
+        [f"E*Failed: unit test {opened}: {MESSAGE}*", "FAILED *::test_unit*"]
     )
 
 
@@ -182,7 +182,10 @@ def test_plain_after_them():
     result = layered.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)  # the guard is back for the plain test
     result.stdout.fnmatch_lines(
-        [f"E*unit test opened a database connection: {MESSAGE}*", "FAILED *::test_plain_after_them"]
+        [
+            f"E*unit test opened a database connection: {MESSAGE}*",
+            "FAILED *::test_plain_after_them*",
+        ]
     )
 
 
