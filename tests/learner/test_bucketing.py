@@ -78,12 +78,22 @@ def lora64(small_model: Any) -> Any:
     return _lora(small_model)
 
 
+@pytest.fixture(scope="module")
+def bucketed_step(lora64: Any) -> tuple[dict[str, float], list[torch.Tensor], int]:
+    """The step on the default config (bucketed by length), which three tests read: its
+    metrics, gradients, and how often the first decoder layer's attention ran in it."""
+    model = copy.deepcopy(lora64)
+    calls = _count_attention_calls(model)
+    metrics, grads = _step(model, _config())
+    return metrics, grads, calls[0]
+
+
 def _plan() -> Any:
     return plan_step(_groups(), loss_type="dapo", scale_rewards="group",
                      max_completion_tokens=12, skip_zero_advantage=True)  # fmt: skip
 
 
-def test_gradients_do_not_depend_on_the_grouping(lora64: Any) -> None:
+def test_gradients_do_not_depend_on_the_grouping(lora64: Any, bucketed_step: Any) -> None:
     # float64: a different grouping changes only the order of sums and the padding (which the
     # attention mask hides): rounding, measured at ~1e-9 relative on a log-prob after the
     # 49k-way log-softmax; a wrong normaliser, a lost or a doubled row moves them >= 1e-2.
@@ -92,7 +102,7 @@ def test_gradients_do_not_depend_on_the_grouping(lora64: Any) -> None:
     bucketed, in_order = micro_batches(sizes, BUDGET), micro_batches(sizes, BUDGET, by_length=False)
     assert bucketed != in_order and len(bucketed) < len(sizes)  # a real regrouping
     runs = {
-        "bucketed": _step(copy.deepcopy(lora64), _config()),
+        "bucketed": bucketed_step[:2],
         "in order": _step(copy.deepcopy(lora64), _config(), bucket_by_length=False),
         "one row each": _step(copy.deepcopy(lora64), _config().model_copy(
             update={"grpo": _config().grpo.model_copy(update={"micro_batch_tokens": 1})})),
@@ -110,8 +120,8 @@ def test_gradients_do_not_depend_on_the_grouping(lora64: Any) -> None:
     assert runs["bucketed"][0]["padding_fraction"] < runs["in order"][0]["padding_fraction"]
 
 
-def test_the_step_reports_padding_compute_time_and_peak_memory(lora64: Any) -> None:
-    metrics, _ = _step(copy.deepcopy(lora64), _config())
+def test_the_step_reports_padding_compute_time_and_peak_memory(bucketed_step: Any) -> None:
+    metrics, _, _ = bucketed_step
     want = padding_fraction(step_micro_batches(_plan(), BUDGET, pad_id=0))
     assert metrics["padding_fraction"] == pytest.approx(want)
     assert 0 < metrics["compute_s"] <= metrics["step_seconds"]
@@ -131,15 +141,14 @@ def _count_attention_calls(model: Any) -> list[int]:
     return calls
 
 
-def test_gradient_checkpointing_recomputes_layers_and_keeps_gradients(lora64: Any) -> None:
-    plain_model, ckpt_model = copy.deepcopy(lora64), copy.deepcopy(lora64)
-    plain_calls, ckpt_calls = (
-        _count_attention_calls(plain_model),
-        _count_attention_calls(ckpt_model),
-    )
-    plain, plain_grads = _step(plain_model, _config())
+def test_gradient_checkpointing_recomputes_layers_and_keeps_gradients(
+    lora64: Any, bucketed_step: Any
+) -> None:
+    plain, plain_grads, plain_calls = bucketed_step
+    ckpt_model = copy.deepcopy(lora64)
+    ckpt_calls = _count_attention_calls(ckpt_model)
     ckpt, ckpt_grads = _step(ckpt_model, _config(checkpointing=True))
-    assert ckpt_calls[0] == 2 * plain_calls[0] > 0  # each micro-batch's layer ran again
+    assert ckpt_calls[0] == 2 * plain_calls > 0  # each micro-batch's layer ran again
     assert not ckpt_model.get_base_model().model.layers[0].self_attn.training  # dropout off
     assert ckpt["loss"] == pytest.approx(plain["loss"], rel=1e-7)
     for got, want in zip(ckpt_grads, plain_grads, strict=True):
