@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from protocol.batches import BatchMetadata, RolloutSample, write_batch
+from protocol.batches import BatchFileInfo, BatchMetadata, RolloutSample, write_batch
 from protocol.layout import batch_key
 from protocol.run_config import RunConfig
 from server.db import transaction
@@ -84,6 +84,38 @@ def record_accepted(
         .values(groups_in_flight=Run.groups_in_flight + len(rows))
     )
     return batch.id
+
+
+def accept_batch_file(
+    app: Any,
+    session: Any,
+    lease: Lease,
+    worker_id: uuid.UUID,
+    path: Path,
+    info: BatchFileInfo,
+    meta: BatchMetadata,
+    rows: list[Any],
+    put: Callable[[str, bytes], Any] | None = None,
+) -> uuid.UUID:
+    """What upload + complete leave behind for a batch file written for `lease`: the object at
+    its lease's key (`put`, default the app's store) and the batch accepted with its rows."""
+    key = batch_key(lease.run_id, lease.id, lease.fencing)
+    (put or app.state.store.put_bytes)(key, path.read_bytes())
+    batch = RolloutBatch(
+        run_id=lease.run_id,
+        lease_id=lease.id,
+        worker_id=worker_id,
+        adapter_version=meta.adapter_version,
+        bucket_key=key,
+        sha256=info.sha256,
+        bytes=info.bytes,
+        n_samples=info.n_samples,
+        n_tokens=info.n_tokens,
+        n_groups=info.n_groups,
+        tokenizer_fingerprint=meta.tokenizer_fingerprint,
+        state="accepted",
+    )
+    return record_accepted(session, lease.run_id, lease.id, batch, rows)
 
 
 def accepted_batch(
@@ -177,20 +209,4 @@ def real_batch(
         )
         path = tmp / f"{lease.id}.parquet"
         info = write_batch(path, meta, completion_samples(session, rows, config, tok, score))
-        key = batch_key(run_id, lease.id, lease.fencing)
-        (put or app.state.store.put_bytes)(key, path.read_bytes())
-        batch = RolloutBatch(
-            run_id=run_id,
-            lease_id=lease.id,
-            worker_id=worker_id,
-            adapter_version=version,
-            bucket_key=key,
-            sha256=info.sha256,
-            bytes=info.bytes,
-            n_samples=info.n_samples,
-            n_tokens=info.n_tokens,
-            n_groups=info.n_groups,
-            tokenizer_fingerprint=meta.tokenizer_fingerprint,
-            state="accepted",
-        )
-        return record_accepted(session, run_id, lease.id, batch, rows)
+        return accept_batch_file(app, session, lease, worker_id, path, info, meta, rows, put)

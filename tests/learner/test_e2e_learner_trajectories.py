@@ -17,12 +17,11 @@ from sqlalchemy import select
 
 from lm.chat import chat_messages, tokenizer_fingerprint
 from protocol.batches import BatchMetadata, TrajectorySample, write_trajectory_batch
-from protocol.layout import batch_key
 from protocol.run_config import RunConfig
 from server.db import transaction
 from server.models import DatasetRow, RolloutBatch, Run
 from server.models.telemetry import MetricPoint
-from tests.harness.batches import completed_lease, queued_rows, record_accepted
+from tests.harness.batches import accept_batch_file, completed_lease, queued_rows
 from tests.harness.live_app import LiveApp
 from tests.server.learner.support import make_run, make_worker
 from tests.worker.environments.scripted import ScriptedEngine
@@ -72,23 +71,7 @@ def _trajectory_batch(
         )
         path = tmp / f"{lease.id}.parquet"
         info = write_trajectory_batch(path, meta, samples)
-        key = batch_key(run_id, lease.id, fencing)
-        app.state.store.put_bytes(key, path.read_bytes())
-        batch = RolloutBatch(
-            run_id=run_id,
-            lease_id=lease.id,
-            worker_id=worker_id,
-            adapter_version=0,
-            bucket_key=key,
-            sha256=info.sha256,
-            bytes=info.bytes,
-            n_samples=info.n_samples,
-            n_tokens=info.n_tokens,
-            n_groups=info.n_groups,
-            tokenizer_fingerprint=meta.tokenizer_fingerprint,
-            state="accepted",
-        )
-        return record_accepted(session, run_id, lease.id, batch, rows)
+        return accept_batch_file(app, session, lease, worker_id, path, info, meta, rows)
 
 
 def test_the_learner_trains_a_multi_turn_run_and_reports_its_trajectories(
