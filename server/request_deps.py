@@ -20,8 +20,23 @@ from server.config import Settings
 from server.db import transaction
 from server.errors import Unprocessable
 
-_bearer = HTTPBearer(auto_error=False)
 T = TypeVar("T")
+
+
+def _bearer_scheme(kind: str) -> HTTPBearer:
+    """The bearer credentials of one token kind. Each kind is its own OpenAPI security scheme
+    (`AdminToken`, ...), so the document says which token an operation takes; the token is
+    checked by the guard (server/tokens/auth.py) or the worker call (server/workers/auth.py)."""
+    return HTTPBearer(
+        scheme_name=f"{kind.capitalize()}Token",
+        description=f"a {kind} token, sent as `Authorization: Bearer <token>`",
+        auto_error=False,
+    )
+
+
+BEARER_SCHEMES = {
+    kind: _bearer_scheme(kind) for kind in ("admin", "registration", "worker", "learner")
+}
 
 
 # These three are `async` only so that FastAPI calls them on the event loop instead of taking
@@ -46,7 +61,11 @@ async def get_store(request: Request) -> ObjectStore:
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[ObjectStore, Depends(get_store)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+Credentials = HTTPAuthorizationCredentials | None
+AdminCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["admin"])]
+RegistrationCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["registration"])]
+WorkerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["worker"])]
+LearnerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["learner"])]
 
 
 def released(session: Session, principal: T) -> T:

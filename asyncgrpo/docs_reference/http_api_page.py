@@ -59,17 +59,23 @@ def responses(operation: dict[str, Any]) -> str:
     )
 
 
+def _token(name: str, scheme: dict[str, Any]) -> str:
+    """`admin token` for the bearer scheme `AdminToken` (one per token kind), `bearer token` for
+    another bearer scheme, else the scheme's type."""
+    kind = scheme.get("scheme") or scheme.get("type") or name
+    if kind != "bearer":
+        return str(kind)
+    if name.endswith("Token") and name != "Token":
+        return f"{name.removesuffix('Token').lower()} token"
+    return "bearer token"
+
+
 def auth(operation: dict[str, Any], schemes: dict[str, Any]) -> str:
-    """The operation's security schemes (`bearer token`), or `open`."""
+    """The token the operation's security schemes take (`admin token`), or `open`."""
     names = sorted({name for req in operation.get("security") or [] for name in req})
     if not names:
         return "open"
-    labels = []
-    for name in names:
-        scheme = schemes.get(name, {})
-        kind = scheme.get("scheme") or scheme.get("type") or name
-        labels.append(f"{kind} token" if kind == "bearer" else str(kind))
-    return ", ".join(labels)
+    return ", ".join(_token(name, schemes.get(name, {})) for name in names)
 
 
 def summary(operation: dict[str, Any]) -> str:
@@ -151,8 +157,9 @@ INTRO = """
 Every operation of the control plane's HTTP API, read from its OpenAPI document (served at
 `/openapi.json`, interactive at `/docs`). Bodies are JSON unless a media type is named; every
 error answer is an `ErrorBody` (`detail` for people, `code` for programs: see
-[the error codes](error-codes.md)). *Auth* names the bearer token an operation takes
-(`Authorization: Bearer …`: an admin, registration, worker or learner token, as its tag says);
+[the error codes](error-codes.md)). *Auth* names the kind of token an operation takes, sent as
+`Authorization: Bearer …`: an admin, registration, worker or learner token (each kind is its own
+security scheme in the OpenAPI document); a token of another kind is refused with 403.
 `open` operations take none.
 """
 

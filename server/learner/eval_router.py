@@ -30,7 +30,7 @@ from server.learner import repository as learner_repo
 from server.learner.service import fence, run_config
 from server.long_poll import long_poll
 from server.models import Token
-from server.request_deps import Credentials, SessionDep, SettingsDep
+from server.request_deps import LearnerCredentials, SessionDep, SettingsDep
 from server.routing import TransactionalRoute
 from server.tokens.auth import LearnerDep, require_learner
 
@@ -84,7 +84,7 @@ def _claim_once(
 
 @router.post("/evals/claim", response_model=EvalClaimResponse)
 async def claim(
-    run_id: uuid.UUID, body: EvalClaimRequest, request: Request, credentials: Credentials
+    run_id: uuid.UUID, body: EvalClaimRequest, request: Request, credentials: LearnerCredentials
 ) -> EvalClaimResponse:
     """The learner claims uploaded eval batches (fenced; never training batches), with their
     items' prompts and reference columns. Long-poll: each attempt is its own transaction."""

@@ -32,7 +32,7 @@ from server.config import Settings
 from server.db import transaction
 from server.deps import (
     AdminDep,
-    Credentials,
+    LearnerCredentials,
     LearnerDep,
     SessionDep,
     SettingsDep,
@@ -92,7 +92,7 @@ def fail(
 
 @router.post("/batches/claim", response_model=ClaimResponse)
 async def claim(
-    run_id: uuid.UUID, body: ClaimRequest, request: Request, credentials: Credentials
+    run_id: uuid.UUID, body: ClaimRequest, request: Request, credentials: LearnerCredentials
 ) -> ClaimResponse:
     """Long-poll: each attempt is its own short transaction; nothing is held while waiting."""
     settings: Settings = request.app.state.settings

@@ -30,7 +30,7 @@ from server.config import Settings
 from server.leases import fenced, service
 from server.leases.units import counted
 from server.long_poll import long_poll
-from server.request_deps import Credentials
+from server.request_deps import Credentials, WorkerCredentials
 from server.routing import TransactionalRoute
 from server.tokens.auth import bearer_token
 
@@ -58,7 +58,7 @@ _VERSIONS_HEADER_DOC = {
     },
 )
 async def acquire(
-    body: LeaseAcquireRequest, request: Request, response: Response, credentials: Credentials
+    body: LeaseAcquireRequest, request: Request, response: Response, credentials: WorkerCredentials
 ) -> Lease | Response:
     """Long-poll: each try authenticates and grants on its own (service.acquire); the wait
     between tries is on the event loop, so idle workers hold no thread, no connection and no
@@ -82,7 +82,7 @@ async def acquire(
 
 @router.post("/heartbeat", response_model=HeartbeatsResponse)
 async def heartbeats(
-    body: HeartbeatsRequest, request: Request, credentials: Credentials
+    body: HeartbeatsRequest, request: Request, credentials: WorkerCredentials
 ) -> HeartbeatsResponse:
     """Heartbeats of up to 512 held leases in one call, each answered on its own (200 with the
     heartbeat, or 404 / 409 as its single heartbeat would answer): a worker holding many
@@ -98,7 +98,7 @@ async def heartbeats(
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(
-    lease_id: uuid.UUID, body: HeartbeatRequest, request: Request, credentials: Credentials
+    lease_id: uuid.UUID, body: HeartbeatRequest, request: Request, credentials: WorkerCredentials
 ) -> HeartbeatResponse:
     """Extend the lease by the run's lease_ttl_s, or abort it (stale, or the run no longer
     running) with its rows re-queued, answering `abort` with the reason."""
@@ -110,7 +110,7 @@ async def heartbeat(
 
 @router.post("/{lease_id}/upload", response_model=UploadResponse)
 async def upload(
-    lease_id: uuid.UUID, body: UploadRequest, request: Request, credentials: Credentials
+    lease_id: uuid.UUID, body: UploadRequest, request: Request, credentials: WorkerCredentials
 ) -> UploadResponse:
     """A presigned PUT for the lease's one batch key, bound to the given size and sha256 and
     to no overwrite."""
@@ -122,7 +122,7 @@ async def upload(
 
 @router.post("/{lease_id}/complete", response_model=CompleteResponse)
 async def complete(
-    lease_id: uuid.UUID, body: CompleteRequest, request: Request, credentials: Credentials
+    lease_id: uuid.UUID, body: CompleteRequest, request: Request, credentials: WorkerCredentials
 ) -> CompleteResponse:
     """End the lease `completed`: the uploaded batch is checked and stored `accepted`, or
     `rejected` with its rows re-queued."""
@@ -134,7 +134,7 @@ async def complete(
 
 @router.post("/{lease_id}/release", response_model=ReleaseResponse)
 async def release(
-    lease_id: uuid.UUID, body: ReleaseRequest, request: Request, credentials: Credentials
+    lease_id: uuid.UUID, body: ReleaseRequest, request: Request, credentials: WorkerCredentials
 ) -> ReleaseResponse:
     """End the lease `released` with its reason; its rows go back to the front of the queue
     (engine_fault, environment_error and prompt_too_long count an attempt)."""

@@ -1,6 +1,5 @@
 """Who is calling, as request dependencies: the admin, learner and registration principals
-(a bearer token of that kind, docs/architecture/security.md, "Tokens and security") and the bearer
-digest."""
+(a bearer token of that kind, docs/architecture/security.md, "Tokens and security")."""
 
 from __future__ import annotations
 
@@ -12,7 +11,14 @@ from sqlalchemy.orm import Session
 from protocol.error_codes import ErrorCode
 from server.errors import Unauthorized
 from server.models import Token
-from server.request_deps import Credentials, SessionDep, released
+from server.request_deps import (
+    AdminCredentials,
+    Credentials,
+    LearnerCredentials,
+    RegistrationCredentials,
+    SessionDep,
+    released,
+)
 from server.tokens import service as tokens
 
 
@@ -26,21 +32,16 @@ def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token
     return released(session, tokens.authenticate(session, bearer_token(credentials), kinds))
 
 
-def require_admin(session: SessionDep, credentials: Credentials) -> Token:
+def require_admin(session: SessionDep, credentials: AdminCredentials) -> Token:
     return _principal(session, credentials, "admin")
 
 
-def require_learner(session: SessionDep, credentials: Credentials) -> Token:
+def require_learner(session: SessionDep, credentials: LearnerCredentials) -> Token:
     return _principal(session, credentials, "learner")
 
 
-def require_registration(session: SessionDep, credentials: Credentials) -> Token:
+def require_registration(session: SessionDep, credentials: RegistrationCredentials) -> Token:
     return _principal(session, credentials, "registration")
-
-
-def bearer_digest(credentials: Credentials) -> str:
-    """The digest a bearer token is looked up by (401 for a missing or foreign token)."""
-    return tokens.digest_of_bearer(bearer_token(credentials))
 
 
 AdminDep = Annotated[Token, Depends(require_admin)]

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 
 from protocol.schemas import MAX_VERSIONS_AFTER, VersionsResponse
 from server.config import Settings
-from server.deps import Credentials, as_worker
+from server.deps import WorkerCredentials, as_worker
 from server.long_poll import long_poll
 from server.versions import service
 from server.versions.watch import RunVersion, VersionWatch
@@ -29,7 +29,7 @@ router = APIRouter(prefix="/api/v1", tags=["versions"])
 )
 async def versions(
     request: Request,
-    credentials: Credentials,
+    credentials: WorkerCredentials,
     after: Annotated[
         list[str],
         Query(

@@ -201,6 +201,10 @@ def test_responses_group_by_body_and_auth_names_the_scheme() -> None:
     }
     assert responses(operation) == "`200`; `401`, `404` `ErrorBody`"
     assert auth(operation, {"Bearer": {"type": "http", "scheme": "bearer"}}) == "bearer token"
+    bearer = {"type": "http", "scheme": "bearer"}
+    admin = {"security": [{"AdminToken": []}]}
+    assert auth(admin, {"AdminToken": bearer}) == "admin token"
+    assert auth({"security": [{"Key": []}]}, {"Key": {"type": "apiKey"}}) == "apiKey"
     assert auth({}, {}) == "open"
 
 

@@ -1,9 +1,10 @@
-"""Which token kind each API operation takes, read from the app itself (its routes' dependencies
-and its OpenAPI security), and the real ids the fuzzer substitutes into path parameters."""
+"""Which token kind each API operation takes, read from the app itself (the bearer scheme its
+route's dependencies read, and its OpenAPI security), and the real ids the fuzzer substitutes
+into path parameters."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import fastapi.routing
@@ -27,32 +28,6 @@ OPEN_OPERATIONS = {
     ("PUT", "/blobs/{key}"),
 }
 
-# The claim long-poll and every worker call read the bearer credentials as a dependency but
-# authenticate inside their own transaction (in the handler: deps.as_worker for worker calls),
-# so the kind cannot be read from their dependencies.
-AUTHENTICATED_IN_HANDLER = {
-    ("POST", "/api/v1/runs/{run_id}/batches/claim"): "learner",
-    ("POST", "/api/v1/runs/{run_id}/evals/claim"): "learner",
-    ("GET", "/api/v1/versions"): "worker",
-    **{
-        ("POST", f"/api/v1/leases{path}"): "worker"
-        for path in (
-            "/acquire",
-            "/heartbeat",
-            "/{lease_id}/heartbeat",
-            "/{lease_id}/upload",
-            "/{lease_id}/complete",
-            "/{lease_id}/release",
-        )
-    },
-}
-
-_GUARDS: dict[Callable[..., Any], str] = {
-    deps.require_admin: "admin",
-    deps.require_registration: "registration",
-    deps.require_learner: "learner",
-}
-
 
 def _calls(dependant: Dependant) -> Iterator[Any]:
     for sub in dependant.dependencies:
@@ -73,20 +48,18 @@ def _api_routes(app: FastAPI) -> Iterator[Any]:
 
 
 def bearer_kinds(app: FastAPI) -> dict[tuple[str, str], str | None]:
-    """(METHOD, path) -> the token kind its dependencies demand; None where no guard is a
-    dependency. Raises when an operation reads bearer credentials but has no known guard."""
+    """(METHOD, path) -> the token kind whose bearer scheme (server/request_deps.py
+    BEARER_SCHEMES) its dependencies read; None where they read none. An operation reading two
+    kinds fails here."""
+    schemes = deps.BEARER_SCHEMES.items()
     found: dict[tuple[str, str], str | None] = {}
     for route in _api_routes(app):
         calls = list(_calls(route.dependant))
-        kinds = {_GUARDS[c] for c in calls if c in _GUARDS}
-        reads_bearer = any(c is deps._bearer for c in calls)
+        kinds = {kind for kind, scheme in schemes if any(c is scheme for c in calls)}
         assert len(kinds) <= 1, (route.path, kinds)
         for method in route.methods:
             # Starlette's `{key:path}` converter appears as `{key}` in the OpenAPI schema.
-            key = (method, route.path_format)
-            kind = next(iter(kinds), None) or AUTHENTICATED_IN_HANDLER.get(key)
-            assert kind is not None or not reads_bearer, f"{key} reads a token but has no guard"
-            found[key] = kind
+            found[(method, route.path_format)] = next(iter(kinds), None)
     return found
 
 
