@@ -147,6 +147,36 @@ def stop_all(procs: list[ManagedProcess], grace_s: float) -> None:
         proc.stop(max(0.1, deadline - time.monotonic()))
 
 
+def worker_process(
+    name: str,
+    state: Path,
+    server: tuple[str, str],
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    log: Path | None = None,
+) -> ManagedProcess:
+    """The `asyncgrpo worker` process `name` (not started) for `server` (its URL and a
+    registration token): its token file, adapter cache and work dir under `state`, its output in
+    `log` (`state`/worker.log); `args` follow the CLI's own, `env` adds settings, `python` runs
+    it (another venv's interpreter, e.g. vLLM's)."""
+    state.mkdir(parents=True, exist_ok=True)
+    url, registration_token = server
+    full_env = _base_env(
+        {
+            "ASYNCGRPO_WORKER_TOKEN_FILE": str(state / "token.json"),
+            "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(state / "adapters"),
+            "ASYNCGRPO_WORKER_WORK_DIR": str(state / "batches"),
+            **(env or {}),
+        }
+    )
+    argv = [
+        python or sys.executable, "-m", "asyncgrpo.cli", "worker", "--server", url,
+        "--registration-token", registration_token, "--name", name, *args,
+    ]  # fmt: skip
+    return ManagedProcess(name, argv, full_env, state, log or state / "worker.log")
+
+
 @dataclass
 class ClusterConfig:
     """Where and how to run. Without `database_url` the server is embedded (SQLite file and a
@@ -299,25 +329,17 @@ class Cluster:
     def start_worker(self, name: str) -> ManagedProcess:
         """Start (or restart, reusing its token file) the worker `name`."""
         assert self.registration_token is not None, "create the run first"
-        state = self.dir / "workers" / name
-        state.mkdir(parents=True, exist_ok=True)
-        env = _base_env(
-            {
-                "ASYNCGRPO_WORKER_TOKEN_FILE": str(state / "token.json"),
-                "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(state / "adapters"),
-                "ASYNCGRPO_WORKER_WORK_DIR": str(state / "batches"),
-                **self.config.worker_env,
-            }
+        proc = worker_process(
+            name,
+            self.dir / "workers" / name,
+            (self.url, self.registration_token),
+            ["--model", self.config.model, "--threads", str(self.config.threads)],
+            self.config.worker_env,
+            self.config.worker_python,
+            self.dir / "logs" / f"{name}.log",
         )
-        python = self.config.worker_python or sys.executable
-        argv = [
-            python, "-m", "asyncgrpo.cli", "worker", "--server", self.url,
-            "--registration-token", self.registration_token, "--name", name,
-            "--model", self.config.model, "--threads", str(self.config.threads),
-        ]  # fmt: skip
-        log = self.dir / "logs" / f"{name}.log"
         with interrupts.deferred():
-            proc = self.workers[name] = ManagedProcess(name, argv, env, self.dir, log).start()
+            self.workers[name] = proc.start()
         return proc
 
     def start_learner(

@@ -20,6 +20,7 @@ import httpx
 from sqlalchemy import create_engine, text
 
 from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess, free_port
+from asyncgrpo.cluster import worker_process as worker_process  # a worker beside a stack
 from tests.e2e.tcp_proxy import TcpProxy
 from tests.harness.s3 import S3Endpoint
 

@@ -4,10 +4,7 @@ and exits within 5 s."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,8 +14,8 @@ import pytest
 
 from lm.chat import tokenizer_fingerprint
 from tests.harness.runs import run_config
-from tests.harness.stack import LiveServer
-from tests.worker.harness import REPO, Stack, worker_run
+from tests.harness.stack import LiveServer, worker_process
+from tests.worker.harness import Stack, worker_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
 
@@ -33,37 +30,33 @@ def test_sigterm_with_five_held_leases_releases_all_and_exits_fast(
     )
     stack = Stack(server, tokenizer_fingerprint(small_tokenizer), config)
     env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(tmp_path / "w" / "adapters"),
-        "ASYNCGRPO_WORKER_WORK_DIR": str(tmp_path / "w" / "batches"),
         "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "0.5",
         "ASYNCGRPO_WORKER_MAX_INFLIGHT_SEQUENCES": "20",  # five leases of 1 prompt x G 4
     }
-    log = (tmp_path / "worker.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncgrpo.cli", "worker", "--server", server.url,
-         "--registration-token", stack.registration_token, "--backend", "transformers",
-         "--token-file", str(tmp_path / "w" / "token.json"), "--threads", "1"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    worker = worker_process(
+        "w",
+        tmp_path / "w",
+        (server.url, stack.registration_token),
+        ["--backend", "transformers", "--threads", "1"],
+        env,
+    ).start()
     try:
         deadline = time.monotonic() + 200
         while sum(r.state == "active" for r in stack.lease_rows()) < 5:
-            assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert worker.alive(), worker.log_text()[-3000:]
             assert time.monotonic() < deadline, "the worker never held five leases"
             time.sleep(0.3)
         time.sleep(1.0)  # generating now
         sent = time.monotonic()
-        proc.send_signal(signum)
-        proc.wait(timeout=15)
+        assert worker.proc is not None
+        worker.proc.send_signal(signum)
+        worker.proc.wait(timeout=15)
         elapsed = time.monotonic() - sent
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        worker.stop()
         stack.close()
-    assert elapsed < 5.0, (elapsed, (tmp_path / "worker.log").read_text()[-3000:])
-    assert proc.returncode == 0
+    assert elapsed < 5.0, (elapsed, worker.log_text()[-3000:])
+    assert worker.returncode() == 0
     leases = stack.lease_rows()
     assert [lease.state for lease in leases] == ["released"] * 5
     assert [lease.end_reason for lease in leases] == ["shutdown"] * 5

@@ -5,14 +5,13 @@ answers 409) and its work is dropped; the others are completed and accepted."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.harness.stack import ManagedProcess, worker_process
 from tests.worker.harness import REPO, Stack
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -30,35 +29,25 @@ pytestmark = [
 ]
 
 
-def start_worker(stack: Stack, work: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def start_worker(stack: Stack, state: Path) -> ManagedProcess:
     env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(work / "adapters"),
-        "ASYNCGRPO_WORKER_WORK_DIR": str(work / "batches"),
         "ASYNCGRPO_WORKER_ACQUIRE_WAIT_S": "0.5",
         "ASYNCGRPO_WORKER_VLLM_MAX_MODEL_LEN": "512",
         "ASYNCGRPO_WORKER_VLLM_MAX_LORA_RANK": "8",
     }
-    log = work / "worker.log"
-    proc = subprocess.Popen(
-        [str(VLLM_PYTHON), "-m", "asyncgrpo.cli", "worker", "--server", stack.server.url,
-         "--registration-token", stack.registration_token, "--backend", "vllm",
-         "--token-file", str(work / "token.json"), "--max-inflight-sequences", "64",
-         "--max-leases", "4"],
-        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    return proc, log
+    args = ["--backend", "vllm", "--max-inflight-sequences", "64", "--max-leases", "4"]
+    server = (stack.server.url, stack.registration_token)
+    return worker_process("w", state, server, args, env, str(VLLM_PYTHON)).start()
 
 
-def wait(predicate: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, what: str,
-         timeout_s: float) -> None:  # fmt: skip
+def wait(
+    predicate: Callable[[], bool], worker: ManagedProcess, what: str, timeout_s: float
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
-        assert proc.poll() is None, log.read_text()[-4000:]
+        assert worker.alive(), worker.log_text()[-4000:]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
@@ -69,24 +58,24 @@ def test_vllm_worker_holds_leases_of_two_runs_abort_and_fence_touch_only_their_o
 ) -> None:
     alone = make_stack(1, prompts_per_lease=1, group_size=2, sampling=LONG)
     shared = make_stack(3, prompts_per_lease=1, group_size=2, sampling=LONG, lease_ttl_s=60.0)
-    proc, log = start_worker(alone, tmp_path)
+    worker = start_worker(alone, tmp_path / "w")
     try:
 
         def active() -> int:
             rows = alone.lease_rows() + shared.lease_rows()
             return sum(r.state == "active" for r in rows)
 
-        wait(lambda: active() == 4, proc, log, "four leases held at once", 600)
+        wait(lambda: active() == 4, worker, "four leases held at once", 600)
         time.sleep(1.0)  # generating
         alone.admin.pause_run(alone.run_id)
         fenced = shared.lease_rows()[0].id
         shared.server.sql("UPDATE leases SET fencing = fencing + 1000 WHERE id = :l", l=fenced)
-        proc.wait(timeout=300)
+        assert worker.proc is not None
+        worker.proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert proc.returncode == 0, text[-4000:]
+        worker.stop()
+    text = worker.log_text()
+    assert worker.returncode() == 0, text[-4000:]
     (aborted,) = alone.lease_rows()
     assert (aborted.state, aborted.end_reason) == ("aborted", "run_paused")
     assert f"lease {aborted.id} ended: aborted (run_paused)" in text
