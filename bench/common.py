@@ -38,8 +38,6 @@ from sqlalchemy.orm import Session
 from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient
-from protocol.storage import PresignedPut, sha256_file
-from protocol.transfer import upload_presigned
 from server.runs.waste import Waste, stale_waste
 from tests.harness.runs import LIVE_RUN, arithmetic
 from tests.harness.stack import (
@@ -478,32 +476,21 @@ class Publisher:
         self.claimed += [b.batch_id for b in answer.batches]
 
     def publish(self, folder: Path, size_mb: int) -> Published:
+        from learner.publisher import upload_files
+        from learner.transfers import Retrier
+
         version = self.version + 1
         # the resume checkpoint a publish requires: here only the step (a real learner also
         # uploads optimizer state, about twice the adapter, before publishing)
         checkpoint = folder.parent / f"{folder.name}-checkpoint"
         checkpoint.mkdir()
         (checkpoint / "state.json").write_text(f'{{"step": {version}}}')
-        paths = [(p, "adapter") for p in sorted(folder.iterdir())]
-        paths.append((checkpoint / "state.json", "checkpoint"))
-        files = [
-            sl.UploadFile(name=p.name, size=p.stat().st_size, sha256=sha256_file(p), kind=kind)  # type: ignore[arg-type]
-            for p, kind in paths
-        ]
+        files = [(p, "adapter") for p in sorted(folder.iterdir())]
+        files.append((checkpoint / "state.json", "checkpoint"))
         t_start = time.time()
-        answer = self.client.request_uploads(
-            self.run_id, sl.UploadsRequest(fencing=self.fencing, version=version, files=files)
+        published = upload_files(
+            Retrier(lambda: None), self.client, (self.run_id, self.fencing, version), files
         )
-        by_name = {(f.name, f.kind): f for f in files}
-        where = {"adapter": folder, "checkpoint": checkpoint}
-        published: dict[str, list[sl.PublishedFile]] = {"adapter": [], "checkpoint": []}
-        for put in answer.uploads:
-            path = where[put.kind] / put.name
-            upload_presigned(PresignedPut(url=put.url, headers=put.headers), path)
-            meta = by_name[(put.name, put.kind)]
-            published[put.kind].append(
-                sl.PublishedFile(name=put.name, key=put.key, sha256=meta.sha256, size=meta.size)
-            )
         upload_s = time.time() - t_start
         self.claim()
         self.client.publish_adapter(

@@ -67,7 +67,9 @@ class Publisher:
         # known before the publish lands, so a batch of this version claimed at once is
         # checked against it (a version that never lands leaves a harmless entry)
         self.adapter_sha256[job.version] = manifest.version_sha256()
-        published = self._upload(job, files)
+        published = upload_files(
+            self.retrier, self.client, (self.run_id, self.fencing, job.version), files
+        )
         body = sl.PublishRequest(
             fencing=self.fencing,
             version=job.version,
@@ -90,22 +92,27 @@ class Publisher:
         shutil.rmtree(out, ignore_errors=True)
         return Published(job.version, result.run_status)
 
-    def _upload(
-        self, job: PublishJob, files: list[tuple[Path, str]]
-    ) -> dict[str, list[sl.PublishedFile]]:
-        uploads = [
-            sl.UploadFile(name=p.name, size=p.stat().st_size, sha256=sha256_file(p), kind=kind)  # type: ignore[arg-type]
-            for p, kind in files
-        ]
-        request = sl.UploadsRequest(fencing=self.fencing, version=job.version, files=uploads)
-        keys = upload_version_files(
-            self.retrier, self.client, self.run_id, request, {(k, p.name): p for p, k in files}
+
+def upload_files(
+    retrier: Retrier,
+    client: AsyncGrpoClient,
+    version: tuple[str, int, int],
+    files: list[tuple[Path, str]],
+) -> dict[str, list[sl.PublishedFile]]:
+    """Upload one version's files ((path, kind): `adapter` or `checkpoint`) for `version`
+    (run id, fencing, version number); what the publish call names, by kind."""
+    run_id, fencing, number = version
+    uploads = [
+        sl.UploadFile(name=p.name, size=p.stat().st_size, sha256=sha256_file(p), kind=kind)  # type: ignore[arg-type]
+        for p, kind in files
+    ]
+    request = sl.UploadsRequest(fencing=fencing, version=number, files=uploads)
+    keys = upload_version_files(
+        retrier, client, run_id, request, {(k, p.name): p for p, k in files}
+    )
+    published: dict[str, list[sl.PublishedFile]] = {"adapter": [], "checkpoint": []}
+    for u in uploads:
+        published[u.kind].append(
+            sl.PublishedFile(name=u.name, key=keys[(u.kind, u.name)], sha256=u.sha256, size=u.size)
         )
-        published: dict[str, list[sl.PublishedFile]] = {"adapter": [], "checkpoint": []}
-        for u in uploads:
-            published[u.kind].append(
-                sl.PublishedFile(
-                    name=u.name, key=keys[(u.kind, u.name)], sha256=u.sha256, size=u.size
-                )
-            )
-        return published
+    return published

@@ -5,7 +5,6 @@ versions, the worker's settings, and a WorkerLoop in a thread."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 import uuid
@@ -13,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from learner.publisher import upload_files
+from learner.transfers import Retrier
 from protocol.client import AsyncGrpoClient
-from protocol.schemas_learner import PublishedFile, PublishRequest, UploadFile, UploadsRequest
-from protocol.transfer import upload_presigned
+from protocol.schemas_learner import PublishRequest
 from tests.harness.runs import LIVE_RUN, create_run, jsonl
 from tests.harness.stack import LiveServer
 from worker.config import WorkerSettings
@@ -55,38 +55,19 @@ class Stack:
         self.registration_token = created.registration_token
 
     def publish(self, version: int, adapter_dir: Path) -> None:
-        """Upload an adapter version folder (+ a checkpoint file) and publish it."""
-        files = {p.name: p.read_bytes() for p in sorted(adapter_dir.iterdir())}
-        checkpoint = b"resume-state-" + str(version).encode()
-        uploads = [
-            UploadFile(name=n, size=len(b), sha256=hashlib.sha256(b).hexdigest(), kind="adapter")
-            for n, b in files.items()
-        ] + [
-            UploadFile(
-                name="state.bin",
-                size=len(checkpoint),
-                sha256=hashlib.sha256(checkpoint).hexdigest(),
-                kind="checkpoint",
-            )
-        ]
+        """Upload an adapter version folder (+ a checkpoint file) and publish it, through the
+        learner's own upload (learner/publisher.py upload_files)."""
+        checkpoint = adapter_dir.parent / f"{adapter_dir.name}-checkpoint" / "state.bin"
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_bytes(b"resume-state-" + str(version).encode())
+        files = [(p, "adapter") for p in sorted(adapter_dir.iterdir())]
         fencing = self.attach.fencing
-        answer = self.learner.request_uploads(
-            self.run_id, UploadsRequest(fencing=fencing, version=version, files=uploads)
+        published = upload_files(
+            Retrier(lambda: None),
+            self.learner,
+            (self.run_id, fencing, version),
+            [*files, (checkpoint, "checkpoint")],
         )
-        published: dict[str, list[PublishedFile]] = {"adapter": [], "checkpoint": []}
-        for put in answer.uploads:
-            body = files.get(put.name, checkpoint)
-            from protocol.storage import PresignedPut
-
-            upload_presigned(PresignedPut(put.url, put.headers), body)
-            published[put.kind].append(
-                PublishedFile(
-                    name=put.name,
-                    key=put.key,
-                    sha256=hashlib.sha256(body).hexdigest(),
-                    size=len(body),
-                )
-            )
         self.learner.publish_adapter(
             self.run_id,
             PublishRequest(
