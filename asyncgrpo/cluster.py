@@ -41,7 +41,7 @@ def free_port() -> int:
         return port
 
 
-def _base_env(extra: dict[str, str]) -> dict[str, str]:
+def process_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The parent's environment without ASYNCGRPO_* settings (each process gets its own),
     keeping the model cache; the package root on PYTHONPATH (a source checkout works too)."""
     env = {
@@ -162,7 +162,7 @@ def worker_process(
     it (another venv's interpreter, e.g. vLLM's)."""
     state.mkdir(parents=True, exist_ok=True)
     url, registration_token = server
-    full_env = _base_env(
+    full_env = process_env(
         {
             "ASYNCGRPO_WORKER_TOKEN_FILE": str(state / "token.json"),
             "ASYNCGRPO_WORKER_ADAPTER_CACHE_DIR": str(state / "adapters"),
@@ -282,7 +282,7 @@ class Cluster:
             # that were stopped first) instead of waiting them out
             "--timeout-graceful-shutdown", str(SERVER_SHUTDOWN_S),
         ]  # fmt: skip
-        env = _base_env(self.server_env())
+        env = process_env(self.server_env())
         log = self.dir / "logs" / "server.log"
         with interrupts.deferred():
             self.server = ManagedProcess("server", argv, env, self.dir, log).start()
@@ -352,7 +352,7 @@ class Cluster:
         `asyncgrpo learner` (a wrapper that takes the learner's arguments, e.g. torchrun);
         `args` follow the learner's own; `env` is added to the config's learner_env."""
         assert self.run_id is not None and self.learner_token is not None
-        env = _base_env({**self.config.learner_env, **(env or {})})
+        env = process_env({**self.config.learner_env, **(env or {})})
         argv = [
             *(command or [*self._cli(), "learner"]), "--server", self.url, "--run", self.run_id,
             "--token", self.learner_token, "--model", self.config.model,

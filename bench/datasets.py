@@ -83,7 +83,7 @@ def measure(rows: int, db: str, work: Path, timeout_s: float = 1800) -> dict[str
     from server.config import Settings
     from server.db import transaction
     from server.tokens import service as tokens
-    from tests.live_server import serve_in_thread
+    from tests.harness.serve import serve_in_thread
 
     data = work / "data.parquet"
     built_s = build_file(rows, data)

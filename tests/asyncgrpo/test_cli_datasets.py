@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from asyncgrpo.cli import app as cli
 from tests.conftest import make_settings, mint_token
-from tests.live_server import serve_in_thread
+from tests.harness.serve import serve_in_thread
 from tests.server.datasets.files import QUESTIONS, jsonl
 
 

@@ -8,6 +8,8 @@ fixtures.py):
   learner processes against it through asyncgrpo.cluster.Cluster;
 - stack.py: live stacks on Cluster (server, workers and learner as processes; Postgres or
   SQLite; a bucket folder or S3), the moto process and a migrated throw-away database;
+- serve.py: an app served by uvicorn in a thread of the test process, or `asyncgrpo server` as
+  a process of its own (for tests that measure that process), and its peak memory;
 - s3.py: an S3 endpoint as tests and benchmarks reach one;
 - fixtures.py: the pytest fixtures over them, registered by the conftests that use them.
 """

@@ -19,7 +19,7 @@ from typing import Any
 from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess
 from tests.conftest import make_settings
 from tests.e2e.tcp_proxy import TcpProxy
-from tests.live_server import serve_in_thread
+from tests.harness.serve import serve_in_thread
 from tests.s3_fixtures import S3Endpoint, free_port
 
 # A learner that retries a standby attach and a claim within a second.

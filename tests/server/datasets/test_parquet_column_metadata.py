@@ -15,7 +15,7 @@ import pytest
 
 from protocol import parquet_pages
 from tests.conftest import make_settings, mint_token
-from tests.live_server import serve_in_process
+from tests.harness.serve import serve_in_process
 from tests.server.datasets.files import required_in_schema
 
 pytestmark = pytest.mark.timeout(120)

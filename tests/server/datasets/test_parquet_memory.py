@@ -19,7 +19,7 @@ import pytest
 
 from server.datasets import files
 from tests.conftest import make_settings, mint_token
-from tests.live_server import peak_rss, reset_peak_rss, serve_in_process
+from tests.harness.serve import peak_rss, reset_peak_rss, serve_in_process
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1024 * 1024

@@ -20,7 +20,7 @@ from protocol.batches import trajectories_table, write_trajectory_batch
 from protocol.trajectories import TranscriptMessage
 from server.learner.trajectories import MAX_TRANSCRIPT_BYTES
 from tests.conftest import make_settings, mint_token
-from tests.live_server import peak_rss, reset_peak_rss, serve_in_process
+from tests.harness.serve import peak_rss, reset_peak_rss, serve_in_process
 from tests.protocol import trajectory_factory as tf
 from tests.server.learner.support import make_run
 from tests.server.learner.test_trajectory_sample import ENVIRONMENT, _batch_with

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from server.models import Lease, PromptRow, Run
-from tests.live_server import serve_in_thread
+from tests.harness.serve import serve_in_thread
 from tests.server.leases.helpers import in_flight, make_run, make_worker
 from tests.server.leases.lease_paths import SQLITE, Answered, LeasePath
 

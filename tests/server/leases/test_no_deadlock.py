@@ -41,7 +41,7 @@ from sqlalchemy.pool import NullPool
 from server.jobs.runner import JobContext, run_job
 from server.models import Lease, PromptRow, Run
 from tests.conftest import make_settings
-from tests.live_server import serve_in_process
+from tests.harness.serve import serve_in_process
 from tests.server.leases.helpers import bearer, in_flight, make_run, make_worker
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(240)]

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.live_server import serve_in_thread
+from tests.harness.serve import serve_in_thread
 from tests.server.leases.helpers import make_run, make_worker
 from tests.server.leases.lease_paths import POSTGRES, Answered, LeasePath
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.live_server import serve_in_thread
+from tests.harness.serve import serve_in_thread
 from tests.s3_fixtures import free_port
 from tests.server.leases.conftest import (  # noqa: F401 - the lease tests' database fixtures
     emptied_lease_pg_database,

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,9 +13,10 @@ from typing import Any
 
 import uvicorn
 
+from asyncgrpo.cluster import ManagedProcess, process_env
 from tests.s3_fixtures import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
@@ -52,8 +50,9 @@ def serve_in_process(
     start_timeout_s: float = 60.0,
     settings_env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, int]]:
-    """`asyncgrpo server` in a process of its own on the database and bucket given (made by
-    the test's app: migrated, its bucket recorded); yields its base URL and pid. No background
+    """`asyncgrpo server` in a process of its own (asyncgrpo.cluster.ManagedProcess: its own
+    process group, dies with the test process) on the database and bucket given (made by the
+    test's app: migrated, its bucket recorded); yields its base URL and pid. No background
     jobs run in it (celery mode), so what it holds is what requests hold. `settings_env`: more
     ASYNCGRPO_* settings for it (pool sizes, the worker calls' path)."""
     import httpx
@@ -61,42 +60,28 @@ def serve_in_process(
     from tests.conftest import TEST_SECRET
 
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRPO_")}
-    env.update(
+    env = process_env(
         {
             "ASYNCGRPO_DATABASE_URL": database_url,
             "ASYNCGRPO_BUCKET_URL": str(bucket),
             "ASYNCGRPO_SECURITY__SECRET_KEY": TEST_SECRET,
             "ASYNCGRPO_JOBS__MODE": "celery",
             "ASYNCGRPO_PRINT_ADMIN_TOKEN": "false",
-            "PYTHONUNBUFFERED": "1",
+            **(settings_env or {}),
         }
     )
-    env.update(settings_env or {})
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncgrpo.cli", "server", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    argv = [sys.executable, "-m", "asyncgrpo.cli", "server", "--port", str(port)]
+    server = ManagedProcess("server", argv, env, ROOT, log).start()
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + start_timeout_s
         while not _answers(httpx, f"{base}/healthz"):
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
+            assert server.alive(), server.log_text()
+            assert time.monotonic() < deadline, server.log_text()
             time.sleep(0.2)
-        yield base, proc.pid
+        yield base, server.pid
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        server.stop(grace_s=30)
 
 
 def _answers(httpx: Any, url: str) -> bool:
