@@ -208,7 +208,9 @@ async def run_sql(dsn: str, run_id: str, workers: list[tuple[str, str]], n: int,
 
 @contextlib.contextmanager
 def serve(db_url: str, bucket: Path, processes: int, tree: Path = ROOT) -> Iterator[str]:
-    """The server (uvicorn) of the checkout `tree` on a free port, with its default settings."""
+    """The server (uvicorn, `processes` of it) of the checkout `tree` on a free port, with its
+    default settings. Not asyncgrpo.cluster's server: `tree` may be another checkout (the
+    baseline), so only its own tree may be on PYTHONPATH."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

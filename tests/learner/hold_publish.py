@@ -15,29 +15,31 @@ import sys
 import time
 from typing import Any
 
-from learner.publisher import Publisher, PublishJob
+from learner import publisher
+from learner.transfers import Retrier
 
 log = logging.getLogger("tests.hold_publish")
 
 
 def _hold_from(version: int) -> None:
-    upload = Publisher._upload
+    upload = publisher.upload_files
     held: list[int] = []
 
-    def hold(self: Publisher, job: PublishJob, files: Any) -> Any:
-        if held or job.version < version:
-            return upload(self, job, files)
-        held.append(job.version)
-        log.info("test hold: publish of version %d uploading", job.version)
+    def hold(retrier: Retrier, client: Any, of: tuple[str, int, int], files: Any) -> Any:
+        number = of[2]
+        if held or number < version:
+            return upload(retrier, client, of, files)
+        held.append(number)
+        log.info("test hold: publish of version %d uploading", number)
         try:
             while True:
-                self.retrier.alive()
+                retrier.alive()
                 time.sleep(0.1)
         except BaseException as exc:
-            log.info("test hold: publish of version %d stopped (%r)", job.version, exc)
+            log.info("test hold: publish of version %d stopped (%r)", number, exc)
             raise
 
-    Publisher._upload = hold  # type: ignore[method-assign]
+    publisher.upload_files = hold
 
 
 if __name__ == "__main__":
