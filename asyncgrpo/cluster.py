@@ -99,6 +99,16 @@ class ManagedProcess:
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
+    def send_signal(self, sig: int) -> None:
+        """`sig` to the process itself, not its group (as a spot notice or `kill` sends it)."""
+        assert self.proc is not None, f"{self.name} was never started"
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> int:
+        """Its exit code, once it has exited (subprocess.TimeoutExpired after `timeout_s`)."""
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.wait(timeout=timeout_s)
+
     def signal_group(self, sig: int) -> None:
         if self.proc is None:
             return

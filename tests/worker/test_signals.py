@@ -14,10 +14,15 @@ import pytest
 
 from lm.chat import tokenizer_fingerprint
 from tests.harness.runs import run_config
-from tests.harness.stack import LiveServer, worker_process
+from tests.harness.stack import LiveServer, ManagedProcess, worker_process
 from tests.worker.harness import Stack, worker_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.postgres]
+
+
+def generating(worker: ManagedProcess) -> int:
+    """How many leases the worker has started generating for (its log's line for each)."""
+    return worker.log_text().count(" generating with run=")
 
 
 @pytest.mark.timeout(300)
@@ -42,15 +47,13 @@ def test_sigterm_with_five_held_leases_releases_all_and_exits_fast(
     ).start()
     try:
         deadline = time.monotonic() + 200
-        while sum(r.state == "active" for r in stack.lease_rows()) < 5:
+        while sum(r.state == "active" for r in stack.lease_rows()) < 5 or generating(worker) < 5:
             assert worker.alive(), worker.log_text()[-3000:]
-            assert time.monotonic() < deadline, "the worker never held five leases"
+            assert time.monotonic() < deadline, "the worker never generated for five leases"
             time.sleep(0.3)
-        time.sleep(1.0)  # generating now
         sent = time.monotonic()
-        assert worker.proc is not None
-        worker.proc.send_signal(signum)
-        worker.proc.wait(timeout=15)
+        worker.send_signal(signum)
+        worker.wait(timeout_s=15)
         elapsed = time.monotonic() - sent
     finally:
         worker.stop()

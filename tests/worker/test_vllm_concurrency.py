@@ -65,13 +65,15 @@ def test_vllm_worker_holds_leases_of_two_runs_abort_and_fence_touch_only_their_o
             rows = alone.lease_rows() + shared.lease_rows()
             return sum(r.state == "active" for r in rows)
 
+        def generating() -> int:
+            return worker.log_text().count(" generating with run=")
+
         wait(lambda: active() == 4, worker, "four leases held at once", 600)
-        time.sleep(1.0)  # generating
+        wait(lambda: generating() >= 4, worker, "generation for all four leases", 120)
         alone.admin.pause_run(alone.run_id)
         fenced = shared.lease_rows()[0].id
         shared.server.sql("UPDATE leases SET fencing = fencing + 1000 WHERE id = :l", l=fenced)
-        assert worker.proc is not None
-        worker.proc.wait(timeout=300)
+        worker.wait(timeout_s=300)
     finally:
         worker.stop()
     text = worker.log_text()
