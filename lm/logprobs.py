@@ -145,7 +145,9 @@ def _scored(
     logits: torch.Tensor, ids: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs (and entropy, without gradient) from (B, n, V) logits."""
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, n, V)
+    # at least fp32 (bf16/fp16 logits are upcast), never below the model's own precision
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logprobs = torch.log_softmax(wide / temperature, dim=-1)  # (B, n, V)
     token = logprobs.gather(2, ids.unsqueeze(-1)).squeeze(-1)  # (B, n)
     if not with_entropy:
         return token, None

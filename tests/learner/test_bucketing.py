@@ -95,8 +95,9 @@ def _plan() -> Any:
 
 def test_gradients_do_not_depend_on_the_grouping(lora64: Any, bucketed_step: Any) -> None:
     # float64: a different grouping changes only the order of sums and the padding (which the
-    # attention mask hides): rounding, measured at ~1e-9 relative on a log-prob after the
-    # 49k-way log-softmax; a wrong normaliser, a lost or a doubled row moves them >= 1e-2.
+    # attention mask hides): rounding, measured at ~1e-15 relative on the metrics (the log-softmax
+    # runs in the model's float64; it once ran in float32, ~1e-7, machine-dependent); a wrong
+    # normaliser, a lost or a doubled row moves them >= 1e-2.
     sizes = [(len(s.completion.prompt_ids), len(s.completion.completion_ids))
              for s in _plan().sequences]  # fmt: skip
     bucketed, in_order = micro_batches(sizes, BUDGET), micro_batches(sizes, BUDGET, by_length=False)

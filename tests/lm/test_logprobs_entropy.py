@@ -48,3 +48,24 @@ def test_entropy_carries_no_gradient_but_log_probs_do() -> None:
     batch = pack([[1]], [[1, 1]], pad_id=0)
     token, entropy = packed_logprobs(model, batch, 1.0, with_entropy=True)
     assert token.requires_grad and not entropy.requires_grad
+
+
+@pytest.mark.parametrize(
+    ("logits_dtype", "scored_dtype"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+    ],
+)
+def test_log_probs_are_at_least_fp32_and_never_below_the_logits(
+    logits_dtype: torch.dtype, scored_dtype: torch.dtype
+) -> None:
+    # p(token 1) = 1 / (1 + e^-x) with x = 1e-9: fp32 rounds the difference from ln(1/2) away
+    model = FixedLogits([0.0, 1e-9])
+    model.logits = model.logits.to(logits_dtype)
+    batch = pack([[1]], [[1, 0]], pad_id=0)
+    token, entropy = packed_logprobs(model, batch, 1.0, with_entropy=True)
+    assert token.dtype == entropy.dtype == scored_dtype
+    if scored_dtype == torch.float64:
+        assert token[0, 0].item() == pytest.approx(-math.log1p(math.exp(-1e-9)), rel=1e-15)
