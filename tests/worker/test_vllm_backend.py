@@ -57,7 +57,7 @@ def vllm_result(adapter_dirs: dict[int, Path], tmp_path_factory: pytest.TempPath
         **os.environ,
         "PYTHONPATH": str(REPO),
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        # every core: this test process only waits for the script (287 s -> 246 s on 2 cores)
+        # every core: this test process only waits for the script (its wall 287 s -> 246 s, 2 cores)
         "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     }
