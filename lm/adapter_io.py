@@ -100,10 +100,17 @@ def load_adapter_version(
 
 def same_adapter_shape(a: Path, b: Path) -> bool:
     """Two version folders whose adapters have the same configuration (rank, alpha, target
-    modules, …): the weights of one fit the modules built for the other."""
-    config_a = json.loads((Path(a) / ADAPTER_CONFIG).read_text())
-    config_b = json.loads((Path(b) / ADAPTER_CONFIG).read_text())
-    return bool(config_a == config_b)
+    modules, …): the weights of one fit the modules built for the other. Compared as PEFT's
+    configs, not as JSON: PEFT keeps `target_modules` as a set and writes it in the set's
+    iteration order, which differs between processes (hash seeds) and even between copies."""
+    return bool(_adapter_config(a) == _adapter_config(b))
+
+
+def _adapter_config(folder: Path) -> Any:
+    from peft import PeftConfig
+
+    saved = json.loads((Path(folder) / ADAPTER_CONFIG).read_text())
+    return PeftConfig.from_peft_type(**PeftConfig.check_kwargs(**saved))
 
 
 def read_adapter_weights(folder: Path) -> dict[str, Any]:

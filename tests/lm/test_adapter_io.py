@@ -118,6 +118,30 @@ def test_weights_written_into_an_adapter_of_the_same_shape(
         write_adapter_weights(slot, tmp_path / "r8", "default")
 
 
+def test_the_same_shape_whatever_order_the_target_modules_were_written_in(
+    lora_model: Any, tmp_path: Path
+) -> None:
+    """PEFT writes `target_modules` (a set) in the set's iteration order, which changes with the
+    process's hash seed and between copies of a model: a learner resumed in a new process wrote
+    ["v_proj", "q_proj"] after ["q_proj", "v_proj"]. Same adapter shape all the same; a
+    different rank or module set is not."""
+    from lm.adapter_io import same_adapter_shape
+
+    save_adapter_version(lora_model, tmp_path / "v1")
+    config = json.loads((tmp_path / "v1" / ADAPTER_CONFIG).read_text())
+    for name, change in {
+        "reordered": {"target_modules": list(reversed(config["target_modules"]))},
+        "rank": {"r": config["r"] * 2},
+        "modules": {"target_modules": ["q_proj"]},
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ADAPTER_CONFIG).write_text(json.dumps({**config, **change}))
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    assert same_adapter_shape(tmp_path / "v1", tmp_path / "reordered")
+    assert not same_adapter_shape(tmp_path / "v1", tmp_path / "rank")
+    assert not same_adapter_shape(tmp_path / "v1", tmp_path / "modules")
+
+
 def test_a_snapshot_saves_the_weights_of_its_moment(tmp_path: Path, lora_model: Any) -> None:
     """save_adapter_version(state_dict=snapshot) writes the snapshot's weights even after the
     model moved on (the learner's background publish), and the same files as a live save."""
