@@ -31,6 +31,7 @@ from learner.evals import EvalScorer
 from learner.frozen import FrozenWeights
 from learner.heartbeat import Heartbeat
 from learner.intake import Intake, IntakeResult
+from learner.lr_schedule import resume_schedule_at
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
 from learner.spotcheck import compare_logprobs, far_outside, reported_logprobs
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30.0  # how long close() waits for a background call to notice the stop
+# After a heartbeat's 409: how long to wait for an answer in flight that may have completed the
+# run (completing it ends the learner lease, so the 409 can come first).
+SETTLE_S = 10.0
 
 
 class LeaseLost(Exception):
@@ -215,6 +219,7 @@ class Session:
         )
         step = attach.resume_learner_step
         trainer.step = int(state["step"] if step is None else step)
+        resume_schedule_at(trainer.scheduler, trainer.step)
         log.info(
             "resuming version %d (step %d) with the optimizer state of version %s",
             attach.current_version,
@@ -229,6 +234,9 @@ class Session:
             raise LeaseLost("heartbeat answered 409")
         if self.stopping.is_set():
             raise LeaseLost("the session is stopping")
+
+    def _lease_ended_by_the_server(self) -> bool:
+        return self.heartbeat.lost.is_set() and not self.stopping.is_set()
 
     def _check_background(self) -> None:
         """Raise a background publish's failure (or a lost lease) on the main thread."""
@@ -431,7 +439,10 @@ class Session:
         """Wait for the version being published; True when the run ended with it."""
         if self.publishing is None:
             return False
-        result = self.publishing.result(self._check_lease)
+        try:
+            result = self.publishing.result(self._check_lease)
+        except LeaseLost as lost:
+            result = self._publish_that_ended_the_run(lost)
         self.last_publish_s = self.publishing.seconds
         self.publishing = None
         self.frozen.prune(result.version)
@@ -440,13 +451,34 @@ class Session:
         # A paused (or budget-exhausted) run keeps its learner: it resumes where it stopped.
         return result.run_status in TERMINAL_RUN_STATUSES
 
+    def _publish_that_ended_the_run(self, lost: LeaseLost) -> Published:
+        """After a heartbeat's 409 during a publish: the publish's own answer when that publish
+        completed the run, else the LeaseLost again. Completing the run ends the learner lease,
+        so the heartbeat can see the 409 before the publish thread has handed back the answer
+        that caused it. Taking that answer is safe: a publish under a lost fencing token fails."""
+        publishing = self.publishing
+        assert publishing is not None
+        if self._lease_ended_by_the_server():
+            publishing.join(SETTLE_S)
+        if publishing.done and publishing.error() is None:
+            result = publishing.result()
+            if result.run_status in TERMINAL_RUN_STATUSES:
+                return result
+        raise lost
+
     def _wait_evaluated(self) -> bool:
         """After the final publish: wait while the eval thread scores the last evals; True
         once the server has completed the run (LeaseLost when the lease goes meanwhile)."""
         assert self.evals is not None
         log.info("the final version is published; scoring its evaluation")
         while not self.evals.finished.wait(0.5):
-            self._check_lease()
+            try:
+                self._check_lease()
+            except LeaseLost:
+                # the eval answer that completed the run may be in flight (SETTLE_S)
+                if self._lease_ended_by_the_server() and self.evals.finished.wait(SETTLE_S):
+                    return True
+                raise
             if self.evals.lost.is_set() or not self.evals.is_alive():
                 raise LeaseLost("the eval scorer stopped before the run completed")
         return True

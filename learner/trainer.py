@@ -27,6 +27,7 @@ from learner.data import (
     step_micro_batches,
 )
 from learner.loss import grpo_loss, merge_metrics
+from learner.lr_schedule import make_scheduler
 from lm.logprobs import CHUNK_POSITIONS, packed_logprobs
 from protocol.run_config import RunConfig
 
@@ -107,6 +108,7 @@ class StepRun:
     empty_micro_steps: int  # run after them so every rank runs the same count
     computed_positions: int
     real_positions: int
+    learning_rate: float  # the rate this step ran at (the scheduler has moved on after it)
 
 
 class Trainer:
@@ -142,7 +144,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=g.learning_rate, weight_decay=g.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _s: 1.0)
+        self.scheduler = make_scheduler(self.optimizer, config)
         self.step = 0
         model.eval()  # dropout off: behaviour and learner log-probs stay comparable
         if g.gradient_checkpointing:
@@ -260,6 +262,7 @@ class Trainer:
         if self.dp is not None and micro_steps > 0:
             loss, allreduce_s = self._reduce_gradients(loss)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, g.max_grad_norm)
+        learning_rate = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         self.scheduler.step()
         _synchronize(self.device)
@@ -275,6 +278,7 @@ class Trainer:
             empty_micro_steps=micro_steps - len(batches),
             computed_positions=computed,
             real_positions=real,
+            learning_rate=learning_rate,
         )
 
     def _reduce_gradients(self, loss: float) -> tuple[float, float]:
@@ -314,7 +318,7 @@ class Trainer:
             "micro_batches": float(run.micro_batches + run.empty_micro_steps),
             "padding_fraction": padded_share(computed, real),
             "peak_memory_bytes": float(peak_memory_bytes(self.device)),
-            "learning_rate": float(self.scheduler.get_last_lr()[0]),
+            "learning_rate": run.learning_rate,
         }
         if self.dp is not None:
             out["ranks"] = float(self.dp.world_size)

@@ -155,14 +155,17 @@ class AsyncGrpoClient:
         url = path if path.startswith("http") else self.base_url + path
         for attempt in range(self.max_retries + 1):
             try:
-                response = self.http.request(
+                # the client's own timeout when none is asked for: Starlette's TestClient (on
+                # httpx2) refuses httpx's USE_CLIENT_DEFAULT and warns on request(timeout=...)
+                request = self.http.build_request(
                     method,
                     url,
                     json=json,
                     params=params,
                     headers=headers,
-                    timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                    timeout=self.http.timeout if timeout_s is None else timeout_s,
                 )
+                response = self.http.send(request)
             except TRANSIENT_ERRORS:
                 if attempt == self.max_retries:
                     raise

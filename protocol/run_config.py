@@ -47,6 +47,7 @@ LossType = Literal["dapo", "grpo", "dr_grpo", "cispo"]
 ImportanceLevel = Literal["token", "sequence"]
 Correction = Literal["none", "tis"]
 ScaleRewards = Literal["group", "none"]
+LrSchedule = Literal["constant", "linear", "cosine"]
 
 
 # torch.manual_seed and random.seed take it: a non-negative signed 64-bit integer.
@@ -383,9 +384,31 @@ class GrpoConfig(_Strict):
         "tis_cap": (lambda x: x >= 1, "must be at least 1"),
         "micro_batch_tokens": (lambda x: x >= 1, "must be at least 1"),
         "spot_check_fraction": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+        "warmup_steps": (lambda n: 0 <= n <= INT_MAX, f"must be between 0 and {INT_MAX:,}"),
+        "lr_decay_steps": (
+            lambda n: 1 <= n <= INT_MAX,
+            f"must be between 1 and {INT_MAX:,} when set",
+        ),
+        "min_lr_ratio": (lambda x: 0 <= x <= 1, "must be in [0, 1]"),
     }
 
-    learning_rate: float = Field(5e-4, description="AdamW learning rate.")
+    learning_rate: float = Field(5e-4, description="AdamW learning rate (the peak of a schedule).")
+    lr_schedule: LrSchedule = Field(
+        "constant",
+        description="Learning-rate schedule after the warm-up: constant, or linear or cosine "
+        "decay from learning_rate to min_lr_ratio × learning_rate at lr_decay_steps.",
+    )
+    warmup_steps: int = Field(
+        0, description="Optimizer steps of linear warm-up from 0 to learning_rate (0: none)."
+    )
+    lr_decay_steps: int | None = Field(
+        None,
+        description="The optimizer step at which a linear or cosine decay reaches its floor "
+        "(None: max_versions × weight_sync_steps, the run's last step).",
+    )
+    min_lr_ratio: float = Field(
+        0.0, description="The decay's floor as a share of learning_rate, held after lr_decay_steps."
+    )
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, description="Gradient-norm clip.")
     epsilon_low: float = Field(
@@ -619,6 +642,9 @@ def missing_reward_column(
     return None
 
 
+_SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "lr_decay_steps", "min_lr_ratio")
+
+
 class RunConfig(_Strict):
     """A complete run: model, data, rewards, LoRA, GRPO, sampling, units of work, limits."""
 
@@ -738,6 +764,37 @@ class RunConfig(_Strict):
         return env
 
     @property
+    def lr_decay_end(self) -> int | None:
+        """The optimizer step at which the learning-rate decay reaches its floor."""
+        if self.grpo.lr_decay_steps is not None:
+            return self.grpo.lr_decay_steps
+        if self.max_versions is None:
+            return None
+        return self.max_versions * self.weight_sync_steps
+
+    @model_validator(mode="after")
+    def _lr_schedule_has_an_end(self) -> RunConfig:
+        g, end = self.grpo, self.lr_decay_end
+        message = None
+        if g.lr_schedule != "constant" and end is None:
+            message = (
+                f"lr_schedule {g.lr_schedule!r} decays to its floor at lr_decay_steps: set it, "
+                "or set max_versions (the decay then ends at the run's last step)"
+            )
+        elif g.lr_schedule != "constant" and end is not None and end <= g.warmup_steps:
+            source = "lr_decay_steps" if g.lr_decay_steps else "max_versions × weight_sync_steps"
+            message = (
+                f"the decay must end after the warm-up: its end ({end}, from {source}) must be "
+                f"greater than warmup_steps ({g.warmup_steps})"
+            )
+        if message is None:
+            return self
+        detail = InitErrorDetails(
+            type=_fail(message), loc=("grpo", "lr_decay_steps"), input=g.lr_decay_steps
+        )
+        raise ValidationError.from_exception_data(type(self).__name__, [detail])
+
+    @property
     def multi_turn(self) -> bool:
         """Trajectories (batch format 2) rather than single completions (format 1)."""
         return self.environment.name != SINGLE_TURN
@@ -789,6 +846,9 @@ class RunConfig(_Strict):
             dumped["eval"]["dataset"] = omit_rows(self.eval.dataset).model_dump(mode="json")
         if self.tracking is None:  # learners from before the field refuse it (extra="forbid")
             del dumped["tracking"]
+        for name in _SCHEDULE_FIELDS:  # the same for the learning-rate schedule, when unused
+            if getattr(self.grpo, name) == GrpoConfig.model_fields[name].default:
+                del dumped["grpo"][name]
         return dumped
 
     @field_validator("rewards")

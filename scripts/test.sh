@@ -11,7 +11,10 @@ bash scripts/install_skypilot.sh
 bash scripts/services.sh
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# Four workers by file, longest first: 37 min serially -> under 14 on 2 cores
+# (docs/guides/developing.md, "Parallel workers"); ASYNCGRPO_TEST_WORKERS=0 runs serially.
+.venv/bin/python -m pytest -p no:cacheprovider -n "${ASYNCGRPO_TEST_WORKERS:-4}" \
+  --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 set -e
 # pytest's 5 means "no tests collected": a suite that ran nothing has failed.

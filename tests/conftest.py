@@ -191,4 +191,4 @@ def admin_headers(admin_token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token}"}
 
 
-pytest_plugins = ["tests.s3_fixtures", "tests.ml_fixtures", "tests.layers"]
+pytest_plugins = ["tests.s3_fixtures", "tests.ml_fixtures", "tests.layers", "tests.scheduling"]

@@ -131,12 +131,14 @@ class Tracker:
             hint = ""
             if isinstance(exc, ImportError):
                 hint = f" (pip install 'asyncgrpo[{EXTRAS[self.spec.backend]}]')"
-            self.failed = f"{what}: {type(exc).__name__}: {exc}"
+            failure = f"{what}: {type(exc).__name__}: {exc}"
             log.warning(
                 "tracker %s failed at %s%s; training goes on without it",
                 self.spec.backend,
-                self.failed,
+                failure,
                 hint,
                 exc_info=True,
             )
+            # Set after the warning: whoever sees `failed` can also read why.
+            self.failed = failure
             return False

@@ -11,5 +11,6 @@ fixtures.py):
 - serve.py: an app served by uvicorn in a thread of the test process, or `asyncgrpo server` as
   a process of its own (for tests that measure that process), and its peak memory;
 - s3.py: an S3 endpoint as tests and benchmarks reach one;
+- broker.py: the Redis broker URL of the Celery tests, a database per xdist worker;
 - fixtures.py: the pytest fixtures over them, registered by the conftests that use them.
 """

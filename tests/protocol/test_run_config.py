@@ -119,6 +119,15 @@ RULES = [
     ),
     ("grpo.max_grad_norm", 0.0, "grpo.max_grad_norm", "max_grad_norm must be greater than 0"),
     ("grpo.weight_decay", -1.0, "grpo.weight_decay", "weight_decay must be at least 0"),
+    ("grpo.warmup_steps", -1, "grpo.warmup_steps", "warmup_steps must be between 0 and"),
+    ("grpo.lr_decay_steps", 0, "grpo.lr_decay_steps", "lr_decay_steps must be between 1 and"),
+    ("grpo.min_lr_ratio", 1.5, "grpo.min_lr_ratio", "min_lr_ratio must be in [0, 1]"),
+    (
+        "grpo.lr_schedule",
+        "step",
+        "grpo.lr_schedule",
+        "Input should be 'constant', 'linear' or 'cosine'",
+    ),
     (
         "grpo.micro_batch_tokens",
         0,
@@ -373,3 +382,40 @@ def test_chat_prompts_and_reference_columns_accepted() -> None:
     cfg = RunConfig.model_validate(with_patch("dataset", {"kind": "jsonl", "rows": rows}))
     assert cfg.dataset.kind == "jsonl"
     assert cfg.dataset.rows == rows
+
+
+def test_a_decaying_schedule_needs_an_end_after_the_warm_up() -> None:
+    cfg = with_patch("grpo.lr_schedule", "cosine")
+    cfg["max_versions"] = None
+    [(field, message, _type)] = errors_of(cfg)
+    assert field == "grpo.lr_decay_steps" and "set it, or set max_versions" in message
+    cfg["max_versions"], cfg["weight_sync_steps"], cfg["grpo"]["warmup_steps"] = 3, 2, 6
+    [(field, message, _type)] = errors_of(cfg)
+    assert field == "grpo.lr_decay_steps"
+    assert "its end (6, from max_versions × weight_sync_steps)" in message
+    assert "greater than warmup_steps (6)" in message
+    cfg["grpo"]["lr_decay_steps"] = 7
+    assert RunConfig.model_validate(cfg).lr_decay_end == 7
+    cfg["grpo"]["lr_decay_steps"] = None
+    cfg["max_versions"] = 4
+    assert RunConfig.model_validate(cfg).lr_decay_end == 8  # 4 versions × 2 steps each
+
+
+def test_a_warm_up_alone_needs_no_end() -> None:
+    cfg = with_patch("grpo.warmup_steps", 5)
+    cfg["max_versions"] = None
+    assert RunConfig.model_validate(cfg).grpo.warmup_steps == 5
+
+
+def test_the_learner_view_omits_an_unused_schedule_and_keeps_a_used_one() -> None:
+    from protocol.run_config import LearnerRunConfig
+
+    plain = RunConfig.model_validate(base()).for_learner()["grpo"]
+    assert not {"lr_schedule", "warmup_steps", "lr_decay_steps", "min_lr_ratio"} & set(plain)
+    cfg = with_patch("grpo.lr_schedule", "linear")
+    cfg["grpo"].update(warmup_steps=2, min_lr_ratio=0.1)
+    cfg["max_versions"] = 10
+    view = RunConfig.model_validate(cfg).for_learner()
+    assert view["grpo"]["lr_schedule"] == "linear" and view["grpo"]["warmup_steps"] == 2
+    parsed = LearnerRunConfig.model_validate(view)
+    assert parsed.grpo.min_lr_ratio == 0.1 and parsed.lr_decay_end == 10

@@ -24,6 +24,7 @@ from server.config import S3Settings, Settings
 from server.db import make_sessionmaker
 from server.installation import MARKER_KEY
 from tests.conftest import TEST_SECRET, make_settings
+from tests.harness.broker import broker_url
 from tests.s3_fixtures import S3Endpoint, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def _env(settings: Settings) -> dict[str, str]:
             "ASYNCGRPO_S3__PATH_STYLE": "true",
             "ASYNCGRPO_S3__ACCESS_KEY_ID": str(settings.s3.access_key_id),
             "ASYNCGRPO_S3__SECRET_ACCESS_KEY": str(settings.s3.secret_access_key),
-            "ASYNCGRPO_JOBS__BROKER_URL": f"redis://127.0.0.1:6379/{1 + os.getpid() % 15}",
+            "ASYNCGRPO_JOBS__BROKER_URL": broker_url(),
         }
     )
     return env

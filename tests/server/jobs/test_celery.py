@@ -36,12 +36,12 @@ from server.models import (
 )
 from server.storage_factory import make_store
 from tests.conftest import TEST_SECRET, _pg_url, make_settings
+from tests.harness.broker import broker_url
 from tests.server.jobs.factories import acquire, expire, new_run, new_worker
 from tests.server.jobs.receiver import webhook_receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(120)]
 
-REDIS_DB = 1 + os.getpid() % 15  # one Redis database per test session
 SILENT_S = 1.5
 
 
@@ -62,7 +62,7 @@ def jobs(
     with pg_admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
     url = _pg_url(name)
-    broker = f"redis://127.0.0.1:6379/{REDIS_DB}"
+    broker = broker_url()
     redis.Redis.from_url(broker).flushdb()
     tmp = tmp_path_factory.mktemp("celery")
     env = {
