@@ -1,4 +1,5 @@
-"""Typed HTTP client for every endpoint of the control plane (httpx).
+"""Typed HTTP client for every endpoint of the control plane (httpx by default; any client of
+the httpx API it is handed works: httpx2, Starlette's TestClient over either).
 
 Used by the worker, the learner, the tests and CI scripts. Transient failures (connection
 errors, timeouts, 502/503/504, 429) are retried with exponential backoff and jitter; any other
@@ -45,7 +46,20 @@ from protocol.schemas import (
 T = TypeVar("T", bound=BaseModel)
 
 TRANSIENT_STATUS = {429, 502, 503, 504}
-TRANSIENT_ERRORS = (httpx.TransportError,)
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """httpx's transport errors, and httpx2's when it is installed: the client may be handed an
+    httpx2 client (Starlette's TestClient is one then), whose errors do not derive from httpx's
+    (docs/decisions/0016-http-client-library.md)."""
+    try:
+        import httpx2
+    except ImportError:
+        return (httpx.TransportError,)
+    return (httpx.TransportError, httpx2.TransportError)
+
+
+TRANSIENT_ERRORS = _transport_errors()
 
 
 class ApiError(Exception):

