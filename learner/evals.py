@@ -14,12 +14,12 @@ import logging
 import threading
 
 from learner.intake import Intake
+from learner.refusals import OnConflict, on_409, reject_batch
 from learner.reward_pool import RewardPoolClosed
 from learner.tracking import Tracker
 from protocol import schemas_learner as sl
 from protocol.batches import BatchRejected
-from protocol.client import ApiError, AsyncGrpoClient
-from protocol.error_codes import ErrorCode
+from protocol.client import ApiError, AsyncGrpoClient, ConflictError
 from protocol.run_config import EvalConfig
 from protocol.schemas import TERMINAL_RUN_STATUSES
 
@@ -78,7 +78,7 @@ class EvalScorer(threading.Thread):
                 if not self._one_round():
                     self.stopped.wait(IDLE_S)
             except ApiError as exc:
-                if not (exc.lease_lost or exc.code == ErrorCode.batch_not_claimed):
+                if not exc.lease_lost:
                     log.warning("eval scoring failed (%s); retrying", exc)
                     self.stopped.wait(IDLE_S)
                     continue
@@ -107,12 +107,24 @@ class EvalScorer(threading.Thread):
             samples = eval_samples(self.config, batch, self.intake)
         except BatchRejected as exc:
             log.warning("rejecting eval batch %s: %s", batch.batch_id, exc)
-            self.client.reject_batch(
-                self.run_id, str(batch.batch_id), self.fencing, exc.reason, exc.detail[:2000]
+            reject_batch(
+                self.client,
+                self.run_id,
+                str(batch.batch_id),
+                self.fencing,
+                exc.reason,
+                exc.detail[:2000],
             )
             return
         body = sl.EvalResultsRequest(fencing=self.fencing, batch_id=batch.batch_id, samples=samples)
-        answer = self.client.post_eval_results(self.run_id, body)
+        try:
+            answer = self.client.post_eval_results(self.run_id, body)
+        except ConflictError as exc:
+            if on_409("eval_results", exc) is not OnConflict.done:
+                raise
+            # an earlier try of this post landed (its answer was lost): the batch is scored
+            log.info("eval batch %s was already scored (%s)", batch.batch_id, exc.code)
+            return
         self.scored += 1
         if self.tracker is not None and answer.result is not None:
             self.tracker.log_eval(answer.version, answer.result.model_dump())

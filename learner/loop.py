@@ -4,10 +4,11 @@ groups → validate + score) → optimizer step → every weight_sync_steps step
 With `overlap` (the default) the next step's intake and the last version's publish run on their own
 threads while a step trains.
 
-A 409 on attach: another learner holds the run; wait as a standby and retry. A 409 on a fenced
-call (or a lost heartbeat): drop the unpublished work and re-attach, resuming the last
-published version's weights with the latest checkpoint at or below it. `exhausted`: train on
-what is held and publish `final: true`.
+A 409 on attach: another learner holds the run; wait as a standby and retry. A lost lease (a
+fenced call's `fencing_lost`, a lost heartbeat): drop the unpublished work and re-attach,
+resuming the last published version's weights with the latest checkpoint at or below it. Every
+other 409 is handled by its code (learner/refusals.py). `exhausted`: train on what is held and
+publish `final: true`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from learner.intake import Intake, IntakeResult
 from learner.lr_schedule import resume_schedule_at
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
+from learner.refusals import Diverged, reject_batch
 from learner.spotcheck import compare_logprobs, far_outside, reported_logprobs
 from learner.tracking import Tracker
 from learner.trainer import Trainer, add_lora
@@ -306,8 +308,13 @@ class Session:
                 self._maybe_spot_check(result)
             except SpotCheckFailed as exc:
                 log.warning("rejecting batch %s after its spot check: %s", batch.batch_id, exc)
-                self.client.reject_batch(
-                    self.run_id, str(batch.batch_id), self.fencing, "spot_check", str(exc)
+                reject_batch(
+                    self.client,
+                    self.run_id,
+                    str(batch.batch_id),
+                    self.fencing,
+                    "spot_check",
+                    str(exc),
                 )
                 continue
             accepted.append(result)
@@ -606,7 +613,17 @@ class Learner:
                 session = Session(self, attach, heartbeat)
                 if session.run():
                     return
-            except (ConflictError, LeaseLost, BucketRefused) as exc:
+            except (LeaseLost, BucketRefused) as exc:
+                log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
+            except Diverged as exc:
+                log.warning(
+                    "the server's record does not fit this session (%s); dropping unpublished "
+                    "work, re-attaching",
+                    exc,
+                )
+            except ConflictError as exc:  # only a lost lease re-attaches (learner/refusals.py)
+                if not exc.lease_lost:
+                    raise
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
             except RewardError as exc:
                 self._fail(attach.fencing, f"reward: {exc}")

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from learner.intake import Intake, IntakeResult
+from learner.refusals import Diverged, OnConflict, on_409, reject_batch
 from protocol import schemas_learner as sl
 from protocol.batches import BatchRejected
-from protocol.client import AsyncGrpoClient
+from protocol.client import AsyncGrpoClient, ConflictError
 
 log = logging.getLogger(__name__)
 IDLE_SLEEP_S = 0.5
@@ -51,13 +52,7 @@ class StepPreparer:
         groups = 0
         while groups < self.prompts_per_step:
             self.alive()
-            claim = self.client.claim_batches(
-                self.run_id,
-                self.fencing,
-                self.prompts_per_step - groups,
-                wait_s=self.claim_wait_s,
-                target_version=target_version,
-            )
+            claim = self._claim(target_version, self.prompts_per_step - groups)
             for batch in claim.batches:
                 result = self._load(batch)
                 if result is None:
@@ -72,13 +67,34 @@ class StepPreparer:
                 time.sleep(IDLE_SLEEP_S)  # the server may answer at once when nothing is ready
         return step
 
+    def _claim(self, target_version: int, max_groups: int) -> sl.ClaimResponse:
+        """A claim for `target_version`. `target_version_behind`: the server holds versions up
+        to or past the one this session builds, which none of its publishes made (Diverged)."""
+        try:
+            return self.client.claim_batches(
+                self.run_id,
+                self.fencing,
+                max_groups,
+                wait_s=self.claim_wait_s,
+                target_version=target_version,
+            )
+        except ConflictError as exc:
+            if on_409("claim", exc) is OnConflict.diverged:
+                raise Diverged(f"claim for version {target_version}: {exc.detail}") from exc
+            raise
+
     def _load(self, batch: sl.ClaimedBatch) -> IntakeResult | None:
         self.alive()
         try:
             return self.intake.load(batch)
         except BatchRejected as exc:
             log.warning("rejecting batch %s: %s", batch.batch_id, exc)
-            self.client.reject_batch(
-                self.run_id, str(batch.batch_id), self.fencing, exc.reason, exc.detail[:2000]
+            reject_batch(
+                self.client,
+                self.run_id,
+                str(batch.batch_id),
+                self.fencing,
+                exc.reason,
+                exc.detail[:2000],
             )
             return None

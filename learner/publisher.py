@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from learner.checkpoint import CapturedState, write_state
+from learner.refusals import Call, Diverged, OnConflict, landed_version, on_409
 from learner.transfers import Retrier, transient_api, upload_version_files
 from protocol import schemas_learner as sl
-from protocol.client import AsyncGrpoClient
+from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.storage import sha256_file
 
 log = logging.getLogger(__name__)
+REUPLOADS = 3  # a file the bucket lacks at publish, uploaded again at most this often
 
 
 @dataclass
@@ -66,10 +68,60 @@ class Publisher:
             files += [(p, "checkpoint") for p in write_state(out / "checkpoint", job.checkpoint)]
         # known before the publish lands, so a batch of this version claimed at once is
         # checked against it (a version that never lands leaves a harmless entry)
-        self.adapter_sha256[job.version] = manifest.version_sha256()
-        published = upload_files(
-            self.retrier, self.client, (self.run_id, self.fencing, job.version), files
+        sha256 = self.adapter_sha256[job.version] = manifest.version_sha256()
+        result = self._upload_and_publish(job, files, sha256)
+        checkpoint = " with its checkpoint" if job.checkpoint is not None else ""
+        log.info("published version %d%s (%s)", job.version, checkpoint, result.run_status)
+        shutil.rmtree(out, ignore_errors=True)
+        return result
+
+    def _upload_and_publish(
+        self, job: PublishJob, files: list[tuple[Path, str]], sha256: str
+    ) -> Published:
+        """Upload, then publish; each 409 handled by its code (learner/refusals.py): a
+        `version_not_next` is reconciled (our publish landed, its answer lost: taken as
+        published; else Diverged), a file the bucket lacks is uploaded again (at most
+        REUPLOADS times in all)."""
+        ids = (self.run_id, self.fencing, job.version)
+        to_upload, published = files, _no_files()
+        for _ in range(REUPLOADS + 1):
+            try:
+                fresh = upload_files(self.retrier, self.client, ids, to_upload)
+            except ConflictError as exc:
+                return self._after_409("uploads", exc, job, sha256)
+            published = _merge(published, fresh)
+            try:
+                answer = self._publish(job, published)
+            except ConflictError as exc:
+                if on_409("publish", exc) is not OnConflict.re_upload:
+                    return self._after_409("publish", exc, job, sha256)
+                to_upload = _named(files, published, exc)
+                log.warning(
+                    "re-uploading %s of version %d (%s)", exc.body["key"], job.version, exc.code
+                )
+                continue
+            return Published(job.version, answer.run_status)
+        raise RuntimeError(
+            f"version {job.version}: a file still missing after {REUPLOADS} re-uploads"
         )
+
+    def _after_409(self, call: Call, exc: ConflictError, job: PublishJob, sha256: str) -> Published:
+        """Reconcile a `version_not_next`, raise Diverged or the refusal itself (a lost lease
+        ends the session; an unexpected code is raised)."""
+        action = on_409(call, exc)
+        if action is OnConflict.reconcile:
+            status = landed_version(exc, job.version, sha256)
+            log.warning(
+                "version %d had landed (its answer was lost): taken as published", job.version
+            )
+            return Published(job.version, status)
+        if action is OnConflict.diverged:
+            raise Diverged(f"publish of version {job.version}: {exc.detail}") from exc
+        raise exc
+
+    def _publish(
+        self, job: PublishJob, published: dict[str, list[sl.PublishedFile]]
+    ) -> sl.PublishResponse:
         body = sl.PublishRequest(
             fencing=self.fencing,
             version=job.version,
@@ -81,16 +133,39 @@ class Publisher:
             final=job.final,
         )
         # a 5xx (the server's own bucket check failing) is retried; a publish that landed
-        # but whose answer was lost answers 409 on the retry: re-attach resumes from it
-        result = self.retrier.call(
+        # but whose answer was lost answers version_not_next on the retry (reconciled above)
+        return self.retrier.call(
             f"publish of version {job.version}",
             lambda: self.client.publish_adapter(self.run_id, body),
             transient_api,
         )
-        checkpoint = " with its checkpoint" if job.checkpoint is not None else ""
-        log.info("published version %d%s (%s)", job.version, checkpoint, result.run_status)
-        shutil.rmtree(out, ignore_errors=True)
-        return Published(job.version, result.run_status)
+
+
+def _no_files() -> dict[str, list[sl.PublishedFile]]:
+    return {"adapter": [], "checkpoint": []}
+
+
+def _merge(
+    published: dict[str, list[sl.PublishedFile]], fresh: dict[str, list[sl.PublishedFile]]
+) -> dict[str, list[sl.PublishedFile]]:
+    """The published files with the freshly uploaded ones in place of their namesakes."""
+    out = _no_files()
+    for kind in out:
+        new = {f.name: f for f in fresh[kind]}
+        out[kind] = [new.pop(f.name, f) for f in published[kind]] + list(new.values())
+    return out
+
+
+def _named(
+    files: list[tuple[Path, str]], published: dict[str, list[sl.PublishedFile]], exc: ConflictError
+) -> list[tuple[Path, str]]:
+    """The file a file_not_uploaded / file_size_mismatch answer names (by its `key`)."""
+    key = exc.body.get("key") if isinstance(exc.body, dict) else None
+    names = {(kind, f.name) for kind, listed in published.items() for f in listed if f.key == key}
+    named = [(p, kind) for p, kind in files if (kind, p.name) in names]
+    if not named:
+        raise exc
+    return named
 
 
 def upload_files(

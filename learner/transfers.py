@@ -5,8 +5,9 @@ attempt each: the retrying happens here, in one layer); a failure that an outage
 transport error, 429/5xx from the bucket, 5xx from the control plane whose own bucket calls
 fail) is retried with the one retry policy, protocol/retrying.py (exponential backoff with
 full jitter, capped, on tenacity) for as long as the learner lease holds: `alive()` raises once the
-heartbeat has seen a 409, and a fenced call answering 409 raises ConflictError, both of which
-end the session (unpublished work dropped, re-attach) as before.
+heartbeat has seen a 409, and a fenced call answering 409 raises ConflictError: `fencing_lost`
+ends the session (unpublished work dropped, re-attach), every other code is handled by what it
+means (learner/refusals.py).
 
 Uploads: a PUT URL is conditional (If-None-Match: *) and short-lived, so after any failed PUT
 fresh URLs are requested for the files not yet confirmed; the server deletes whatever sits at

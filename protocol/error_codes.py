@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     token_revoked = "token_revoked"
     token_expired = "token_expired"
     token_kind_forbidden = "token_kind_forbidden"  # a valid token of another kind
+    csrf_failed = "csrf_failed"  # a dashboard form without its session's (or login's) CSRF token
     registration_token_exhausted = "registration_token_exhausted"
     token_not_found = "token_not_found"
     last_admin_token = "last_admin_token"
@@ -120,7 +121,12 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.registration_token_exhausted,
         ErrorCode.worker_revoked,
     ),
-    403: (ErrorCode.token_kind_forbidden, ErrorCode.signature_invalid, ErrorCode.length_mismatch),
+    403: (
+        ErrorCode.token_kind_forbidden,
+        ErrorCode.csrf_failed,
+        ErrorCode.signature_invalid,
+        ErrorCode.length_mismatch,
+    ),
     404: (
         ErrorCode.route_not_found,
         ErrorCode.token_not_found,
@@ -221,6 +227,10 @@ MEANING: dict[ErrorCode, str] = {
     ErrorCode.token_expired: "the token expired",
     ErrorCode.token_kind_forbidden: (
         "a valid token of another kind (e.g. a worker token on an admin call)"
+    ),
+    ErrorCode.csrf_failed: (
+        "a dashboard form (or POST) without its session's CSRF token, or the login form without "
+        "its own"
     ),
     ErrorCode.registration_token_exhausted: "the registration token reached its `max_uses`",
     ErrorCode.token_not_found: "no such token to revoke",

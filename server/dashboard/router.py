@@ -27,7 +27,7 @@ from server.dashboard.auth import (
     set_login_csrf,
     set_session,
 )
-from server.dashboard.web import CsrfDep, LoginDep, render
+from server.dashboard.web import CsrfDep, LoginDep, refused, render
 from server.datasets import service as datasets_service
 from server.datasets import upload as dataset_upload
 from server.deps import SessionDep, SettingsDep, StoreDep
@@ -79,7 +79,7 @@ def login(
     csrf_token: Annotated[str, Form()] = "",
 ) -> Response:
     if not same(csrf_token, request.cookies.get(LOGIN_CSRF_COOKIE)):
-        return HTMLResponse("<p>Refused: reload the login page and try again.</p>", 403)
+        return refused(request, "reload the login page and try again.", ErrorCode.csrf_failed)
     try:
         admin = tokens.authenticate(session, token.strip(), ("admin",))
     except AppError as exc:

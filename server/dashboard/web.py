@@ -3,14 +3,16 @@ static mount. `install(app)` wires it into the app."""
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from protocol.error_codes import ErrorCode
 from server.dashboard.auth import (
     CsrfFailed,
     DashboardSession,
@@ -20,6 +22,7 @@ from server.dashboard.auth import (
     submitted_csrf,
 )
 from server.deps import SessionDep, SettingsDep, released
+from server.errors import error_body
 from server.tokens import service as tokens
 
 # Package data: shipped in the wheel (pyproject's [tool.setuptools.package-data]).
@@ -102,8 +105,20 @@ def install(app: FastAPI) -> None:
         return RedirectResponse("/login", status_code=303)
 
     @app.exception_handler(CsrfFailed)
-    async def _csrf(_request: Request, _exc: CsrfFailed) -> Response:
-        return HTMLResponse(
-            "<p>Refused: the form's CSRF token is missing or wrong. Reload the page.</p>",
-            status_code=403,
-        )
+    async def _csrf(request: Request, _exc: CsrfFailed) -> Response:
+        message = "the form's CSRF token is missing or wrong. Reload the page."
+        return refused(request, message, ErrorCode.csrf_failed)
+
+
+def _wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/html" not in accept
+
+
+def refused(request: Request, message: str, code: ErrorCode, status_code: int = 403) -> Response:
+    """A dashboard refusal with its error code (protocol/error_codes.py): the usual JSON error
+    body for a request that asks for JSON, else a page that shows the code."""
+    if _wants_json(request):
+        return JSONResponse(error_body(message, code), status_code=status_code)
+    page = f"<p>Refused: {escape(message)}</p>\n<p>Error code: <code>{code.value}</code></p>"
+    return HTMLResponse(page, status_code=status_code, headers={"X-Error-Code": code.value})

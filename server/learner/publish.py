@@ -44,13 +44,22 @@ def _key(run_id: uuid.UUID, version: int, kind: str, name: str) -> str:
         raise Unprocessable(str(exc), field="name", code=ErrorCode.invalid_value) from exc
 
 
-def _next_version(current: int, version: int) -> None:
-    if version != current + 1:
-        raise Conflict(
-            f"version must be exactly current_version + 1 = {current + 1}, got {version}",
-            current_version=current,
-            code=ErrorCode.version_not_next,
-        )
+def _next_version(session: Session, run: repo.FencedRun, version: int) -> None:
+    """409 unless `version` is the current version + 1. The answer names the current version,
+    the run's status and, when `version` is already published, its sha256: the fence held in
+    this transaction, so the learner can tell its own publish whose answer was lost from a
+    history that is not its own (docs/architecture/learner.md, "Refusals by code")."""
+    current = run.current_version
+    if version == current + 1:
+        return
+    landed = repo.adapter_version(session, run.id, version) if version <= current else None
+    raise Conflict(
+        f"version must be exactly current_version + 1 = {current + 1}, got {version}",
+        current_version=current,
+        run_status=run.status,
+        version_sha256=None if landed is None else landed.sha256,
+        code=ErrorCode.version_not_next,
+    )
 
 
 def uploads(
@@ -67,7 +76,7 @@ def uploads(
     the leftover of an unpublished attempt (this learner's retry, or a fenced-out learner's
     late upload): it is removed so that the conditional put can land."""
     run = fence(session, settings, token, run_id, body.fencing)
-    _next_version(run.current_version, body.version)
+    _next_version(session, run, body.version)
     seen: set[tuple[str, str]] = set()
     out = []
     for f in body.files:
@@ -170,7 +179,7 @@ def publish(
             code=ErrorCode.adapter_files_missing,
         )
     run = fence(session, settings, token, run_id, body.fencing)
-    _next_version(run.current_version, body.version)
+    _next_version(session, run, body.version)
     files = _file_table(store, run_id, body.version, "adapter", body.files)
     checkpoint = _file_table(store, run_id, body.version, "checkpoint", body.checkpoint_files)
     batch_ids = list(dict.fromkeys(body.consumed_batch_ids))

@@ -123,11 +123,10 @@ def config_number(*path: str) -> ColumnElement[float]:
     return Run.config[path if len(path) > 1 else path[0]].as_float()
 
 
-def config_json(session: Session, run_id: uuid.UUID) -> dict[str, Any] | None:
-    return cast(
-        "dict[str, Any] | None",
-        session.execute(select(Run.config).where(Run.id == run_id)).scalar_one_or_none(),
-    )
+def config_and_status(session: Session, run_id: uuid.UUID) -> tuple[dict[str, Any], str] | None:
+    """The run's stored config and its status (None: no such run)."""
+    row = session.execute(select(Run.config, Run.status).where(Run.id == run_id)).first()
+    return None if row is None else (cast("dict[str, Any]", row.config), str(row.status))
 
 
 def live_run_count(session: Session) -> int:

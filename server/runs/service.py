@@ -24,6 +24,7 @@ from protocol.run_config import (
     StoredDataset,
     UploadedDataset,
 )
+from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.datasets import service as datasets_service
 from server.errors import NotFound, Unprocessable
 from server.models import Dataset, Run
@@ -156,7 +157,8 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
         repository.insert_prompt_rows(session, run.id, n_rows, config.epochs)
     name = f"learner of {config.name}"[:200]
     minted = tokens.mint(session, "learner", name=name, scope_id=run.id)
-    _remember(run.id, config)
+    with _CACHE_LOCK:
+        _LIVE.put(run.id, config)  # a new run is live
     if isinstance(eval_ds, GeneratorDataset | InlineDataset):
         store_eval_rows(session, run.id, dataset_rows(eval_ds))
     return run, minted.plaintext
@@ -182,47 +184,81 @@ def _check_eval_rows(config: RunConfig, rows: int | None) -> None:
             ) from None
 
 
-_CACHE: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
-_CACHE_MIN = 64  # configs kept even with fewer live runs
+class _Configs:
+    """Parsed configs by run id, the oldest dropped past `capacity` (a config never changes
+    after creation, so a kept one is never stale)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.entries: OrderedDict[uuid.UUID, RunConfig] = OrderedDict()
+        self.minimum = self.capacity = capacity
+
+    def put(self, run_id: uuid.UUID, config: RunConfig) -> None:
+        self.entries[run_id] = config
+        self.entries.move_to_end(run_id)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+
+# The lease path's configs (docs/architecture/lease-engine.md, "The lease engine"): live runs'
+# only, at least every live run's (counted on a miss), so no read of finished runs' configs (the
+# dashboard's runs table lists up to 200 every 2 s) can evict them. Finished runs' configs are
+# kept apart, as many as the runs table lists.
+_LIVE = _Configs(64)
+_ENDED = _Configs(256)
 _CACHE_LOCK = threading.Lock()
 _LOADING: dict[uuid.UUID, threading.Lock] = {}
-_capacity = _CACHE_MIN  # at least every live (not terminal) run's config, counted on a miss
+_validations = 0  # configs validated by this process (tests and benchmarks read it)
 
 
-def _remember(run_id: uuid.UUID, config: RunConfig, live_runs: int | None = None) -> None:
-    global _capacity
+def forget_configs() -> None:
+    """Drop every kept config (tests: parse from the database as a fresh process would)."""
     with _CACHE_LOCK:
-        if live_runs is not None:
-            _capacity = max(_CACHE_MIN, live_runs)
-        _CACHE[run_id] = config
-        _CACHE.move_to_end(run_id)
-        while len(_CACHE) > _capacity:
-            _CACHE.popitem(last=False)
+        for kept in (_LIVE, _ENDED):
+            kept.entries.clear()
+            kept.capacity = kept.minimum
 
 
-def _parse(session: Session | None, run_id: uuid.UUID, raw: dict[str, Any]) -> RunConfig:
-    """Validate a config read from its row and keep it, the cache sized to the live runs (a
-    sweep of more runs than a fixed size would re-validate every config on every lease)."""
+def config_validations() -> int:
+    """How many configs this process has validated since it started (each a cache miss)."""
+    with _CACHE_LOCK:
+        return _validations
+
+
+def _cached(run_id: uuid.UUID) -> RunConfig | None:
+    with _CACHE_LOCK:
+        return _LIVE.entries.get(run_id) or _ENDED.entries.get(run_id)
+
+
+def _parse(
+    session: Session | None, run_id: uuid.UUID, raw: dict[str, Any], status: str
+) -> RunConfig:
+    """Validate a config read from its row and keep it: a live run's with the lease path's,
+    sized to the live runs (a sweep of more runs than a fixed size would re-validate every
+    config on every lease); a finished run's apart."""
+    global _validations
     config = RunConfig.model_validate(raw)
-    live = None if session is None else repository.live_run_count(session)
-    _remember(run_id, config, live)
+    live = status not in TERMINAL_RUN_STATUSES
+    count = repository.live_run_count(session) if live and session is not None else None
+    with _CACHE_LOCK:
+        _validations += 1
+        if count is not None:
+            _LIVE.capacity = max(_LIVE.minimum, count)
+        (_LIVE if live else _ENDED).put(run_id, config)
     return config
 
 
 def get_config(run: Run) -> RunConfig:
     """The run's validated config. A run's config never changes after creation, so parsed
     configs are kept per run id (a 1,000-row inline config is not re-validated per lease)."""
-    with _CACHE_LOCK:
-        cached = _CACHE.get(run.id)
+    cached = _cached(run.id)
     if cached is not None:
         return cached
-    return _parse(object_session(run), run.id, run.config)
+    return _parse(object_session(run), run.id, run.config, run.status)
 
 
 def cached_config(run_id: uuid.UUID) -> RunConfig | None:
     """The run's parsed config if this process has it, without touching the database."""
-    with _CACHE_LOCK:
-        return _CACHE.get(run_id)
+    return _cached(run_id)
 
 
 def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
@@ -230,20 +266,19 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
     engine's hot path never loads a large inline dataset). One thread parses a run's config;
     the others wait for it instead of each validating the rows."""
     with _CACHE_LOCK:
-        cached = _CACHE.get(run_id)
+        cached = _LIVE.entries.get(run_id) or _ENDED.entries.get(run_id)
         if cached is not None:
             return cached
         loading = _LOADING.setdefault(run_id, threading.Lock())
     try:
         with loading:
-            with _CACHE_LOCK:
-                cached = _CACHE.get(run_id)
+            cached = _cached(run_id)
             if cached is not None:
                 return cached
-            raw = repository.config_json(session, run_id)
-            if raw is None:
+            row = repository.config_and_status(session, run_id)
+            if row is None:
                 raise NotFound(f"run {run_id} not found", code=ErrorCode.run_not_found)
-            return _parse(session, run_id, raw)
+            return _parse(session, run_id, *row)
     finally:  # a missing run or an invalid config leaves no lock behind
         with _CACHE_LOCK:
             _LOADING.pop(run_id, None)

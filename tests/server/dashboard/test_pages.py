@@ -84,6 +84,24 @@ def test_every_post_checks_csrf_and_logout(client: TestClient, admin_token: str)
     assert client.get("/runs", follow_redirects=False).status_code == 303
 
 
+def test_a_refused_form_carries_its_error_code(client: TestClient, admin_token: str) -> None:
+    # the login form without its double-submit token: a page that shows the code
+    r = client.post("/login", data={"token": admin_token, "csrf_token": "forged"})
+    assert (r.status_code, r.headers["X-Error-Code"]) == (403, "csrf_failed")
+    assert r.headers["content-type"].startswith("text/html")
+    assert "Error code: <code>csrf_failed</code>" in r.text
+    login(client, admin_token)
+    # a logged-in POST without the session's token, as a page and as JSON
+    page = client.post("/runs/new", data={"name": "x"}, headers={"Accept": "text/html"})
+    assert page.status_code == 403 and "<code>csrf_failed</code>" in page.text
+    wants_json = {"Accept": "application/json", "HX-Request": "true"}
+    answer = client.post("/workers/registration-tokens", data={}, headers=wants_json)
+    assert answer.status_code == 403 and answer.headers["content-type"] == "application/json"
+    body = answer.json()
+    assert body["code"] == "csrf_failed" and "CSRF token" in body["detail"]
+    assert client.get("/runs").status_code == 200  # the session is untouched
+
+
 def _form(**fields: str) -> dict[str, str]:
     base = {"name": "form-run", "base_model": "smollm2-135m-instruct", "rewards": "numeric_match"}
     base.update(fields)

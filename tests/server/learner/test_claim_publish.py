@@ -117,12 +117,24 @@ def test_versions_are_strictly_plus_one(app, client) -> None:
         run.url("adapters"), json=publish_body(run, fencing, 2), headers=run.headers
     )
     assert response.status_code == 409
+    assert response.json() | {"detail": ""} == {
+        "detail": "",
+        "code": "version_not_next",
+        "current_version": 0,
+        "run_status": "running",
+        "version_sha256": None,  # version 2 is not published
+    }
     assert run_row(app, run.id).current_version == 0
     assert upload_and_publish(client, run, fencing, 1).status_code == 200
     replay = client.post(
         run.url("adapters"), json=publish_body(run, fencing, 1), headers=run.headers
     )
+    # a replay (an answer lost) is told the sha256 of the version that landed
     assert replay.status_code == 409
+    with transaction(app.state.sessionmaker) as session:
+        landed = session.execute(select(AdapterVersion.sha256)).scalar_one()
+    assert replay.json()["version_sha256"] == landed
+    assert (replay.json()["current_version"], replay.json()["code"]) == (1, "version_not_next")
     assert upload_and_publish(client, run, fencing, 2).status_code == 200
     with transaction(app.state.sessionmaker) as session:
         got = list(session.execute(select(AdapterVersion.version)).scalars())

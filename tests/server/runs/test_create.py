@@ -91,7 +91,7 @@ def test_get_config_parses_the_stored_config(runs_client, admin, db: Session) ->
     run_id = runs_client.post("/api/v1/runs", json=config, headers=admin).json()["run"]["id"]
     run = db.get(Run, uuid.UUID(run_id))
     assert run is not None
-    service._CACHE.clear()  # parse from the database, not from creation's copy
+    service.forget_configs()  # parse from the database, not from creation's copy
     parsed = service.get_config(run)
     assert parsed == RunConfig.model_validate(config)
     assert service.get_config(run) is parsed
