@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from protocol.client import AsyncGrpoClient, ConflictError, ValidationFailed
+from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.idempotency import IDEMPOTENCY_HEADER, new_key
 from protocol.schemas import BatchManifest, Lease
 from server.db import transaction
