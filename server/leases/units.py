@@ -110,21 +110,18 @@ class WorkerDb:
 @dataclass
 class PinnedDb(WorkerDb):
     """Every unit of one call in the one transaction of `session`, each unit a SAVEPOINT (its
-    refusal rolls back only itself), in a request thread: the calls made under an
-    Idempotency-Key, whose answer is stored in the transaction of their change
-    (server/leases/keyed.py). Its one-statement units are the session's, never the pool's."""
+    refusal rolls back only itself), run in the calling thread: the calls made under an
+    Idempotency-Key, whose answer is stored in the transaction of their change, each in a
+    request thread of its own (server/leases/keyed.py). Its one-statement units are the
+    session's, never the pool's."""
 
     session: Session | None = None
 
     async def unit(self, work: Callable[[Session], T]) -> T:
         session = self.session
         assert session is not None
-
-        def run() -> T:
-            with session.begin_nested():
-                return work(session)
-
-        return await run_in_threadpool(run)
+        with session.begin_nested():
+            return work(session)
 
 
 class WorkerCalls(Counter[str]):
