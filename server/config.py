@@ -242,8 +242,8 @@ class Settings(BaseSettings):
         le=30 * 86400,
         description="How long the answer of a call made under an Idempotency-Key is kept: a "
         "retry within it gets the first answer; a key older than the answers let go of is "
-        "refused (idempotency_key_expired), never applied again (docs/architecture/protocol.md, "
-        '"Safe retries"). The retention job deletes older answers.',
+        "refused (idempotency_key_expired), never applied again. The idempotency job deletes "
+        "older answers (docs/architecture/protocol.md#safe-retries).",
     )
     print_admin_token: bool = Field(
         True, description="On first start with no admin token, create one and print it once."

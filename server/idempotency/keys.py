@@ -24,8 +24,8 @@ KeyHeader = Annotated[
         alias=IDEMPOTENCY_HEADER,
         description="A UUIDv7 made once per logical call and sent again on each of its "
         "retries: a repeat gets the first call's answer (status and body) instead of being "
-        "applied again, for `idempotency_retention_s` (docs/architecture/protocol.md, "
-        '"Safe retries"). Without it the call behaves as it always did.',
+        "applied again, for `idempotency_retention_s`. Without it the call behaves as it "
+        "always did (docs/architecture/protocol.md#safe-retries).",
     ),
 ]
 
