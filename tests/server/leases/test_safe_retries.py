@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from protocol.client import AsyncGrpoClient, ConflictError
 from protocol.idempotency import IDEMPOTENCY_HEADER, new_key
 from protocol.schemas import BatchManifest, Lease
-from server.db import transaction
-from server.idempotency import store as idempotency
+from server.db_types import db_now_plus
+from server.jobs.runner import JobContext, run_job
 from server.learner.ledger import ledger_model
 from server.models import IdempotentAnswer
 from server.models import Lease as LeaseRow
@@ -186,19 +186,39 @@ def test_a_204_is_not_kept_its_retry_may_grant(
 def test_a_key_past_its_retention_is_refused_never_applied_again(
     lease_app: FastAPI, lease_client: TestClient, db: Session
 ) -> None:
-    """Once retention let a key's answer go, the key is refused (422 idempotency_key_expired)
-    and grants nothing; a key made after it still works."""
+    """Once the idempotency job let a key's answer go (older than idempotency_retention_s),
+    that key and any older one of its caller are refused (422 idempotency_key_expired) and grant
+    nothing; a key made after it still works, and other callers' keys are untouched."""
     world = World(lease_app, lease_client, db, {})
+    _, other = make_worker(db, name="other")
+    db.commit()
     made = 1_800_000_000.0
     old_key, older_key, new = new_key(made), new_key(made - 5), new_key(made + 1)
+    theirs = new_key(made - 10)
     assert _acquire(lease_client, world.token, old_key).status_code == 200
-    with transaction(lease_app.state.sessionmaker) as session:
-        assert idempotency.purge(session, retention_s=0.0) == 1
-    assert world.leases() == 1
+    their_lease = _acquire(lease_client, other, theirs).json()
+    retention = lease_app.state.settings.idempotency_retention_s
+    db.execute(
+        update(IdempotentAnswer)
+        .where(IdempotentAnswer.key == uuid.UUID(old_key))
+        .values(created_at=db_now_plus(-retention - 1))
+    )
+    db.commit()
+    context = JobContext(lease_app.state.settings, lease_app.state.sessionmaker, lambda: None)
+    assert run_job("idempotency", context) == 1  # the other caller's answer is kept
+    assert world.leases() == 2
     for forgotten in (old_key, older_key):
         refused = _acquire(lease_client, world.token, forgotten)
         assert refused.status_code == 422, refused.text
-        assert (refused.status_code, refused.json()["code"]) == (422, "idempotency_key_expired")
-    assert world.leases() == 1
-    assert _acquire(lease_client, world.token, new).status_code == 200
+        assert refused.json()["code"] == "idempotency_key_expired"
     assert world.leases() == 2
+    assert _acquire(lease_client, other, theirs).json() == their_lease  # its stored answer
+    assert world.leases() == 2
+    released = lease_client.post(
+        f"/api/v1/leases/{their_lease['lease_id']}/release",
+        json={"fencing": their_lease["fencing"]},
+        headers=bearer(other),
+    )
+    assert released.status_code == 200  # room for one more grant
+    assert _acquire(lease_client, world.token, new).status_code == 200
+    assert world.leases() == 3
