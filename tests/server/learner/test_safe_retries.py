@@ -17,9 +17,11 @@ from sqlalchemy import select
 
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient
+from protocol.idempotency import IDEMPOTENCY_HEADER, new_key
+from protocol.rewards import RewardAllowlist
 from server.db import transaction
 from server.learner.ledger import ledger_model
-from server.models import RolloutBatch, Run
+from server.models import IdempotentAnswer, RolloutBatch, Run
 from tests.conftest import make_settings
 from tests.harness.batches import FP, accepted_batch
 from tests.harness.lossy import LossyLink, Sent
@@ -36,9 +38,9 @@ class Learner:
     """A run's learner: its typed client over a lossy link, and what the database held when an
     answer was lost."""
 
-    def __init__(self, app: FastAPI, http: TestClient, lose: dict[str, int]) -> None:
+    def __init__(self, app: FastAPI, http: TestClient, lose: dict[str, int], **run: Any) -> None:
         self.app, self.http = app, http
-        self.run = make_run(app)
+        self.run = make_run(app, **run)
         self.at_loss: list[dict[str, Any]] = []
         self.link = LossyLink(http, lose, on_loss=lambda _sent: self.at_loss.append(self.state()))
         self.client = AsyncGrpoClient(
@@ -136,3 +138,29 @@ def test_a_lost_publish_answer_is_retried_into_the_same_answer_not_a_409(app, cl
     after = learner.state()
     assert after == learner.at_loss[0]
     assert after["run"][1] == 1 and [s for _, s, *_ in after["batches"]] == ["consumed"]
+
+
+def test_a_refusal_that_committed_part_of_its_work_leaves_its_key_to_be_taken_again(
+    app, client
+) -> None:
+    """Attach with a reward the learner cannot load fails the run (committed) and answers 409:
+    its key holds no answer, so a repeat runs again and is refused the same way, not a 500 nor
+    a replay of nothing."""
+    learner = Learner(app, client, {}, rewards=[{"name": "my_entry_point"}])
+    headers = {**learner.run.headers, IDEMPOTENCY_HEADER: new_key()}
+    body = {"tokenizer_fingerprint": FP, "reward_names": RewardAllowlist().names()}
+    first = client.post(learner.run.url("learner/attach"), json=body, headers=headers)
+    assert (first.status_code, first.json()["code"]) == (409, "rewards_missing")
+    assert learner.state()["run"][0] == "failed"
+    assert _stored_statuses(app) == [None]  # committed with the failed run, holding no answer
+    again = client.post(learner.run.url("learner/attach"), json=body, headers=headers)
+    assert again.status_code == 409 and again.json()["code"] in {"rewards_missing", "run_ended"}
+    other = client.post(
+        learner.run.url("learner/attach"), json={**body, "name": "b"}, headers=headers
+    )
+    assert (other.status_code, other.json()["code"]) == (422, "idempotency_key_reused")
+
+
+def _stored_statuses(app: FastAPI) -> list[int | None]:
+    with transaction(app.state.sessionmaker) as session:
+        return list(session.execute(select(IdempotentAnswer.status_code)).scalars())

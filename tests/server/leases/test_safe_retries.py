@@ -22,7 +22,7 @@ from protocol.schemas import BatchManifest, Lease
 from server.db_types import db_now_plus
 from server.jobs.runner import JobContext, run_job
 from server.learner.ledger import ledger_model
-from server.models import IdempotentAnswer
+from server.models import IdempotentAnswer, Worker
 from server.models import Lease as LeaseRow
 from tests.harness.lossy import LossyLink, Sent
 from tests.server.leases.helpers import bearer, make_run, make_worker, snapshot
@@ -222,3 +222,15 @@ def test_a_key_past_its_retention_is_refused_never_applied_again(
     assert released.status_code == 200  # room for one more grant
     assert _acquire(lease_client, world.token, new).status_code == 200
     assert world.leases() == 3
+
+
+def test_a_revoked_workers_repeat_is_refused_not_answered(
+    lease_app: FastAPI, lease_client: TestClient, db: Session
+) -> None:
+    world = World(lease_app, lease_client, db, {})
+    key = new_key()
+    assert _acquire(lease_client, world.token, key).status_code == 200
+    db.execute(update(Worker).values(status="revoked"))
+    db.commit()
+    refused = _acquire(lease_client, world.token, key)
+    assert (refused.status_code, refused.json()["code"]) == (401, "worker_revoked")
