@@ -37,7 +37,8 @@ class Answer:
 
     @classmethod
     def of(cls, model: BaseModel, headers: dict[str, str] | None = None) -> Answer:
-        body = json.dumps(model.model_dump(mode="json"), separators=(",", ":")).encode()
+        dumped = model.model_dump(mode="json", by_alias=True)  # as FastAPI sends a response_model
+        body = json.dumps(dumped, separators=(",", ":")).encode()
         return cls(200, body, dict(headers or {}))
 
     def response(self) -> Response:
