@@ -3,7 +3,10 @@ complete against a real server (uvicorn) on Postgres with the local store, and t
 as raw SQL through psycopg in the same run.
 
     .venv/bin/python bench/leases.py --workers 16 64 256 --seconds 10 --repeats 3 \
-        [--baseline-tree ../asyncgrpo-before] [--uvicorn-workers 2] [--json]
+        [--baseline-tree ../asyncgrpo-before] [--uvicorn-workers 2] [--keyed] [--json]
+
+`--keyed`: acquire and complete carry an Idempotency-Key, as the typed client sends them
+(docs/architecture/protocol.md, "Safe retries").
 
 `--baseline-tree` names another checkout of asyncgrpo (e.g. `git worktree add ../before
 <commit>`): its server is measured in the same sitting, point by point and repeat by repeat
@@ -47,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import report  # noqa: E402
+from protocol.idempotency import IDEMPOTENCY_HEADER, new_key  # noqa: E402
 
 PG = os.environ.get("ASYNCGRPO_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 SECRET = "bench-secret-" + "x" * 32
@@ -112,6 +116,9 @@ class Stats:
         return rate
 
 
+KEYED_CALLS: set[str] = set()  # --keyed: {"acquire", "complete"}
+
+
 async def http_worker(base: str, token: str, store: object, stop: float, stats: Stats) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     async with aiohttp.ClientSession(base, headers=headers) as http:
@@ -119,7 +126,8 @@ async def http_worker(base: str, token: str, store: object, stop: float, stats: 
 
             async def call(name: str, path: str, body: dict) -> tuple[int, dict]:
                 t = time.perf_counter()
-                async with http.post(path, json=body) as r:
+                key = {IDEMPOTENCY_HEADER: new_key()} if name in KEYED_CALLS else {}
+                async with http.post(path, json=body, headers=key) as r:
                     data = await r.json() if r.status == 200 else {}
                     stats.add(name, time.perf_counter() - t)
                     return r.status, data
@@ -274,8 +282,13 @@ def main() -> None:
         default=None,
         help="Another checkout whose server is measured beside this one.",
     )
+    parser.add_argument(
+        "--keyed", action="store_true", help="Acquire and complete under an Idempotency-Key."
+    )
     report.add_json_flag(parser)
     args = parser.parse_args()
+    if args.keyed:
+        KEYED_CALLS.update({"acquire", "complete"})
     name = f"agr_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(f"{PG}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as c:

@@ -3,8 +3,10 @@ the httpx API it is handed works: httpx2, Starlette's TestClient over either).
 
 Used by the worker, the learner, the tests and CI scripts. Transient failures (connection
 errors, timeouts, 502/503/504, 429) are retried with exponential backoff and jitter; any other
-error status raises an `ApiError` subclass at once. Fenced calls are compare-and-set on the
-server, so a retried call never lands twice: at worst its retry answers 409.
+error status raises an `ApiError` subclass at once. Each state-changing call carries an
+Idempotency-Key made once per call and sent again on its retries, so a retry of a call whose
+answer was lost gets that answer, never a second grant, claim or a 409
+(docs/architecture/protocol.md, "Safe retries").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import BaseModel
 
 from protocol import schemas_learner as sl
 from protocol.error_codes import LEASE_LOST
+from protocol.idempotency import IDEMPOTENCY_HEADER, new_key
 from protocol.retrying import Backoff
 from protocol.schemas import (
     VERSIONS_HEADER,
@@ -44,6 +47,10 @@ from protocol.schemas import (
 )
 
 T = TypeVar("T", bound=BaseModel)
+
+# The lease calls that take an Idempotency-Key: heartbeat and upload change nothing a repeat
+# would change again (an extension, a fresh URL for the same key).
+_KEYED_LEASE_CALLS = frozenset({"complete", "release"})
 
 TRANSIENT_STATUS = {429, 502, 503, 504}
 
@@ -159,12 +166,16 @@ class AsyncGrpoClient:
         params: dict[str, Any] | None = None,
         token: str | None = None,
         timeout_s: float | None = None,
+        idempotent: bool = False,
     ) -> httpx.Response:
-        """Send with retries on transient failures; raise ApiError on other error statuses."""
+        """Send with retries on transient failures; raise ApiError on other error statuses.
+        `idempotent`: one Idempotency-Key for the call, sent on each of its retries."""
         headers = {}
         bearer = token or self.token
         if bearer:
             headers["Authorization"] = f"Bearer {bearer}"
+        if idempotent:
+            headers[IDEMPOTENCY_HEADER] = new_key()
         backoff = Backoff(cap_s=self.retry_cap_s)
         url = path if path.startswith("http") else self.base_url + path
         for attempt in range(self.max_retries + 1):
@@ -322,6 +333,7 @@ class AsyncGrpoClient:
             "/api/v1/leases/acquire",
             json=_without_none(self._body(body), "environments"),  # a server before them
             timeout_s=wait_s + timeout_s,
+            idempotent=True,
         )
         versions = parse_versions_header(response.headers.get(VERSIONS_HEADER))
         if response.status_code == 204:
@@ -357,6 +369,7 @@ class AsyncGrpoClient:
             f"/api/v1/leases/{lease.lease_id}/{op}",
             json=self._body(body),
             timeout_s=timeout_s,
+            idempotent=op in _KEYED_LEASE_CALLS,
         )
         assert result is not None
         return result
@@ -405,8 +418,12 @@ class AsyncGrpoClient:
 
     # -- learner calls ---------------------------------------------------------------------------
 
-    def _learner(self, model: type[T], path: str, body: BaseModel, **kwargs: Any) -> T:
-        result = self._model(model, "POST", path, json=self._body(body), **kwargs)
+    def _learner(
+        self, model: type[T], path: str, body: BaseModel, idempotent: bool = True, **kwargs: Any
+    ) -> T:
+        result = self._model(
+            model, "POST", path, json=self._body(body), idempotent=idempotent, **kwargs
+        )
         if result is None:
             raise ApiError(204, "unexpected empty answer")
         return result
@@ -434,7 +451,7 @@ class AsyncGrpoClient:
     def learner_heartbeat(self, run_id: str, fencing: int) -> sl.HeartbeatResponse:
         body = sl.HeartbeatRequest(fencing=fencing)
         path = f"/api/v1/runs/{run_id}/learner/heartbeat"
-        return self._learner(sl.HeartbeatResponse, path, body)
+        return self._learner(sl.HeartbeatResponse, path, body, idempotent=False)
 
     def fail_run(self, run_id: str, fencing: int, reason: str) -> sl.FailResponse:
         """Report an error a restart cannot fix: the run becomes `failed` with this reason."""

@@ -85,6 +85,10 @@ class ErrorCode(StrEnum):
     page_unreadable = "page_unreadable"  # a Parquet page header that cannot be read
     batch_too_large_to_show = "batch_too_large_to_show"  # the trajectory view's decode bound
     after_invalid = "after_invalid"  # the versions feed's `after` is not run_id:ASCII digits
+    # -- idempotency keys (docs/architecture/protocol.md, "Safe retries") ------------------------
+    idempotency_key_invalid = "idempotency_key_invalid"  # not a UUIDv7
+    idempotency_key_reused = "idempotency_key_reused"  # the key's first call was another request
+    idempotency_key_expired = "idempotency_key_expired"  # older than the answers still kept
     # -- outbound URLs (webhooks, the LLM judge) -------------------------------------------------
     webhook_url_invalid = "webhook_url_invalid"  # a URL the delivery client cannot use
     webhook_url_refused = "webhook_url_refused"  # refused by the outbound policy
@@ -193,6 +197,9 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.page_unreadable,
         ErrorCode.batch_too_large_to_show,
         ErrorCode.after_invalid,
+        ErrorCode.idempotency_key_invalid,
+        ErrorCode.idempotency_key_reused,
+        ErrorCode.idempotency_key_expired,
         ErrorCode.webhook_url_invalid,
         ErrorCode.webhook_url_refused,
         ErrorCode.judge_url_invalid,
@@ -300,6 +307,15 @@ MEANING: dict[ErrorCode, str] = {
         "the trajectory view would decode more than its bound (`field`: `batch_id`)"
     ),
     ErrorCode.after_invalid: "the versions feed's `after` is not `run_id:ASCII digits`",
+    ErrorCode.idempotency_key_invalid: "an `Idempotency-Key` that is not a UUIDv7",
+    ErrorCode.idempotency_key_reused: (
+        "an `Idempotency-Key` already used for another request (another route or body): make a "
+        "new key per call"
+    ),
+    ErrorCode.idempotency_key_expired: (
+        "an `Idempotency-Key` older than the answers the server still keeps "
+        "(`idempotency_retention_s`): its call may have been applied; it is never applied again"
+    ),
     ErrorCode.webhook_url_invalid: (
         "`alarms.webhook_url` is not a URL the delivery client can use (or a non-canonical IP "
         "literal)"

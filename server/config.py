@@ -236,6 +236,15 @@ class Settings(BaseSettings):
     learner_lease_ttl_s: float = Field(
         30.0, description="A learner that stops heartbeating loses the run after this long."
     )
+    idempotency_retention_s: float = Field(
+        86400.0,
+        ge=60,
+        le=30 * 86400,
+        description="How long the answer of a call made under an Idempotency-Key is kept: a "
+        "retry within it gets the first answer; a key older than the answers let go of is "
+        "refused (idempotency_key_expired), never applied again. The idempotency job deletes "
+        "older answers (docs/architecture/protocol.md#safe-retries).",
+    )
     print_admin_token: bool = Field(
         True, description="On first start with no admin token, create one and print it once."
     )

@@ -63,6 +63,7 @@ FEATURE_ORDER = [
     "request_deps",
     # features, and the platform modules that need some
     "models",
+    "idempotency",
     "installation",
     "bucket",
     "tokens",

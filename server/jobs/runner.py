@@ -17,6 +17,7 @@ from server.config import Settings
 from server.datasets.jobs import check_pending
 from server.db import transaction
 from server.events import webhooks
+from server.idempotency import store as idempotency
 from server.jobs import alarms, budgets, costs, retention
 from server.leases.expiry import sweep_expired, sweep_revoked
 from server.runs.prepare import prepare_runs as prepare
@@ -94,6 +95,12 @@ def prepare_runs(ctx: JobContext) -> int:
     return prepare(ctx.factory, ctx.store, ctx.settings.datasets)
 
 
+def forget_idempotent_answers(ctx: JobContext) -> int:
+    """Answers kept past `idempotency_retention_s` deleted (their keys refused from then on)."""
+    with transaction(ctx.factory) as session:
+        return idempotency.purge(session, ctx.settings.idempotency_retention_s)
+
+
 def retain(ctx: JobContext) -> int:
     deleted = retention.apply_all(ctx.factory, ctx.store)
     return sum(len(keys) for keys in deleted.values())
@@ -106,6 +113,7 @@ JOBS: dict[str, Callable[[JobContext], Any]] = {
     "alarms": evaluate,
     "webhooks": deliver,
     "retention": retain,
+    "idempotency": forget_idempotent_answers,
     "datasets": check_datasets,
     "run_prep": prepare_runs,
 }
@@ -121,6 +129,7 @@ def intervals(settings: Settings) -> dict[str, float]:
         "alarms": jobs.alarm_interval_s,
         "webhooks": jobs.webhook_interval_s,
         "retention": jobs.retention_interval_s,
+        "idempotency": jobs.retention_interval_s,
         "datasets": jobs.datasets_interval_s,
         "run_prep": jobs.datasets_interval_s,
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -26,6 +26,8 @@ from server.db import transaction
 from server.errors import NotFound
 from server.evals import service
 from server.evals.ledger import EVAL
+from server.idempotency.keys import KeyHeader, keyed_call
+from server.idempotency.store import Answer, in_session, sent
 from server.learner import repository as learner_repo
 from server.learner.service import fence, run_config
 from server.long_poll import long_poll
@@ -84,23 +86,38 @@ def _claim_once(
 
 @router.post("/evals/claim", response_model=EvalClaimResponse)
 async def claim(
-    run_id: uuid.UUID, body: EvalClaimRequest, request: Request, credentials: LearnerCredentials
-) -> EvalClaimResponse:
+    run_id: uuid.UUID,
+    body: EvalClaimRequest,
+    request: Request,
+    credentials: LearnerCredentials,
+    idempotency_key: KeyHeader = None,
+) -> EvalClaimResponse | Response:
     """The learner claims uploaded eval batches (fenced; never training batches), with their
-    items' prompts and reference columns. Long-poll: each attempt is its own transaction."""
+    items' prompts and reference columns. Long-poll: each attempt is its own transaction; under
+    an Idempotency-Key the attempt that claims stores its answer with the claim."""
     settings: Settings = request.app.state.settings
 
-    def attempt() -> EvalClaimResponse:
+    def attempt() -> EvalClaimResponse | Answer:
         with transaction(request.app.state.sessionmaker) as session:
             token = require_learner(session, credentials)
+            keyed = keyed_call(idempotency_key, lambda: token.digest, request, body)
             store = request.app.state.store
-            return _claim_once(session, store, settings, token, run_id, body)
+            return in_session(
+                session,
+                keyed,
+                lambda: _claim_once(session, store, settings, token, run_id, body),
+                kept=lambda claimed: bool(claimed.batches),
+            )
 
-    return await long_poll(
-        lambda _deadline: run_in_threadpool(attempt),
-        lambda result: bool(result.batches) or result.pending_versions == 0,
-        body.wait_s,
-        settings.lease_long_poll_s,
+    return sent(
+        await long_poll(
+            lambda _deadline: run_in_threadpool(attempt),
+            lambda result: (
+                isinstance(result, Answer) or bool(result.batches) or result.pending_versions == 0
+            ),
+            body.wait_s,
+            settings.lease_long_poll_s,
+        )
     )
 
 
@@ -108,12 +125,21 @@ async def claim(
 def post_results(
     run_id: uuid.UUID,
     body: EvalResultsRequest,
+    request: Request,
     session: SessionDep,
     settings: SettingsDep,
     token: LearnerDep,
-) -> EvalResultsResponse:
+    idempotency_key: KeyHeader = None,
+) -> EvalResultsResponse | Response:
     """The learner's scores of one claimed eval batch (fenced): the reward and the accuracy
     reward's value of every sample; the version's aggregates when its last item is scored."""
+    keyed = keyed_call(idempotency_key, lambda: token.digest, request, body)
+    return sent(in_session(session, keyed, lambda: _score(session, settings, token, run_id, body)))
+
+
+def _score(
+    session: Session, settings: Settings, token: Token, run_id: uuid.UUID, body: EvalResultsRequest
+) -> EvalResultsResponse:
     fence(session, settings, token, run_id, body.fencing)
     batch = learner_repo.get_batch(session, run_id, body.batch_id)
     if batch is None or batch.kind != EVAL.name:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from protocol.schemas import INT_MAX
@@ -39,11 +40,14 @@ from server.deps import (
     StoreDep,
     require_learner,
 )
+from server.idempotency.keys import KeyedCall, KeyHeader, keyed_call
+from server.idempotency.store import Answer, in_session, sent
 from server.learner import publish as publish_service
 from server.learner import service, telemetry, trajectories
 from server.learner.ledger import ledger_model
 from server.learner.schemas import Ledger, RunMetrics, TrajectorySampleOut
 from server.long_poll import long_poll
+from server.models import Token
 from server.routing import TransactionalRoute
 from server.versions import service as versions
 
@@ -58,12 +62,19 @@ def attach(
     settings: SettingsDep,
     store: StoreDep,
     token: LearnerDep,
-) -> AttachResponse:
+    request: Request,
+    idempotency_key: KeyHeader = None,
+) -> AttachResponse | Response:
     """Take the run's learner lease (a new fencing token): answers the current version with
     its adapter and latest checkpoint files, the run config and the heartbeat interval; 409
     while another learner holds the run or it is preparing, once it has ended, or when the
     model, tokenizer or rewards differ from the run's."""
-    return service.attach(session, store, settings, token, run_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    return sent(
+        in_session(
+            session, keyed, lambda: service.attach(session, store, settings, token, run_id, body)
+        )
+    )
 
 
 @router.post("/learner/heartbeat", response_model=HeartbeatResponse)
@@ -85,28 +96,48 @@ def fail(
     session: SessionDep,
     settings: SettingsDep,
     token: LearnerDep,
-) -> FailResponse:
+    request: Request,
+    idempotency_key: KeyHeader = None,
+) -> FailResponse | Response:
     """Report an error a restart cannot fix: the run becomes `failed` (fenced)."""
-    return service.fail(session, settings, token, run_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    return sent(
+        in_session(session, keyed, lambda: service.fail(session, settings, token, run_id, body))
+    )
 
 
 @router.post("/batches/claim", response_model=ClaimResponse)
 async def claim(
-    run_id: uuid.UUID, body: ClaimRequest, request: Request, credentials: LearnerCredentials
-) -> ClaimResponse:
-    """Long-poll: each attempt is its own short transaction; nothing is held while waiting."""
+    run_id: uuid.UUID,
+    body: ClaimRequest,
+    request: Request,
+    credentials: LearnerCredentials,
+    idempotency_key: KeyHeader = None,
+) -> ClaimResponse | Response:
+    """Long-poll: each attempt is its own short transaction; nothing is held while waiting.
+    Under an Idempotency-Key, the attempt that claims stores its answer with the claim; an
+    empty answer is not kept."""
     settings: Settings = request.app.state.settings
 
-    def attempt() -> ClaimResponse:
+    def attempt() -> ClaimResponse | Answer:
         with transaction(request.app.state.sessionmaker) as session:
             token = require_learner(session, credentials)
-            return service.claim(session, request.app.state.store, settings, token, run_id, body)
+            keyed = _keyed(idempotency_key, token, request, body)
+            store = request.app.state.store
+            return in_session(
+                session,
+                keyed,
+                lambda: service.claim(session, store, settings, token, run_id, body),
+                kept=lambda claimed: bool(claimed.batches),
+            )
 
-    return await long_poll(
-        lambda _deadline: run_in_threadpool(attempt),
-        lambda result: bool(result.batches) or result.exhausted,
-        body.wait_s,
-        settings.lease_long_poll_s,
+    return sent(
+        await long_poll(
+            lambda _deadline: run_in_threadpool(attempt),
+            lambda result: isinstance(result, Answer) or bool(result.batches) or result.exhausted,
+            body.wait_s,
+            settings.lease_long_poll_s,
+        )
     )
 
 
@@ -118,10 +149,17 @@ def reject(
     session: SessionDep,
     settings: SettingsDep,
     token: LearnerDep,
-) -> RejectResponse:
+    request: Request,
+    idempotency_key: KeyHeader = None,
+) -> RejectResponse | Response:
     """Reject a batch claimed under this token (checksum, invalid, prompt_mismatch, spot_check,
     reward_error): its rows are re-queued with an attempt counted; 409 when not so claimed."""
-    return service.reject(session, settings, token, run_id, batch_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    return sent(
+        in_session(
+            session, keyed, lambda: service.reject(session, settings, token, run_id, batch_id, body)
+        )
+    )
 
 
 @router.post("/uploads", response_model=UploadsResponse)
@@ -132,10 +170,19 @@ def uploads(
     settings: SettingsDep,
     store: StoreDep,
     token: LearnerDep,
-) -> UploadsResponse:
+    request: Request,
+    idempotency_key: KeyHeader = None,
+) -> UploadsResponse | Response:
     """Presigned PUTs for the files of version current + 1 (409 for any other version); an
     object left at one of its keys by an unpublished attempt is removed first."""
-    return publish_service.uploads(session, store, settings, token, run_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    return sent(
+        in_session(
+            session,
+            keyed,
+            lambda: publish_service.uploads(session, store, settings, token, run_id, body),
+        )
+    )
 
 
 @router.post("/adapters", response_model=PublishResponse)
@@ -147,12 +194,18 @@ def publish(
     settings: SettingsDep,
     store: StoreDep,
     token: LearnerDep,
-) -> PublishResponse:
+    idempotency_key: KeyHeader = None,
+) -> PublishResponse | Response:
     """Publish version current + 1: its uploaded files, the batches it consumed (claimed under
     this token) and its metrics; the run completes when `final` or at `max_versions`."""
-    published = publish_service.publish(session, store, settings, token, run_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    published = in_session(
+        session,
+        keyed,
+        lambda: publish_service.publish(session, store, settings, token, run_id, body),
+    )
     versions.poke_after_commit(request.app, session)  # workers long-polling hear of it at once
-    return published
+    return sent(published)
 
 
 @router.post("/metrics", response_model=MetricsAccepted)
@@ -162,9 +215,16 @@ def post_metrics(
     session: SessionDep,
     settings: SettingsDep,
     token: LearnerDep,
-) -> MetricsAccepted:
+    request: Request,
+    idempotency_key: KeyHeader = None,
+) -> MetricsAccepted | Response:
     """Record the learner's metric points (fenced on the token, accepted after completion)."""
-    return telemetry.record_metrics(session, settings, token, run_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    return sent(
+        in_session(
+            session, keyed, lambda: telemetry.record_metrics(session, settings, token, run_id, body)
+        )
+    )
 
 
 @router.post("/spot-checks", response_model=SpotCheckResponse)
@@ -174,10 +234,17 @@ def spot_check(
     session: SessionDep,
     settings: SettingsDep,
     token: LearnerDep,
-) -> SpotCheckResponse:
+    request: Request,
+    idempotency_key: KeyHeader = None,
+) -> SpotCheckResponse | Response:
     """Record a spot check of a worker's batch; the worker is quarantined when this check or
     its running mean is above the run's `alarms.spot_check_mismatch`."""
-    return telemetry.spot_check(session, settings, token, run_id, body)
+    keyed = _keyed(idempotency_key, token, request, body)
+    return sent(
+        in_session(
+            session, keyed, lambda: telemetry.spot_check(session, settings, token, run_id, body)
+        )
+    )
 
 
 @router.get("/metrics", response_model=RunMetrics)
@@ -214,3 +281,8 @@ def get_trajectory_sample(
 def get_ledger(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> Ledger:
     """The run's prompt rows by state, drop reason and epoch, and whether they balance."""
     return ledger_model(session, run_id)
+
+
+def _keyed(header: str | None, token: Token, request: Request, body: BaseModel) -> KeyedCall | None:
+    """The call's Idempotency-Key, scoped to its learner token."""
+    return keyed_call(header, lambda: token.digest, request, body)

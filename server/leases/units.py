@@ -14,6 +14,9 @@ while it runs another, and a refusal changes nothing:
 - `unit(work)`: a unit of any number of statements (the rarer branches: a heartbeat's abort, a
   rejected batch, a release, a sweep, an eval grant, the refusal's diagnosis), `work(session)`
   in one transaction in a request thread, on both databases.
+
+A call made under an Idempotency-Key runs on a `PinnedDb` instead: all its units in one
+transaction, with its stored answer (server/leases/keyed.py).
 """
 
 from __future__ import annotations
@@ -102,6 +105,23 @@ class WorkerDb:
                 return work(session)
 
         return await run_in_threadpool(run)
+
+
+@dataclass
+class PinnedDb(WorkerDb):
+    """Every unit of one call in the one transaction of `session`, each unit a SAVEPOINT (its
+    refusal rolls back only itself), run in the calling thread: the calls made under an
+    Idempotency-Key, whose answer is stored in the transaction of their change, each in a
+    request thread of its own (server/leases/keyed.py). Its one-statement units are the
+    session's, never the pool's."""
+
+    session: Session | None = None
+
+    async def unit(self, work: Callable[[Session], T]) -> T:
+        session = self.session
+        assert session is not None
+        with session.begin_nested():
+            return work(session)
 
 
 class WorkerCalls(Counter[str]):

@@ -4,6 +4,7 @@ from server.models.adapter import AdapterVersion
 from server.models.base import Base
 from server.models.dataset import Dataset
 from server.models.evals import EvalItem, EvalResult, EvalRow
+from server.models.idempotency import IdempotencyWatermark, IdempotentAnswer
 from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
@@ -28,6 +29,8 @@ __all__ = [
     "EvalRow",
     "Event",
     "GpuPrice",
+    "IdempotencyWatermark",
+    "IdempotentAnswer",
     "Installation",
     "Lease",
     "MetricPoint",
