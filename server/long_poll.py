@@ -1,7 +1,12 @@
 """The long-poll loop of every waiting call (lease acquire, batch and eval claims, version
 notices): try, and while the answer is empty and the wait (the asked wait_s, capped by
 `lease_long_poll_s`) is not over, pause on the event loop and try again. Nothing (thread,
-connection, lock) is held between tries: each try is its own transaction."""
+connection, lock) is held between tries: each try is its own transaction.
+
+The pause (docs/architecture/protocol.md, "Waiting without polling") lasts until the call's
+wake-up channel is signalled (server/wakeups.py), or `long_poll_interval_s` at most: the
+fallback poll. When the pause ran out at the end of the wait, the last try's answer stands (the
+caller asks again at once). A shutdown ends every pause at once."""
 
 from __future__ import annotations
 
@@ -10,29 +15,51 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from server.config import Settings
+from server.wakeups import WAKEUPS
+
 T = TypeVar("T")
 
-POLL_INTERVAL_S = 0.25  # between tries that poll the database
+Pause = Callable[[T, float], Awaitable[None]]
 
 
-async def _sleep(_result: object, remaining: float) -> None:
-    await asyncio.sleep(min(POLL_INTERVAL_S, remaining))
+async def _woken(token: asyncio.Event | None, timeout_s: float) -> bool:
+    """Whether the token was set within the timeout (None: only the timeout)."""
+    if token is None:
+        await asyncio.sleep(timeout_s)
+        return False
+    try:
+        await asyncio.wait_for(token.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 async def long_poll(
     attempt: Callable[[float], Awaitable[T]],
     done: Callable[[T], bool],
     wait_s: float,
-    cap_s: float,
-    pause: Callable[[T, float], Awaitable[None]] = _sleep,
+    settings: Settings,
+    channel: str | None = None,
+    pause: Pause[T] | None = None,
 ) -> T:
     """The first try's answer that is `done`, else the last one's when the wait is over.
-    `attempt` gets the deadline (monotonic time); `pause` gets the last answer and the seconds
-    left (default: sleep POLL_INTERVAL_S, or less)."""
-    deadline = time.monotonic() + min(wait_s, cap_s)
+    `attempt` gets the deadline (monotonic time). Between tries: `pause` (given the last
+    answer and the seconds left) when given; else until `channel` is signalled (with
+    `long_poll_wakeups` on) or `long_poll_interval_s` passed."""
+    deadline = time.monotonic() + min(wait_s, settings.lease_long_poll_s)
+    interval_s = settings.long_poll_interval_s
+    listens = channel is not None and settings.long_poll_wakeups
     while True:
+        # taken before the try: a signal while it runs ends the pause at once
+        token = WAKEUPS.token(channel) if listens and channel is not None else None
         result = await attempt(deadline)
         remaining = deadline - time.monotonic()
-        if done(result) or remaining <= 0:
+        if done(result) or remaining <= 0 or WAKEUPS.closing():
             return result
-        await pause(result, remaining)
+        if pause is not None:
+            await pause(result, remaining)
+            continue
+        woken = await _woken(token, min(interval_s, remaining))
+        if WAKEUPS.closing() or (not woken and time.monotonic() >= deadline):
+            return result

@@ -21,6 +21,7 @@ from protocol.schemas_learner import (
     EvalVersionResult,
 )
 from protocol.storage import ObjectStore
+from server import wakeups
 from server.config import Settings
 from server.db import transaction
 from server.errors import NotFound
@@ -100,7 +101,8 @@ async def claim(
         lambda _deadline: run_in_threadpool(attempt),
         lambda result: bool(result.batches) or result.pending_versions == 0,
         body.wait_s,
-        settings.lease_long_poll_s,
+        settings,
+        wakeups.LEARNER,
     )
 
 

@@ -28,6 +28,7 @@ from protocol.schemas_learner import (
     UploadsRequest,
     UploadsResponse,
 )
+from server import wakeups
 from server.config import Settings
 from server.db import transaction
 from server.deps import (
@@ -106,7 +107,8 @@ async def claim(
         lambda _deadline: run_in_threadpool(attempt),
         lambda result: bool(result.batches) or result.exhausted,
         body.wait_s,
-        settings.lease_long_poll_s,
+        settings,
+        wakeups.LEARNER,
     )
 
 

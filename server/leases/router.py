@@ -26,6 +26,7 @@ from protocol.schemas import (
     UploadResponse,
     format_versions_header,
 )
+from server import wakeups
 from server.config import Settings
 from server.leases import fenced, service
 from server.leases.units import counted
@@ -71,7 +72,8 @@ async def acquire(
         ),
         lambda tried: tried[0].lease is not None or not tried[1],
         body.wait_s,
-        settings.lease_long_poll_s,
+        settings,
+        wakeups.LEASES,
     )
     versions = format_versions_header(acquired.versions)
     if acquired.lease is None:

@@ -34,6 +34,7 @@ from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
 from server.models import Lease, Run, Token, Worker
 from server.tokens.repository import usable
+from server.wakeups import LEARNER, WAKEUPS, notify_sql
 from server.workers.repository import touch, touch_sql, touch_update
 
 # -- acquire: mark the worker seen and read what it may be granted -----------------------------
@@ -360,7 +361,7 @@ WITH completed AS (
     UPDATE workers SET {touch_sql(counters=("accepted_batches",))}
     WHERE id = (SELECT worker_id FROM completed)
 )
-SELECT id FROM batch
+SELECT id FROM batch, {notify_sql(LEARNER)} AS notified
 """
 
 
@@ -386,4 +387,7 @@ async def accept_in_one_statement(
         "digest": digest,
         "fencing": fencing,
     }
-    return batch_id if await db.first(_ACCEPT, params) is not None else None
+    if await db.first(_ACCEPT, params) is None:
+        return None
+    WAKEUPS.notify(LEARNER)  # committed: the learner's claim (other processes: its pg_notify)
+    return batch_id
