@@ -5,14 +5,16 @@ connection, lock) is held between tries: each try is its own transaction.
 
 The pause (docs/architecture/protocol.md, "Waiting without polling") lasts until the call's
 wake-up channel is signalled (server/wakeups.py), or `long_poll_interval_s` at most: the
-fallback poll. When the pause ran out at the end of the wait, the last try's answer stands (the
-caller asks again at once). A shutdown ends every pause at once."""
+fallback poll. Woken waiters try a few at a time (`WAKEUPS.turn`), the longest waiting first.
+When the pause ran out at the end of the wait, the last try's answer stands (the caller asks
+again at once). A shutdown ends every pause at once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import TypeVar
 
 from server.config import Settings
@@ -50,10 +52,12 @@ async def long_poll(
     deadline = time.monotonic() + min(wait_s, settings.lease_long_poll_s)
     interval_s = settings.long_poll_interval_s
     listens = channel is not None and settings.long_poll_wakeups
+    woken = False
     while True:
         # taken before the try: a signal while it runs ends the pause at once
         token = WAKEUPS.token(channel) if listens and channel is not None else None
-        result = await attempt(deadline)
+        async with WAKEUPS.turn() if woken else nullcontext():
+            result = await attempt(deadline)
         remaining = deadline - time.monotonic()
         if done(result) or remaining <= 0 or WAKEUPS.closing():
             return result

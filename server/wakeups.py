@@ -37,6 +37,9 @@ CHANNELS = (LEASES, LEARNER)
 _PENDING = "asyncgrpo_wakeups"  # session.info key: the channels its transaction signals
 _ORIGIN = str(os.getpid())  # a NOTIFY's payload: the listener skips its own process's
 RECONNECT_S = 1.0
+# Woken waiters of one loop that try at once: one signal wakes them all, and the first (the
+# longest waiting) should not queue its grant behind every other's try.
+WOKEN_AT_ONCE = 8
 
 
 class _LoopWaits:
@@ -45,6 +48,7 @@ class _LoopWaits:
     def __init__(self) -> None:
         self.events: dict[str, asyncio.Event] = {}
         self.closing = False
+        self.turns = asyncio.Semaphore(WOKEN_AT_ONCE)
 
     def token(self, channel: str) -> asyncio.Event:
         found = self.events.get(channel)
@@ -86,6 +90,10 @@ class Notifier:
     def token(self, channel: str) -> asyncio.Event:
         """Set at the channel's next signal: take it before a try, wait on it after."""
         return self._waits().token(channel)
+
+    def turn(self) -> asyncio.Semaphore:
+        """Held by a woken waiter while it tries (WOKEN_AT_ONCE at a time, first come first)."""
+        return self._waits().turns
 
     def closing(self) -> bool:
         """Whether this loop's server is shutting down: waits end at once."""

@@ -47,6 +47,8 @@ class TrainKind:
         config: RunConfig,
         waiting_window_s: float,
     ) -> queue.Granted | None:
+        if not run.has_queued:  # rows queued after the try's read signal its waiters again
+            return None
         bound = admission_bound(config)
         worker_cap = await fair_share.cap(
             db,
