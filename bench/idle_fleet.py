@@ -1,11 +1,13 @@
 """What an idle fleet costs the database, and how soon a waiting worker hears of new work: N
 simulated workers long-poll acquire against a real server (uvicorn, Postgres) with no work
-queued, once with the waiting calls polling every 0.25 s (`long_poll_wakeups: false`,
-`long_poll_interval_s: 0.25`: the behaviour before wake-ups) and once with wake-ups (the
-defaults), in the same run and on the same database.
+queued, once on the baseline and once with wake-ups (this tree's defaults), in the same run
+and on the same database. The baseline is `--baseline-tree`'s server with its own defaults (a
+checkout from before wake-ups: `git archive <commit> | tar -x -C ../before`), else this tree
+with the waiting calls polling every 0.25 s (`long_poll_wakeups: false`,
+`long_poll_interval_s: 0.25`).
 
     .venv/bin/python bench/idle_fleet.py [--workers 256] [--seconds 15] [--samples 40]
-        [--repeats 1] [--json]
+        [--baseline-tree ../before] [--repeats 1] [--json]
 
 Each mode gets a server of its own and a fresh running run (a scripted learner attached) whose
 every prompt row a holder worker has leased, so the N waiters find nothing: each try reads the
@@ -45,10 +47,7 @@ from server.db_async import libpq_url  # noqa: E402
 from tests.harness.runs import arithmetic  # noqa: E402
 from tests.harness.runs import run_config as harness_run_config  # noqa: E402
 
-MODES = {
-    "poll": {"ASYNCGRPO_LONG_POLL_WAKEUPS": "false", "ASYNCGRPO_LONG_POLL_INTERVAL_S": "0.25"},
-    "wakeups": {},
-}
+POLL = {"ASYNCGRPO_LONG_POLL_WAKEUPS": "false", "ASYNCGRPO_LONG_POLL_INTERVAL_S": "0.25"}
 ACQUIRE = "/api/v1/leases/acquire"
 
 
@@ -80,6 +79,14 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+async def acquire_tries(http: aiohttp.ClientSession) -> float:
+    """The acquire tries the server answered (/metrics, every process)."""
+    async with http.get("/metrics") as r:
+        text = await r.text()
+    prefix = 'asyncgrpo_worker_calls_total{call="acquire"'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
 def transactions(dsn: str) -> int:
@@ -158,9 +165,11 @@ async def phase(base: str, db: str, args: argparse.Namespace, tokens: list[str])
         try:
             await asyncio.sleep(args.ramp)
             dsn = libpq_url(db)
+            tries = await acquire_tries(http)
             before, started = transactions(dsn), time.monotonic()
             await asyncio.sleep(args.seconds)
             per_s = (transactions(dsn) - before) / (time.monotonic() - started)
+            tries_per_s = (await acquire_tries(http) - tries) / (time.monotonic() - started)
             assert not waiters.granted, "a waiter was granted work while none was queued"
             latencies = []
             for lease in held:
@@ -178,6 +187,7 @@ async def phase(base: str, db: str, args: argparse.Namespace, tokens: list[str])
             r.raise_for_status()
     return {
         "transactions_per_s": round(per_s, 1),
+        "acquire_tries_per_s": round(tries_per_s, 1),
         "grant_p50_ms": round(common.percentile(latencies, 50) * 1000, 1),
         "grant_p99_ms": round(common.percentile(latencies, 99) * 1000, 1),
         "samples": len(latencies),
@@ -198,20 +208,26 @@ def main() -> None:
     parser.add_argument("--ramp", type=float, default=3.0, help="Unmeasured start per mode.")
     parser.add_argument("--samples", type=int, default=40, help="Grant-latency samples.")
     parser.add_argument("--repeats", type=int, default=1, help="Runs per mode (medians).")
+    parser.add_argument(
+        "--baseline-tree", type=Path, default=None, help="A checkout from before wake-ups."
+    )
     report.add_json_flag(parser)
     args = parser.parse_args()
     common.exit_on_sigterm()
     print(f"bench/idle_fleet.py: {args.workers} waiting workers, {args.seconds:.0f} s idle "
           f"window after {args.ramp:.0f} s, {args.samples} grant samples per mode\n  "
           f"{common.CONTENDED}\n  {common.load_average()}", flush=True)  # fmt: skip
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    baseline = (args.baseline_tree.resolve(), {}) if args.baseline_tree else (ROOT, POLL)
+    modes = {"baseline": baseline, "wakeups": (ROOT, {})}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp, common.postgres_db() as db:
         bucket = Path(tmp) / "bucket"
         tokens: list[str] = []
         for repeat in range(args.repeats):
-            order = list(MODES) if repeat % 2 == 0 else list(reversed(MODES))
+            order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
             for mode in order:
-                with environment(MODES[mode]), serve(db, bucket, 1) as base:
+                tree, settings = modes[mode]
+                with environment(settings), serve(db, bucket, 1, tree) as base:
                     tokens = tokens or asyncio.run(fleet_tokens(base, db, args.workers + 1))
                     figures = asyncio.run(phase(base, db, args, tokens))
                 print(f"  {mode}: {figures}", flush=True)
@@ -220,22 +236,25 @@ def main() -> None:
         mode: {key: common.median([r[key] for r in rs]) for key in rs[0]}
         for mode, rs in runs.items()
     }
-    poll, woken = medians["poll"], medians["wakeups"]
+    poll, woken = medians["baseline"], medians["wakeups"]
     ratios = {
         "transactions_per_s": woken["transactions_per_s"] / poll["transactions_per_s"],
+        "acquire_tries_per_s": woken["acquire_tries_per_s"] / poll["acquire_tries_per_s"],
         "grant_p50": woken["grant_p50_ms"] / poll["grant_p50_ms"],
         "grant_p99": woken["grant_p99_ms"] / poll["grant_p99_ms"],
     }
     common.print_table(
         "idle fleet (medians)",
-        ["mode", "transactions/s", "grant p50 ms", "grant p99 ms"],
-        [[m, f["transactions_per_s"], f["grant_p50_ms"], f["grant_p99_ms"]]
-         for m, f in medians.items()]
-        + [["wakeups / poll", f"{ratios['transactions_per_s']:.3f}",
-            f"{ratios['grant_p50']:.2f}", f"{ratios['grant_p99']:.2f}"]],
+        ["mode", "transactions/s", "acquire tries/s", "grant p50 ms", "grant p99 ms"],
+        [[m, f["transactions_per_s"], f["acquire_tries_per_s"], f["grant_p50_ms"],
+          f["grant_p99_ms"]] for m, f in medians.items()]
+        + [["wakeups / baseline", f"{ratios['transactions_per_s']:.3f}",
+            f"{ratios['acquire_tries_per_s']:.3f}", f"{ratios['grant_p50']:.2f}",
+            f"{ratios['grant_p99']:.2f}"]],
     )  # fmt: skip
     report.emit(args, {"workers": args.workers, "seconds": args.seconds, "runs": runs,
-                       "medians": medians, "wakeups_over_poll": ratios})  # fmt: skip
+                       "baseline": str(args.baseline_tree or "this tree, 0.25 s poll"),
+                       "medians": medians, "wakeups_over_baseline": ratios})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ class Settings(BaseSettings):
         "processes. False: they only poll, every long_poll_interval_s.",
     )
     long_poll_interval_s: float = Field(
-        5.0,
+        10.0,
         gt=0,
         le=60,
         description="Longest pause between a waiting call's tries when nothing wakes it: the "
