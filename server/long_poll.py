@@ -25,16 +25,28 @@ T = TypeVar("T")
 Pause = Callable[[T, float], Awaitable[None]]
 
 
-async def _woken(token: asyncio.Event | None, timeout_s: float) -> bool:
-    """Whether the token was set within the timeout (None: only the timeout)."""
-    if token is None:
-        await asyncio.sleep(timeout_s)
-        return False
+async def _woken(token: asyncio.Event, timeout_s: float) -> bool:
+    """Whether the token was set within the timeout."""
     try:
         await asyncio.wait_for(token.wait(), timeout_s)
     except TimeoutError:
         return False
     return True
+
+
+async def _unless_shutdown(pause: Awaitable[None]) -> None:
+    """The pause, ended early by a shutdown."""
+    paused = asyncio.ensure_future(pause)
+    shutdown = asyncio.ensure_future(WAKEUPS.shutdown().wait())
+    try:
+        await asyncio.wait((paused, shutdown), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        shutdown.cancel()
+        if not paused.done():
+            paused.cancel()
+        await asyncio.gather(paused, shutdown, return_exceptions=True)
+    if not paused.cancelled():
+        paused.result()  # the pause's own error, if any
 
 
 async def long_poll(
@@ -55,14 +67,16 @@ async def long_poll(
     woken = False
     while True:
         # taken before the try: a signal while it runs ends the pause at once
-        token = WAKEUPS.token(channel) if listens and channel is not None else None
+        token = WAKEUPS.token(channel) if listens and channel is not None else WAKEUPS.shutdown()
         async with WAKEUPS.turn() if woken else nullcontext():
             result = await attempt(deadline)
         remaining = deadline - time.monotonic()
         if done(result) or remaining <= 0 or WAKEUPS.closing():
             return result
         if pause is not None:
-            await pause(result, remaining)
+            await _unless_shutdown(pause(result, remaining))
+            if WAKEUPS.closing():
+                return result
             continue
         woken = await _woken(token, min(interval_s, remaining))
         if WAKEUPS.closing() or (not woken and time.monotonic() >= deadline):

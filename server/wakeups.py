@@ -48,6 +48,7 @@ class _LoopWaits:
     def __init__(self) -> None:
         self.events: dict[str, asyncio.Event] = {}
         self.closing = False
+        self.closed = asyncio.Event()  # set at shutdown: ends a pause that waits on other things
         self.turns = asyncio.Semaphore(WOKEN_AT_ONCE)
 
     def token(self, channel: str) -> asyncio.Event:
@@ -66,6 +67,7 @@ class _LoopWaits:
 
     def close(self) -> None:
         self.closing = True
+        self.closed.set()
         self.fire(list(self.events))
 
 
@@ -99,9 +101,15 @@ class Notifier:
         """Whether this loop's server is shutting down: waits end at once."""
         return self._waits().closing
 
+    def shutdown(self) -> asyncio.Event:
+        """Set when this loop's server shuts down."""
+        return self._waits().closed
+
     def open(self) -> None:
         """This loop serves (again): its waits wait (the app's lifespan start)."""
-        self._waits().closing = False
+        waits = self._waits()
+        waits.closing = False
+        waits.closed = asyncio.Event()
 
     def close(self) -> None:
         """End every wait of this loop now, and any later one at once (shutdown)."""
@@ -182,7 +190,7 @@ class Listener:
         while True:
             try:
                 await self._listen()
-            except (psycopg.Error, OSError):
+            except Exception:  # whatever it was, listen again: until then waiters poll
                 log.warning("wake-up listener: connection lost, reconnecting", exc_info=True)
             self.listening.clear()
             await asyncio.sleep(RECONNECT_S)
