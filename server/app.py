@@ -22,7 +22,7 @@ from server.dashboard.web import install as install_dashboard
 from server.datasets.router import DATASETS_PATH
 from server.datasets.router import router as datasets_router
 from server.db import make_engine, make_sessionmaker, transaction
-from server.db_async import open_pool
+from server.db_async import libpq_url, open_pool
 from server.deps import refuse_unstorable_text
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.evals.router import router as evals_router
@@ -41,6 +41,7 @@ from server.tokens import service as tokens
 from server.tokens.router import router as tokens_router
 from server.versions.router import router as versions_router
 from server.versions.service import make_watch
+from server.wakeups import WAKEUPS, Listener, close_on_exit_signals
 from server.wiring import wire
 from server.workers.router import router as workers_router
 
@@ -77,9 +78,13 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
         scheduler = start_if_inprocess(settings, app.state.sessionmaker, app.state.store)
         app.state.scheduler = scheduler
         app.state.worker_db.pool = await open_pool(settings)
+        listener = app.state.wakeup_listener = _start_wakeups(settings)
         try:
             yield
         finally:
+            WAKEUPS.close()  # every waiting call answers now
+            if listener is not None:
+                await listener.close()
             app.state.bucket_watch.stop()
             await app.state.version_watch.close()
             if app.state.worker_db.pool is not None:
@@ -121,6 +126,18 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     )
     app.add_middleware(SecurityHeaders)  # outermost: the 413s carry the headers too
     return app
+
+
+def _start_wakeups(settings: Settings) -> Listener | None:
+    """Waiting calls wake on this loop's signals, end at SIGINT/SIGTERM, and on Postgres hear
+    the other processes' signals through this app's listener (server/wakeups.py)."""
+    WAKEUPS.open()
+    close_on_exit_signals()
+    if not settings.database_url.startswith("postgresql"):
+        return None
+    listener = Listener(libpq_url(settings.database_url))
+    listener.start()
+    return listener
 
 
 def _include_routers(app: FastAPI) -> None:

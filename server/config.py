@@ -225,6 +225,19 @@ class Settings(BaseSettings):
     lease_long_poll_s: float = Field(
         10.0, description="Longest time acquire and claim wait for work before answering."
     )
+    long_poll_wakeups: bool = Field(
+        True,
+        description="Waiting calls (acquire, batch and eval claims) try again as soon as work "
+        "may exist for them: an in-process notifier, and Postgres LISTEN/NOTIFY across server "
+        "processes. False: they only poll, every long_poll_interval_s.",
+    )
+    long_poll_interval_s: float = Field(
+        10.0,
+        gt=0,
+        le=60,
+        description="Longest pause between a waiting call's tries when nothing wakes it: the "
+        "fallback poll of a missed wake-up (0.25 s was the only way before wake-ups).",
+    )
     version_poll_s: float = Field(
         0.1,
         gt=0,

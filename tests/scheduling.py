@@ -28,6 +28,7 @@ FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 1
     "tests/worker/test_concurrency.py": 123,
     "tests/fuzz/test_fuzz_api.py": 86,
     "tests/worker/test_transformers_concurrency.py": 80,
+    "tests/server/leases/test_wakeups.py": 58,  # serial, alone (not yet timed under -n 4)
     "tests/worker/test_vllm_concurrency.py": 57,
     "tests/browser/test_dashboard.py": 50,
     "tests/server/test_bucket_readiness.py": 42,
@@ -42,6 +43,7 @@ FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 1
     "tests/learner/test_bucketing.py": 27,
     "tests/learner/test_data_parallel.py": 27,
     "tests/worker/test_multi_turn_e2e.py": 26,
+    "tests/server/learner/test_claim_wakeups.py": 26,  # serial, alone (not yet timed under -n 4)
     "tests/asyncgrpo/test_cli_tokens.py": 24,
     "tests/bench/test_learner_ranks.py": 23,
     "tests/server/leases/test_server_resources.py": 22,

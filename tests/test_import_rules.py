@@ -55,6 +55,7 @@ FEATURE_ORDER = [
     "db",
     "db_async",
     "routing",
+    "wakeups",
     "long_poll",
     "limits",
     "security_headers",

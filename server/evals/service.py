@@ -34,6 +34,7 @@ from server.models import EvalResult
 from server.runs import lifecycle
 from server.runs import service as runs
 from server.runs.repository import next_fencing
+from server.wakeups import LEARNER, LEASES, after_commit
 
 # Grant policy: a run's training lease comes first whenever it is admissible, except that every
 # EVAL_TURN-th grant of the run (by its fencing sequence) offers eval first; eval also gets the
@@ -73,6 +74,7 @@ def queue_version(session: Session, run_id: uuid.UUID, version: int) -> bool:
     if repo.result_of(session, run_id, version) is not None:
         return False
     repo.insert_version(session, run_id, version)
+    after_commit(session, LEASES)  # its items are queued
     maybe_finish(session, run_id, version)
     return True
 
@@ -186,6 +188,7 @@ def accept(
     )
     if reject is None:
         repo.mark_items(session, items, "leased", state="uploaded", batch_id=batch_id)
+        after_commit(session, LEASES, LEARNER)  # a batch to claim, room under the eval bound
     else:
         requeue_leases(session, [lease.id], count_attempt=True)
     return batch_id, reject
@@ -205,6 +208,8 @@ def _requeue(session: Session, rows: list[Row[Any]], count_attempt: bool) -> int
     by_run: dict[uuid.UUID, list[Row[Any]]] = defaultdict(list)
     for row in rows:
         by_run[row.run_id].append(row)
+    if rows:
+        after_commit(session, LEASES, LEARNER)  # items queued (or dropped)
     for run_id in sorted(by_run):
         limit = runs.config_of(session, run_id).max_attempts
         versions = repo.requeue_items(session, by_run[run_id], int(count_attempt), limit)

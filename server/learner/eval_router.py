@@ -21,6 +21,7 @@ from protocol.schemas_learner import (
     EvalVersionResult,
 )
 from protocol.storage import ObjectStore
+from server import wakeups
 from server.config import Settings
 from server.db import transaction
 from server.errors import NotFound
@@ -116,7 +117,8 @@ async def claim(
                 isinstance(result, Answer) or bool(result.batches) or result.pending_versions == 0
             ),
             body.wait_s,
-            settings.lease_long_poll_s,
+            settings,
+            wakeups.LEARNER,
         )
     )
 

@@ -31,6 +31,7 @@ from server.learner.service import authorize, fence, run_config
 from server.leases import queue
 from server.models import Token
 from server.runs import lifecycle
+from server.wakeups import LEARNER, after_commit
 
 REQUIRED_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -204,6 +205,7 @@ def publish(
     )
     consumed = repo.mark_consumed(session, batch_ids, body.version)
     queue.consume(session, run_id, batch_ids, body.version)
+    after_commit(session, LEARNER)  # a claim for this version ends (409), even with none consumed
     status = run.status
     if config.eval is not None:
         status = evals.on_publish(session, run_id, config, body.version, final) or status

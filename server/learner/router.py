@@ -29,6 +29,7 @@ from protocol.schemas_learner import (
     UploadsRequest,
     UploadsResponse,
 )
+from server import wakeups
 from server.config import Settings
 from server.db import transaction
 from server.deps import (
@@ -136,7 +137,8 @@ async def claim(
             lambda _deadline: run_in_threadpool(attempt),
             lambda result: isinstance(result, Answer) or bool(result.batches) or result.exhausted,
             body.wait_s,
-            settings.lease_long_poll_s,
+            settings,
+            wakeups.LEARNER,
         )
     )
 

@@ -37,7 +37,9 @@ MIN_WAITING_WINDOW_S = 5.0
 
 def waiting_window_s(long_poll_s: float) -> float:
     """A waiting worker counts while it was seen this recently: twice the long-poll (a
-    long-polling worker is seen at every try), and never under a few seconds (round trips)."""
+    long-polling worker is seen at every try, and tries at least every
+    min(long_poll_interval_s, long-poll) when nothing wakes it: server/long_poll.py), and never
+    under a few seconds (round trips)."""
     return max(2 * long_poll_s, MIN_WAITING_WINDOW_S)
 
 

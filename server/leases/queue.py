@@ -38,6 +38,7 @@ from server.db_types import JSONType, db_now, postgres_text
 from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
 from server.runs.repository import NEXT_FENCING
+from server.wakeups import LEARNER, LEASES, after_commit
 from server.workers.repository import touch_sql
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
@@ -80,6 +81,7 @@ def requeue(
     ).all()
     if not rows:
         return RequeueResult()
+    after_commit(session, LEASES, LEARNER)  # rows queued (or dropped), room under the bound
     limit = runs.config_of(session, run_id).max_attempts
     bump = 1 if count_attempt else 0
     back = [r for r in rows if not (count_attempt and r.attempts + bump >= limit)]
@@ -155,6 +157,7 @@ def consume(
             .where(Run.id == run_id)
             .values(groups_in_flight=Run.groups_in_flight - len(consumed))
         )
+        after_commit(session, LEASES, LEARNER)  # room under the bound; a version published
     return len(consumed)
 
 
@@ -242,6 +245,7 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
             .where(Run.id == run_id)
             .values(groups_in_flight=Run.groups_in_flight - len(in_flight))
         )
+    after_commit(session, LEARNER)  # the run's ledger closed: a claim answers exhausted
     return len(in_flight) + len(queued)
 
 

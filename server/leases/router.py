@@ -29,6 +29,7 @@ from protocol.schemas import (
     UploadResponse,
     format_versions_header,
 )
+from server import wakeups
 from server.config import Settings
 from server.idempotency.keys import KeyedCall, KeyHeader, keyed_call
 from server.idempotency.store import Answer, sent
@@ -90,7 +91,8 @@ async def acquire(
         attempt,
         lambda tried: isinstance(tried, Answer) or tried[0].lease is not None or not tried[1],
         body.wait_s,
-        settings.lease_long_poll_s,
+        settings,
+        wakeups.LEASES,
     )
     if isinstance(acquired, Answer):
         return acquired.response()

@@ -7,7 +7,7 @@ differs, server/leases/statements.py says so in one helper per statement."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
@@ -63,11 +63,13 @@ async def acquire(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, 
     seen = await statements.seen_for_acquire(db, caller.digest, body.models, body.environments)
     if seen is None:
         return await _not_seen(caller, body)
+    runs = seen.runs
     if seen.any_expired:  # invariant 4: in its own transaction, before any grant
         await db.unit(expiry.sweep_expired)
-    versions = {run.id: run.current_version for run in seen.runs}
+        runs = [replace(run, has_queued=True) for run in runs]  # the sweep may have queued rows
+    versions = {run.id: run.current_version for run in runs}
     declared = declared_environments(seen.environments, None)
-    for run in seen.runs:
+    for run in runs:
         if body.models is not None and run.base_model not in body.models:
             continue
         config = await config_of_run(db, run.id)

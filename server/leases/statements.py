@@ -32,8 +32,9 @@ from server.db_types import db_now, db_now_plus, postgres_text
 from server.leases import queue
 from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
-from server.models import Lease, Run, Token, Worker
+from server.models import Lease, PromptRow, Run, Token, Worker
 from server.tokens.repository import usable
+from server.wakeups import LEARNER, WAKEUPS, notify_sql
 from server.workers.repository import touch, touch_sql, touch_update
 
 # -- acquire: mark the worker seen and read what it may be granted -----------------------------
@@ -49,6 +50,7 @@ class CandidateRun:
     current_version: int
     groups_in_flight: int
     fencing_seq: int
+    has_queued: bool  # any prompt row queued: without one the training grant is not tried
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,9 @@ RETURNING w.id AS worker_id, w.environments, w.trusted,
     (SELECT coalesce(json_agg(json_build_object(
                 'id', r.id, 'base_model', r.base_model, 'status', r.status,
                 'current_version', r.current_version, 'groups_in_flight', r.groups_in_flight,
-                'fencing_seq', r.fencing_seq)
+                'fencing_seq', r.fencing_seq,
+                'has_queued', EXISTS (SELECT 1 FROM prompt_rows p
+                                      WHERE p.run_id = r.id AND p.state = 'queued'))
             ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id), '[]')
      FROM runs r
      WHERE r.status IN ({_LEASING})
@@ -99,6 +103,7 @@ _CANDIDATES = (
         Run.current_version,
         Run.groups_in_flight,
         Run.fencing_seq,
+        exists().where(PromptRow.run_id == Run.id, PromptRow.state == "queued").label("has_queued"),
     )
     .where(
         Run.status.in_(LEASING_RUN_STATUSES),
@@ -146,7 +151,10 @@ async def seen_for_acquire(
     row = await db.first(_SEEN, params)
     if row is None:
         return None
-    runs = [CandidateRun(**{**r, "id": uuid.UUID(str(r["id"]))}) for r in row.runs]
+    runs = [
+        CandidateRun(**{**r, "id": uuid.UUID(str(r["id"])), "has_queued": bool(r["has_queued"])})
+        for r in row.runs
+    ]
     return Seen(row.worker_id, row.environments, bool(row.trusted), bool(row.any_expired), runs)
 
 
@@ -360,7 +368,7 @@ WITH completed AS (
     UPDATE workers SET {touch_sql(counters=("accepted_batches",))}
     WHERE id = (SELECT worker_id FROM completed)
 )
-SELECT id FROM batch
+SELECT id FROM batch, {notify_sql(LEARNER)} AS notified
 """
 
 
@@ -386,4 +394,7 @@ async def accept_in_one_statement(
         "digest": digest,
         "fencing": fencing,
     }
-    return batch_id if await db.first(_ACCEPT, params) is not None else None
+    if await db.first(_ACCEPT, params) is None:
+        return None
+    WAKEUPS.notify(LEARNER)  # committed: the learner's claim (other processes: its pg_notify)
+    return batch_id

@@ -17,6 +17,7 @@ from protocol.staleness import outside_window
 from server.leases import fair_share, queue, statements
 from server.leases import repository as repo
 from server.leases.units import WorkerDb
+from server.wakeups import LEARNER, after_commit
 from server.workers.repository import touch
 
 UNLIMITED_GROUPS = queue.INT_MAX  # the admission bound of a run with admission control off
@@ -46,6 +47,8 @@ class TrainKind:
         config: RunConfig,
         waiting_window_s: float,
     ) -> queue.Granted | None:
+        if not run.has_queued:  # rows queued after the try's read signal its waiters again
+            return None
         bound = admission_bound(config)
         worker_cap = await fair_share.cap(
             db,
@@ -164,6 +167,7 @@ def _complete_steps(
     if reject is None:
         repo.accept_rows(session, rows, batch_id)
         touch(session, lease.worker_id, accepted_batches=1)
+        after_commit(session, LEARNER)
     else:
         queue.requeue(session, lease.run_id, rows, "invalid", count_attempt=True)
         touch(session, lease.worker_id, rejected_batches=1)

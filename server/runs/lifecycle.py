@@ -20,6 +20,7 @@ from server.errors import Conflict, NotFound
 from server.events.service import raise_event
 from server.models import Run
 from server.runs import repository
+from server.wakeups import LEARNER, LEASES, after_commit
 
 STATUSES = RUN_STATUSES
 TERMINAL = TERMINAL_RUN_STATUSES
@@ -96,6 +97,8 @@ def move(session: Session, run_id: uuid.UUID, name: str, reason: str | None, *wh
         .returning(Run.id)
         .execution_options(synchronize_session=False)
     ).first()
+    if row is not None:  # a run leasing again, or one that stopped: its waiters look again
+        after_commit(session, LEASES, LEARNER)
     return row is not None
 
 

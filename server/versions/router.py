@@ -61,7 +61,7 @@ async def versions(
             pass
 
     _changed, found = await long_poll(
-        attempt, lambda tried: bool(tried[1]), wait_s, settings.lease_long_poll_s, until_changed
+        attempt, lambda tried: bool(tried[1]), wait_s, settings, pause=until_changed
     )
     if not found:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
