@@ -14,17 +14,35 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from fastapi import Request
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from protocol.idempotency import key_time
 from server.db import transaction
 from server.idempotency import store
-from server.idempotency.keys import KeyedCall
+from server.idempotency.keys import KeyedCall, keyed_call
 from server.idempotency.store import Answer
 from server.leases.service import Caller
 from server.leases.units import PinnedDb
 from server.workers.service import worker_for_token
 
 T = TypeVar("T")
+
+
+async def lease_key(
+    header: str | None, caller: Caller, request: Request, body: BaseModel
+) -> KeyedCall | None:
+    """The call's key (None without the header). A key that is not a UUIDv7 is judged only
+    after the worker token: an unauthenticated call is a 401 whatever its other headers."""
+    if header is not None and key_time(header) is None:
+        await run_in_threadpool(_authenticate, caller)
+    return keyed_call(header, lambda: caller.digest, request, body)
+
+
+def _authenticate(caller: Caller) -> None:
+    with transaction(caller.db.sessions) as session:
+        worker_for_token(session, caller.token)
 
 
 async def keyed(

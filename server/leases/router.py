@@ -31,10 +31,10 @@ from protocol.schemas import (
 )
 from server import wakeups
 from server.config import Settings
-from server.idempotency.keys import KeyedCall, KeyHeader, keyed_call
+from server.idempotency.keys import KeyedCall, KeyHeader
 from server.idempotency.store import Answer, sent
 from server.leases import fenced, service
-from server.leases.keyed import keyed
+from server.leases.keyed import keyed, lease_key
 from server.leases.units import counted
 from server.long_poll import long_poll
 from server.request_deps import Credentials, WorkerCredentials
@@ -79,7 +79,7 @@ async def acquire(
     Idempotency-Key, the try that grants stores its answer with the grant; a 204 is not kept."""
     settings: Settings = request.app.state.settings
     caller = _caller(request, credentials)
-    call = keyed_call(idempotency_key, lambda: caller.digest, request, body)
+    call = await lease_key(idempotency_key, caller, request, body)
 
     async def attempt(_deadline: float) -> tuple[service.Acquired, bool] | Answer:
         one_try = counted(
@@ -170,7 +170,7 @@ async def complete(
     """End the lease `completed`: the uploaded batch is checked and stored `accepted`, or
     `rejected` with its rows re-queued."""
     caller = _caller(request, credentials)
-    call = keyed_call(idempotency_key, lambda: caller.digest, request, body)
+    call = await lease_key(idempotency_key, caller, request, body)
     answered = _fenced(caller, call, lambda pinned: fenced.complete(pinned, lease_id, body))
     return sent(await counted(request.app.state.worker_calls, "complete", answered))
 
@@ -186,7 +186,7 @@ async def release(
     """End the lease `released` with its reason; its rows go back to the front of the queue
     (engine_fault, environment_error and prompt_too_long count an attempt)."""
     caller = _caller(request, credentials)
-    call = keyed_call(idempotency_key, lambda: caller.digest, request, body)
+    call = await lease_key(idempotency_key, caller, request, body)
     answered = _fenced(caller, call, lambda pinned: fenced.release(pinned, lease_id, body))
     return sent(await counted(request.app.state.worker_calls, "release", answered))
 

@@ -165,6 +165,23 @@ def test_a_key_is_the_callers_and_its_request_s(
     assert world.leases() == 2
 
 
+@pytest.mark.parametrize(
+    ("path", "body"), [("acquire", {}), (f"{uuid.uuid4()}/release", {"fencing": 1})]
+)
+def test_an_unknown_token_is_a_401_before_its_key_is_judged(
+    lease_client: TestClient, path: str, body: dict[str, Any]
+) -> None:
+    """A token the server does not know is refused 401 whatever the Idempotency-Key holds
+    (server/leases/keyed.py lease_key: complete, acquire and release share it)."""
+    for key in ("not-a-key", new_key()):
+        refused = lease_client.post(
+            f"/api/v1/leases/{path}",
+            json=body,
+            headers={"Authorization": "Bearer agr_wrk_garbage", IDEMPOTENCY_HEADER: key},
+        )
+        assert refused.status_code == 401, (key, refused.text)
+
+
 def test_a_204_is_not_kept_its_retry_may_grant(
     lease_app: FastAPI, lease_client: TestClient, db: Session
 ) -> None:
