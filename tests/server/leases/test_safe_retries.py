@@ -166,7 +166,9 @@ def test_a_key_is_the_callers_and_its_request_s(
 
 
 @pytest.mark.parametrize(
-    ("path", "body"), [("acquire", {}), (f"{uuid.uuid4()}/release", {"fencing": 1})]
+    ("path", "body"),
+    [("acquire", {}), ("00000000-0000-7000-8000-000000000001/release", {"fencing": 1})],
+    ids=["acquire", "release"],
 )
 def test_an_unknown_token_is_a_401_before_its_key_is_judged(
     lease_client: TestClient, path: str, body: dict[str, Any]
