@@ -224,9 +224,14 @@ def config_validations() -> int:
         return _validations
 
 
+def _kept(run_id: uuid.UUID) -> RunConfig | None:
+    """Under _CACHE_LOCK."""
+    return _LIVE.entries.get(run_id) or _ENDED.entries.get(run_id)
+
+
 def _cached(run_id: uuid.UUID) -> RunConfig | None:
     with _CACHE_LOCK:
-        return _LIVE.entries.get(run_id) or _ENDED.entries.get(run_id)
+        return _kept(run_id)
 
 
 def _parse(
@@ -266,7 +271,7 @@ def config_of(session: Session, run_id: uuid.UUID) -> RunConfig:
     engine's hot path never loads a large inline dataset). One thread parses a run's config;
     the others wait for it instead of each validating the rows."""
     with _CACHE_LOCK:
-        cached = _LIVE.entries.get(run_id) or _ENDED.entries.get(run_id)
+        cached = _kept(run_id)
         if cached is not None:
             return cached
         loading = _LOADING.setdefault(run_id, threading.Lock())

@@ -40,13 +40,18 @@ def _session(publish: Any) -> Any:
         evals=None,
         last_publish_s=0.0,
     )
-    for name in (
-        "_check_lease",
-        "_lease_ended_by_the_server",
-        "_publish_that_ended_the_run",
-        "_wait_evaluated",
-    ):
+    for name in ("_lease_ended_by_the_server", "_publish_that_ended_the_run", "_wait_evaluated"):
         setattr(session, name, getattr(Session, name).__get__(session))
+    session.saw_409 = threading.Event()  # the main thread's lease check has raised
+
+    def check_lease() -> None:
+        try:
+            Session._check_lease(session)
+        except LeaseLost:
+            session.saw_409.set()
+            raise
+
+    session._check_lease = check_lease
     session.publishing = Pending("learner-publish", lambda: publish(session), background=True)
     return session
 
@@ -56,7 +61,7 @@ def _answer_after_the_409(status: str) -> Any:
 
     def publish(session: Any) -> Published:
         session.heartbeat.lost.set()
-        threading.Event().wait(0.5)  # the publish's response still on its way
+        assert session.saw_409.wait(30)  # the publish's answer arrives after the 409
         return Published(version=5, run_status=status)
 
     return publish
@@ -77,7 +82,7 @@ def test_a_409_beside_a_publish_that_did_not_end_the_run_is_a_lost_lease() -> No
 def test_a_409_beside_a_failed_publish_is_a_lost_lease() -> None:
     def publish(session: Any) -> Published:
         session.heartbeat.lost.set()
-        threading.Event().wait(0.5)  # the 409 reaches the main thread first
+        assert session.saw_409.wait(30)  # the 409 reaches the main thread first
         raise RuntimeError("409 stale fencing token")
 
     session = _session(publish)
@@ -107,7 +112,8 @@ def test_a_409_caused_by_the_last_eval_answer_ends_the_session_as_completed() ->
         finished=finished, lost=threading.Event(), is_alive=lambda: True
     )
     session.heartbeat.lost.set()
-    threading.Timer(1.0, finished.set).start()  # the scorer gets "completed" after the 409
+    # the scorer gets "completed" after the main thread has seen the 409
+    threading.Thread(target=lambda: session.saw_409.wait(30) and finished.set()).start()
     assert Session._wait_evaluated(session) is True
 
 

@@ -10,9 +10,11 @@ adapters switch per (run, version) through the engine's LRU; abort stops a reque
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -61,15 +63,22 @@ def vllm_result(adapter_dirs: dict[int, Path], tmp_path_factory: pytest.TempPath
         "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     }
-    proc = subprocess.run(
+    # its own process group: on a timeout the engine's processes die with the script
+    with subprocess.Popen(
         [str(VLLM_PYTHON), str(REPO / "tests/worker/vllm_script.py"), "in.json", "out.json"],
         cwd=work,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
+        start_new_session=True,
+    ) as proc:
+        try:
+            _out, err = proc.communicate(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-5000:]
     return json.loads((work / "out.json").read_text())
 
 
