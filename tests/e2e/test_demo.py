@@ -169,14 +169,23 @@ def test_ctrl_c_stops_every_process(tmp_path: Path, small_model_dir: str, moment
         demo.kill()
 
 
+def grandchildren(demo: Demo) -> set[int]:
+    """The live processes below the demo's children (the learner's reward processes)."""
+    return {pid for child in demo.children() for pid in descendants(child)}
+
+
 @pytest.mark.timeout(600)
 def test_sigkill_leaves_no_child(tmp_path: Path, small_model_dir: str) -> None:
-    """kill -9 of the demo while it trains: its server, learner, workers and their own
-    children (the learner's reward processes) all end."""
+    """kill -9 of the demo once every process is up, the learner's reward processes (its own
+    children) included: the server, learner, workers and those children all end. (Not at
+    version 1: what ends them, the parent-death signal and the watch of the parent, does not
+    depend on training, and reaching version 1 costs minutes on two shared cores.)"""
     demo = Demo(tmp_path)
     try:
-        reach(demo, "training")
+        reach(demo, "loading the model")
+        demo.wait_for("the learner's reward processes", lambda: bool(grandchildren(demo)), START_S)
         assert len(demo.children()) == 4
+        assert grandchildren(demo) <= demo.seen
         demo.proc.kill()
         demo.proc.wait()
         demo.assert_no_child_left()
