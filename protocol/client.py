@@ -166,16 +166,17 @@ class AsyncGrpoClient:
         params: dict[str, Any] | None = None,
         token: str | None = None,
         timeout_s: float | None = None,
-        idempotent: bool = False,
+        idempotent: bool | str = False,
     ) -> httpx.Response:
         """Send with retries on transient failures; raise ApiError on other error statuses.
-        `idempotent`: one Idempotency-Key for the call, sent on each of its retries."""
+        `idempotent`: one Idempotency-Key for the call, sent on each of its retries (a string:
+        that key, which the caller made for a logical call it may send again)."""
         headers = {}
         bearer = token or self.token
         if bearer:
             headers["Authorization"] = f"Bearer {bearer}"
         if idempotent:
-            headers[IDEMPOTENCY_HEADER] = new_key()
+            headers[IDEMPOTENCY_HEADER] = idempotent if isinstance(idempotent, str) else new_key()
         backoff = Backoff(cap_s=self.retry_cap_s)
         url = path if path.startswith("http") else self.base_url + path
         for attempt in range(self.max_retries + 1):
@@ -419,7 +420,12 @@ class AsyncGrpoClient:
     # -- learner calls ---------------------------------------------------------------------------
 
     def _learner(
-        self, model: type[T], path: str, body: BaseModel, idempotent: bool = True, **kwargs: Any
+        self,
+        model: type[T],
+        path: str,
+        body: BaseModel,
+        idempotent: bool | str = True,
+        **kwargs: Any,
     ) -> T:
         result = self._model(
             model, "POST", path, json=self._body(body), idempotent=idempotent, **kwargs
@@ -492,9 +498,14 @@ class AsyncGrpoClient:
         """Presigned conditional PUTs for version N+1's adapter and checkpoint files."""
         return self._learner(sl.UploadsResponse, f"/api/v1/runs/{run_id}/uploads", body)
 
-    def publish_adapter(self, run_id: str, body: sl.PublishRequest) -> sl.PublishResponse:
-        """Register version N+1 and consume the batches it was trained on."""
-        return self._learner(sl.PublishResponse, f"/api/v1/runs/{run_id}/adapters", body)
+    def publish_adapter(
+        self, run_id: str, body: sl.PublishRequest, idempotency_key: str | None = None
+    ) -> sl.PublishResponse:
+        """Register version N+1 and consume the batches it was trained on. `idempotency_key`:
+        the caller's key for this publish, when it may send the same body again after an answer
+        it never got (protocol.idempotency.new_key); else one key for this call's retries."""
+        path = f"/api/v1/runs/{run_id}/adapters"
+        return self._learner(sl.PublishResponse, path, body, idempotent=idempotency_key or True)
 
     def post_learner_metrics(
         self, run_id: str, fencing: int, points: list[sl.MetricPointIn]
