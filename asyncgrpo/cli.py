@@ -11,6 +11,7 @@ import typer
 
 from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
+from asyncgrpo.doctor.cli import doctor_app
 from asyncgrpo.settings_options import settings_command
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
@@ -27,6 +28,7 @@ registration_token_app = typer.Typer(help="Worker registration tokens.", no_args
 app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
+app.add_typer(doctor_app, name="doctor")
 app.command("plan")(plan_cli.plan)
 
 

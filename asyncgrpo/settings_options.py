@@ -12,7 +12,7 @@ import enum
 import inspect
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar, Union, get_args, get_origin
 
@@ -46,31 +46,49 @@ class _Option:
 
 
 def settings_command(
-    settings: type[S], on_error: Callable[[str], NoReturn]
-) -> Callable[[Callable[[S], Any]], Callable[..., Any]]:
+    settings: type[S],
+    on_error: Callable[[str], NoReturn],
+    also: type[BaseSettings] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate `run(settings)` into a Typer command whose options are the settings' fields;
-    the command's name and help are `run`'s. A refused value goes to `on_error` (one line)."""
+    the command's name and help are `run`'s. With `also`, a second model's fields are options
+    too (a command's own, beside the settings it shares with another command) and `run` gets
+    both: `run(settings, also_settings)`. A refused value goes to `on_error` (one line)."""
     options = _options(settings)
+    # a panel of their own in --help, named by the model's first docstring line
+    own = [replace(o, panel=_title(also)) for o in _options(also)] if also is not None else []
+    clash = {o.parameter for o in options} & {o.parameter for o in own}
+    assert not clash, f"options of both models: {clash}"
 
-    def decorate(run: Callable[[S], Any]) -> Callable[..., Any]:
+    def decorate(run: Callable[..., Any]) -> Callable[..., Any]:
         def command(ctx: typer.Context, **values: Any) -> Any:
             given = {name: value for name, value in values.items() if _on_command_line(ctx, name)}
+            mine = {o.parameter for o in own}
             try:
-                parsed = from_command_line(settings, given)
+                parsed = from_command_line(
+                    settings, {k: v for k, v in given.items() if k not in mine}
+                )
+                extra = None
+                if also is not None:
+                    extra = from_command_line(also, {k: v for k, v in given.items() if k in mine})
             except SettingsInputError as exc:
                 on_error(str(exc))
-            return run(parsed)
+            return run(parsed) if also is None else run(parsed, extra)
 
         parameters = [
             inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         ]
-        parameters += [_parameter(o) for o in options]
+        parameters += [_parameter(o) for o in (*options, *own)]
         command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command.__name__ = run.__name__
         command.__doc__ = run.__doc__
         return command
 
     return decorate
+
+
+def _title(model: type[BaseSettings]) -> str:
+    return (model.__doc__ or model.__name__).strip().splitlines()[0].rstrip(".")
 
 
 def _on_command_line(ctx: typer.Context, parameter: str) -> bool:

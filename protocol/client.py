@@ -45,6 +45,7 @@ from protocol.schemas import (
     format_after,
     parse_versions_header,
 )
+from protocol.schemas_doctor import BucketProbe, BucketProbeChecked, RunModel, TokenCheck
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -277,6 +278,32 @@ class AsyncGrpoClient:
 
     def revoke_worker(self, worker_id: str) -> dict[str, Any]:
         return dict(self._json("POST", f"/api/v1/workers/{worker_id}/revoke"))
+
+    # -- host checks (any token; asyncgrpo doctor) ----------------------------------------------
+
+    def doctor_token(self) -> TokenCheck:
+        """The bearer token as the server sees it, and the server's release."""
+        answer = self._model(TokenCheck, "GET", "/api/v1/doctor/token")
+        assert answer is not None
+        return answer
+
+    def doctor_run(self, run_id: str) -> RunModel:
+        """The run's base model and tokenizer fingerprint."""
+        answer = self._model(RunModel, "GET", f"/api/v1/doctor/runs/{run_id}")
+        assert answer is not None
+        return answer
+
+    def create_bucket_probe(self) -> BucketProbe:
+        answer = self._model(BucketProbe, "POST", "/api/v1/doctor/bucket-probes")
+        assert answer is not None
+        return answer
+
+    def check_bucket_probe(self, probe_id: str) -> BucketProbeChecked:
+        """The probe's object as the server's bucket holds it (then deleted)."""
+        path = f"/api/v1/doctor/bucket-probes/{probe_id}"
+        answer = self._model(BucketProbeChecked, "DELETE", path)
+        assert answer is not None
+        return answer
 
     # -- registration ---------------------------------------------------------------------------
 

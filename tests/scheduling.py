@@ -27,6 +27,9 @@ FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 1
     "tests/learner/test_e2e_learner.py": 140,
     "tests/worker/test_concurrency.py": 123,
     "tests/fuzz/test_fuzz_api.py": 86,
+    # serial, alone, on a machine at load 14-20 (not yet timed under -n 4)
+    "tests/asyncgrpo/doctor/test_cli.py": 136,
+    "tests/server/doctor/test_routes.py": 44,
     "tests/worker/test_transformers_concurrency.py": 80,
     "tests/server/leases/test_wakeups.py": 58,  # serial, alone (not yet timed under -n 4)
     "tests/worker/test_vllm_concurrency.py": 57,

@@ -122,7 +122,8 @@ def _once(*sentences: str) -> str:
 
 
 INTRO = """
-Every setting of the three processes, read from their pydantic-settings models. A setting comes
+Every setting of the three processes, and the options `asyncgrpo doctor` adds to the worker's or
+the learner's, read from their pydantic-settings models. A setting comes
 from its environment variable (any of those listed; the names are case-insensitive) or, for the
 worker and the learner, from the command-line option of the same name (`asyncgrpo worker
 --gpu-type`, see [the CLI reference](cli.md)), which wins over the environment. A list or a dict
@@ -132,6 +133,7 @@ closest setting.
 
 
 def render() -> str:
+    from asyncgrpo.doctor.options import WorkerDoctorOptions
     from learner.config import LearnerSettings
     from server.config import Settings
     from worker.config import WorkerSettings
@@ -140,14 +142,18 @@ def render() -> str:
         ("Server", "server/config.py", Settings),
         ("Worker", "worker/config.py", WorkerSettings),
         ("Learner", "learner/config.py", LearnerSettings),
+        # beside the worker's or the learner's own (--run: `asyncgrpo doctor worker` only)
+        ("Doctor", "asyncgrpo/doctor/options.py", WorkerDoctorOptions),
     ]
     sections = [s for title, source, model in parts for s in section(title, source, model)]
     return page("Settings", INTRO, sections)
 
 
 def missing_descriptions() -> list[str]:
+    from asyncgrpo.doctor.options import WorkerDoctorOptions
     from learner.config import LearnerSettings
     from server.config import Settings
     from worker.config import WorkerSettings
 
-    return [m for model in (Settings, WorkerSettings, LearnerSettings) for m in undescribed(model)]
+    models = (Settings, WorkerSettings, LearnerSettings, WorkerDoctorOptions)
+    return [m for model in models for m in undescribed(model)]
