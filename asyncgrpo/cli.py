@@ -11,19 +11,20 @@ import typer
 
 from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
+from asyncgrpo.help_layout import App
 from asyncgrpo.settings_options import settings_command
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
 
-app = typer.Typer(
+app = App(
     help="Asynchronous GRPO + LoRA fine-tuning on cheap, elastic, preemptible GPUs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
-admin_token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
+db_app = App(help="Database schema (Alembic).", no_args_is_help=True)
+admin_token_app = App(help="Admin API tokens.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-registration_token_app = typer.Typer(help="Worker registration tokens.", no_args_is_help=True)
+registration_token_app = App(help="Worker registration tokens.", no_args_is_help=True)
 app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
