@@ -12,6 +12,7 @@ from asyncgrpo.docs_reference import (
     index_page,
     run_config_page,
     settings_page,
+    symptoms_page,
 )
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
@@ -23,6 +24,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page.render,
     "http-api.md": http_api_page.render,
     "error-codes.md": error_codes_page.render,
+    "symptoms.md": symptoms_page.render,
 }
 
 
