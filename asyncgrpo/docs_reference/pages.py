@@ -8,6 +8,7 @@ from pathlib import Path
 from asyncgrpo.docs_reference import (
     cli_page,
     error_codes_page,
+    gpu_prices_page,
     http_api_page,
     index_page,
     run_config_page,
@@ -25,6 +26,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "http-api.md": http_api_page.render,
     "error-codes.md": error_codes_page.render,
     "symptoms.md": symptoms_page.render,
+    "gpu-prices.md": gpu_prices_page.render,
 }
 
 
