@@ -12,19 +12,20 @@ import typer
 from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
 from asyncgrpo.doctor.cli import doctor_app
+from asyncgrpo.help_layout import App
 from asyncgrpo.settings_options import settings_command
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
 
-app = typer.Typer(
+app = App(
     help="Asynchronous GRPO + LoRA fine-tuning on cheap, elastic, preemptible GPUs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
-admin_token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
+db_app = App(help="Database schema (Alembic).", no_args_is_help=True)
+admin_token_app = App(help="Admin API tokens.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-registration_token_app = typer.Typer(help="Worker registration tokens.", no_args_is_help=True)
+registration_token_app = App(help="Worker registration tokens.", no_args_is_help=True)
 app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
@@ -307,6 +308,52 @@ def admin_token_revoke(
 ) -> None:
     """Revoke an admin token and end its dashboard sessions."""
     _revoke_token("admin", token_id, force)
+
+
+@registration_token_app.command("create")
+def registration_token_create(
+    name: str = typer.Option(None, help="A label for the dashboard.", show_default="none"),
+    ttl_hours: float = typer.Option(24.0, help="Hours until it expires (over 0, at most 8760)."),
+    max_uses: int = typer.Option(1, help="Workers it may register (1 to 100,000)."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the whole answer as JSON, as POST /api/v1/registration-tokens gives it: "
+        "id, token, prefix, expires_at, max_uses.",
+        show_default="the token alone",
+    ),
+) -> None:
+    """Create a registration token and print it once: a worker registers with it
+    (asyncgrpo worker --registration-token agr_reg_…). The options are the API's body
+    (POST /api/v1/registration-tokens); its id and expiry go to standard error, or all of it
+    to standard output with --json. Like admin-token create it writes the server's database
+    (ASYNCGRPO_DATABASE_URL), so it runs where the server's settings are."""
+    from pydantic import ValidationError
+
+    from server.db import transaction
+    from server.tokens import service as tokens
+    from server.tokens.schemas import RegistrationTokenCreate
+
+    try:
+        body = RegistrationTokenCreate(name=name, ttl_hours=ttl_hours, max_uses=max_uses)
+    except ValidationError as exc:
+        _fail("; ".join(f"--{_flag(e['loc'])}: {e['msg']}" for e in exc.errors()))
+    with _database() as factory, transaction(factory) as session:
+        created = tokens.create_registration_token(session, body)
+    if as_json:
+        typer.echo(created.model_dump_json())
+        return
+    typer.echo(created.token)
+    expires = created.expires_at.isoformat() if created.expires_at else "never"
+    typer.echo(
+        f"registration token {created.id}: expires {expires}, up to {created.max_uses} "
+        "worker(s); shown only now",
+        err=True,
+    )
+
+
+def _flag(loc: tuple[Any, ...]) -> str:
+    return str(loc[0]).replace("_", "-") if loc else "option"
 
 
 @registration_token_app.command("revoke")

@@ -10,11 +10,12 @@ from typing import NoReturn
 import typer
 
 from asyncgrpo.doctor.options import DoctorOptions, WorkerDoctorOptions
+from asyncgrpo.help_layout import App
 from asyncgrpo.settings_options import settings_command
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
 
-doctor_app = typer.Typer(
+doctor_app = App(
     help="Check a host before it joins: the server, the token, the bucket through the URLs "
     "the server signs, the device, the packages, the model and its fingerprint. One line per "
     "check (PASS, FAIL with the fix, SKIP); exit 1 when a check fails (docs/guides/"
