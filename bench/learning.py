@@ -34,7 +34,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster, ClusterConfig  # noqa: E402
-from asyncgrpo.demo import STOPPED, Snapshot, demo_config, poll  # noqa: E402
+from asyncgrpo.demo import demo_config  # noqa: E402
+from asyncgrpo.live_run import STOPPED  # noqa: E402
+from asyncgrpo.live_view import Snapshot, poll  # noqa: E402
 from bench import report  # noqa: E402
 from protocol import datasets  # noqa: E402
 
