@@ -19,6 +19,7 @@ import pytest
 # never a result. Files not listed are estimated from their layers (LAYER_SECONDS).
 FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 10 s or more
     "tests/worker/test_vllm_backend.py": 337,
+    "tests/e2e/test_local.py": 345,  # serial, alone, load ~5 (not yet timed under -n 4)
     "tests/learner/test_data_parallel_kill.py": 200,
     "tests/e2e/test_faults.py": 190,
     "tests/e2e/test_demo.py": 188,
