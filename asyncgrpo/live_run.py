@@ -177,21 +177,31 @@ def _crashed(cluster: Cluster) -> str | None:
 def _watch(
     title: str, cluster: Cluster, console: Console, started: float
 ) -> tuple[Snapshot | None, int]:
-    snap: Snapshot | None = None
     table = live_table(title, None, cluster, started)
-    with Live(table, console=console, refresh_per_second=2) as live:
-        while True:
-            try:
-                snap = poll(cluster)
-            except (ApiError, httpx.HTTPError) as exc:
-                console.print(f"[yellow]poll failed: {exc}[/yellow]")
-            live.update(live_table(title, snap, cluster, started))
-            if snap is not None and snap.status in STOPPED:
-                return snap, _exit_code(snap)
-            crash = _crashed(cluster)
-            if crash is not None:
-                return _after_crash(crash, cluster, console, snap)
-            time.sleep(1.0)
+    try:
+        with Live(table, console=console, refresh_per_second=2) as live:
+            return _poll_until_the_end(title, cluster, console, started, live)
+    finally:
+        if not console.is_terminal:  # a file gets the last frame without its line's end
+            console.line()
+
+
+def _poll_until_the_end(
+    title: str, cluster: Cluster, console: Console, started: float, live: Live
+) -> tuple[Snapshot | None, int]:
+    snap: Snapshot | None = None
+    while True:
+        try:
+            snap = poll(cluster)
+        except (ApiError, httpx.HTTPError) as exc:
+            console.print(f"[yellow]poll failed: {exc}[/yellow]")
+        live.update(live_table(title, snap, cluster, started))
+        if snap is not None and snap.status in STOPPED:
+            return snap, _exit_code(snap)
+        crash = _crashed(cluster)
+        if crash is not None:
+            return _after_crash(crash, cluster, console, snap)
+        time.sleep(1.0)
 
 
 def _after_crash(

@@ -19,7 +19,6 @@ import pytest
 # never a result. Files not listed are estimated from their layers (LAYER_SECONDS).
 FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 10 s or more
     "tests/worker/test_vllm_backend.py": 337,
-    "tests/e2e/test_local.py": 345,  # serial, alone, load ~5 (not yet timed under -n 4)
     "tests/learner/test_data_parallel_kill.py": 200,
     "tests/e2e/test_faults.py": 190,
     "tests/e2e/test_demo.py": 188,
@@ -31,6 +30,7 @@ FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 1
     "tests/worker/test_transformers_concurrency.py": 80,
     "tests/server/leases/test_wakeups.py": 58,  # serial, alone (not yet timed under -n 4)
     "tests/worker/test_vllm_concurrency.py": 57,
+    "tests/e2e/test_local.py": 52,  # serial, alone, load ~5 (345 at load ~11; not yet -n 4)
     "tests/browser/test_dashboard.py": 50,
     "tests/server/test_bucket_readiness.py": 42,
     "tests/learner/test_bucket_outage.py": 40,
