@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -13,6 +13,7 @@ from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
 from asyncgrpo.doctor.cli import doctor_app
 from asyncgrpo.help_layout import App
+from asyncgrpo.local_config import LocalSettings
 from asyncgrpo.settings_options import settings_command
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
@@ -386,6 +387,22 @@ def worker(settings: WorkerSettings) -> None:
     raise typer.Exit(worker_main(settings))
 
 
+def _owning_children(main: Callable[[], int]) -> NoReturn:
+    """Run `main` (a command that starts and stops child processes: the demo, local) with
+    SIGINT and SIGTERM as one KeyboardInterrupt from the start, so a Ctrl-C during its slow
+    imports is not lost (asyncgrpo/interrupts.py); exits with its code, 130 when interrupted
+    before it could handle it."""
+    from asyncgrpo import interrupts
+
+    interrupts.install()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # during the imports: no child started yet
+        code = 130
+    interrupts.forget_caught()  # the exit code is 130 after a Ctrl-C, not death by SIGINT
+    raise typer.Exit(code)
+
+
 @app.command()
 def demo(
     workers: int = typer.Option(2, min=1, help="Rollout workers to start."),
@@ -398,23 +415,49 @@ def demo(
 ) -> None:
     """Run a whole training run on this machine's CPU: the embedded server, workers and the
     learner with the small model on the arithmetic task. Ctrl-C stops every process."""
-    from asyncgrpo import interrupts
 
-    interrupts.install()  # before the slow imports: a Ctrl-C during them is not lost
-    try:
+    def main() -> int:
         from pathlib import Path
 
         from rich.console import Console
 
         from asyncgrpo.demo import run_demo
-    except KeyboardInterrupt:
-        interrupts.forget_caught()
-        raise typer.Exit(130) from None
 
-    code = run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
-                    console=Console(), seed=seed)  # fmt: skip
-    interrupts.forget_caught()  # the exit code is 130 after a Ctrl-C, not death by SIGINT
-    raise typer.Exit(code)
+        return run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
+                        console=Console(), seed=seed)  # fmt: skip
+
+    _owning_children(main)
+
+
+@app.command()
+@settings_command(LocalSettings, on_error=_fail)
+def local(settings: LocalSettings) -> None:
+    """Run RUN_FILE on this machine: the embedded server, the learner and --workers rollout
+    workers (vLLM where the workers' Python has it, else transformers) sharing this machine's
+    device, the GPU's memory split by --gpu-memory-vllm and --gpu-memory-learner; a live table,
+    then a summary. Ctrl-C stops every process (docs/guides/local.md).
+    Every option is also an environment variable: ASYNCGRPO_LOCAL_<OPTION>."""
+    from asyncgrpo.local_config import RunFileError, load_run_file
+
+    given = {"base_model": settings.model, "max_versions": settings.max_versions}
+    try:
+        config = load_run_file(settings.run_file, {k: v for k, v in given.items() if v is not None})
+    except RunFileError as exc:
+        _fail(str(exc))
+
+    def main() -> int:
+        from rich.console import Console
+
+        from asyncgrpo.live_run import run_live
+        from asyncgrpo.local import LocalError, prepare
+
+        try:
+            plan = prepare(settings, config)
+        except LocalError as exc:
+            _fail(str(exc))
+        return run_live(plan, Console())
+
+    _owning_children(main)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 once, as the setting's field: every field (and every field of a nested settings group such as the
 worker's `vllm`) is an option named after the field's environment names under the model's
 prefix (ASYNCGRPO_WORKER_SERVER and …_SERVER_URL give --server and --server-url), with the
-field's description as help and its default shown. Only the options given on the command line
-reach the model, as init values, which win over the environment; the model parses and checks
-both."""
+field's description as help and its default shown; a field marked `json_schema_extra={"argument":
+True}` is a positional argument instead (`asyncgrpo local RUN_FILE`). Only the options given on
+the command line reach the model, as init values, which win over the environment; the model
+parses and checks both."""
 
 from __future__ import annotations
 
@@ -170,7 +171,9 @@ def _options(settings: type[BaseSettings]) -> list[_Option]:
                 options.append(_Option(name, sub, sub_field, flags, panel))
         else:
             flags = _flags(settings, name, field, prefix)
-            if flags:  # a field with no name under the prefix is left to the environment
+            if _is_argument(field):
+                options.append(_Option(None, name, field, (), None))
+            elif flags:  # a field with no name under the prefix is left to the environment
                 options.append(_Option(None, name, field, flags, None))
     return options
 
@@ -185,7 +188,27 @@ def _flags(owner: type[BaseSettings], name: str, field: FieldInfo, prefix: str) 
     return tuple(flags)
 
 
+def _is_argument(field: FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get("argument") is True
+
+
+def _argument(option: _Option) -> inspect.Parameter:
+    """A required positional argument (its value is checked by the settings)."""
+    field = option.field
+    assert field.is_required(), f"{option.name}: a positional argument is required"
+    info = typer.Argument(
+        ..., help=field.description or "", show_default=False, metavar=option.name.upper()
+    )
+    annotation = _value_type(field.annotation)
+    return inspect.Parameter(
+        option.parameter, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation
+    )
+
+
 def _parameter(option: _Option) -> inspect.Parameter:
+    if not option.flags:
+        return _argument(option)
     field = option.field
     annotation = _value_type(field.annotation)
     required = field.is_required()

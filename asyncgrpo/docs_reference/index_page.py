@@ -5,8 +5,8 @@ from __future__ import annotations
 from asyncgrpo.docs_reference.markdown import REGENERATE, page
 
 PAGES = {
-    "settings.md": ("Settings", "every setting of the server, the worker and the learner, with "
-                    "its environment variables"),
+    "settings.md": ("Settings", "every setting of the server, the worker, the learner and "
+                    "`asyncgrpo local`, with its environment variables"),
     "run-config.md": ("Run configuration", "the body of `POST /api/v1/runs`: every block and "
                       "field, the dataset kinds, the built-in rewards and environments"),
     "cli.md": ("Command line", "every `asyncgrpo` command and its options"),
