@@ -6,7 +6,18 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Integer, cast, func, types
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ColumnElement,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    cast,
+    func,
+    types,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.compiler import compiles
@@ -85,6 +96,22 @@ def postgres_text(expression: Any) -> str:
     return str(
         expression.compile(dialect=psycopg_dialect(), compile_kwargs={"literal_binds": True})
     )
+
+
+class psycopg_param(ColumnElement[Any]):  # noqa: N801
+    """A named psycopg parameter, `%(name)s`, inside an expression rendered by postgres_text
+    for a statement written as text: the expression's rule rendered around it."""
+
+    inherit_cache = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.type = String()
+
+
+@compiles(psycopg_param)
+def _psycopg_param(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"%({element.name})s"
 
 
 def new_uuid() -> uuid.UUID:

@@ -39,7 +39,7 @@ from server.leases.runs_of_leases import LEASE_RUNS
 from server.leases.service import Caller, config_of_run, lease_lost, refuse
 from server.leases.units import Statement
 from server.models import Lease, Worker
-from server.workers.repository import touch
+from server.workers.repository import authenticated, touch
 
 
 @cache
@@ -127,7 +127,7 @@ _UPLOADING_STATEMENT = (
     .where(
         Lease.id == bindparam("lease_id"),
         Lease.worker_id == Worker.id,
-        repo.authenticated(bindparam("digest")),
+        authenticated(bindparam("digest")),
         statements.held_now(),
     )
     .values(last_heartbeat_at=db_now())

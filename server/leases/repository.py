@@ -7,9 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Row,
-    and_,
     bindparam,
     insert,
     select,
@@ -28,7 +26,7 @@ from server.models import (
     Token,
     Worker,
 )
-from server.tokens.repository import usable
+from server.workers.repository import authenticated
 
 
 def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[Any]]:
@@ -83,19 +81,6 @@ def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID)
         .join(Run, Run.id == Lease.run_id)
         .where(Lease.id == lease_id, Lease.worker_id == worker_id)
     ).first()
-
-
-def authenticated(digest: Any) -> ColumnElement[bool]:
-    """The worker calls' authentication as a join condition over Token and Worker: a usable
-    worker token (tokens.repository.usable) of a worker not revoked. The reference check
-    (server/workers/service.py worker_for_token) says which part failed."""
-    return and_(
-        Token.digest == digest,
-        Token.kind == "worker",
-        usable(Token),
-        Worker.id == Token.scope_id,
-        Worker.status != "revoked",
-    )
 
 
 def lease_of_caller() -> Any:

@@ -3,7 +3,7 @@ named helper each with one result type (docs/architecture/lease-engine.md, "The 
 Postgres each is one statement (writable CTEs: one round trip, the row locks taken in the engine's
 order); SQLite has no writable CTEs, so there the same rule is a few statements in the unit's `BEGIN
 IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms are built
-from the same expressions (the token rule, the held-lease rule, the abort reason), and
+from the same expressions (worker-token authentication, the held-lease rule, the abort reason), and
 tests/server/leases run every call on both databases.
 
 Everything else the engine runs is written once for both (repository.py, queue.py, and the
@@ -28,14 +28,13 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 
 from protocol.schemas import LEASING_RUN_STATUSES
-from server.db_types import db_now, db_now_plus, postgres_text
+from server.db_types import db_now, db_now_plus, postgres_text, psycopg_param
 from server.leases import queue
 from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
 from server.models import Lease, PromptRow, Run, Token, Worker
-from server.tokens.repository import usable
 from server.wakeups import LEARNER, WAKEUPS, notify_sql
-from server.workers.repository import touch, touch_sql, touch_update
+from server.workers.repository import authenticated, touch, touch_sql, touch_update
 
 # -- acquire: mark the worker seen and read what it may be granted -----------------------------
 
@@ -65,15 +64,17 @@ class Seen:
 
 
 _LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
-_USABLE_PG = postgres_text(usable(aliased(Token, name="t")))
+# Worker-token authentication's one rule (server/workers/repository.py), over `t` and `w`.
+_AUTHENTICATED_PG = postgres_text(
+    authenticated(psycopg_param("digest"), aliased(Token, name="t"), aliased(Worker, name="w"))
+)
 
 # Touching the worker first is safe here: the statement is its own transaction and locks
 # nothing else. The worker is waiting from this try until a grant clears it.
 _SEEN_PG = f"""
 UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
 FROM tokens t
-WHERE t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE_PG}
-  AND w.id = t.scope_id AND w.status = 'active' AND w.models @> %(asked)s
+WHERE {_AUTHENTICATED_PG} AND w.status = 'active' AND w.models @> %(asked)s
 RETURNING w.id AS worker_id, w.environments, w.trusted,
     EXISTS (SELECT 1 FROM leases
             WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
@@ -92,7 +93,7 @@ RETURNING w.id AS worker_id, w.environments, w.trusted,
 _ACTIVE_WORKER = (
     select(Worker.id, Worker.models, Worker.environments, Worker.trusted)
     .join(Token, Token.scope_id == Worker.id)
-    .where(repo.authenticated(bindparam("digest")), Worker.status == "active")
+    .where(authenticated(bindparam("digest")), Worker.status == "active")
 )
 _ANY_EXPIRED = select(exists().where(Lease.state == "active", Lease.expires_at <= db_now()))
 _CANDIDATES = (
@@ -277,7 +278,7 @@ def beat_statement(reason: ColumnElement[Any]) -> Statement:
         .join(Worker, Worker.id == Lease.worker_id)
         .join(Token, Token.scope_id == Worker.id)
         .join(Run, Run.id == Lease.run_id)
-        .where(Lease.id == bindparam("lease_id"), repo.authenticated(bindparam("digest")))
+        .where(Lease.id == bindparam("lease_id"), authenticated(bindparam("digest")))
     )
     found = seen.cte("seen")
     extended = (
@@ -346,8 +347,7 @@ WITH completed AS (
     FROM runs r, tokens t, workers w
     WHERE l.id = %(lease_id)s AND l.fencing = %(fencing)s
       AND l.state = 'active' AND l.expires_at > clock_timestamp() AND r.id = l.run_id
-      AND t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE_PG}
-      AND w.id = t.scope_id AND w.status <> 'revoked' AND l.worker_id = w.id
+      AND {_AUTHENTICATED_PG} AND l.worker_id = w.id
       AND l.n_prompts * l.group_size = %(n_samples)s
       AND (SELECT count(*) FROM prompt_rows p
            WHERE p.lease_id = l.id AND p.state = 'leased') = l.n_prompts

@@ -3,11 +3,46 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, and_, func, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
-from server.models import GpuPrice, Worker
+from server.models import GpuPrice, Token, Worker
+from server.tokens.repository import Found, expired, revoked, usable
+
+
+def authenticated(digest: Any, tokens: Any = Token, workers: Any = Worker) -> ColumnElement[bool]:
+    """Worker-token authentication, its one definition (docs/architecture/security.md, "Tokens
+    and security"): the token of this digest is a usable worker token (tokens.repository.usable)
+    of a worker not revoked. A join condition over `tokens` and `workers` (the models or
+    aliases of them): every worker call's statements (server/leases/) and the request-level
+    check (server/workers/service.py worker_for_token, which says which part failed) use it."""
+    return and_(
+        tokens.digest == digest,
+        tokens.kind == "worker",
+        usable(tokens),
+        workers.id == tokens.scope_id,
+        workers.status != "revoked",
+    )
+
+
+def caller(session: Session, digest: str) -> tuple[Found, Worker | None, bool] | None:
+    """The token of this digest, the worker it belongs to, and whether it authenticates that
+    worker (`authenticated`), in one round trip; None: no such token."""
+    row = session.execute(
+        select(
+            Token,
+            revoked().label("revoked"),
+            expired().label("expired"),
+            Worker,
+            authenticated(digest).label("authenticated"),
+        )
+        .outerjoin(Worker, Worker.id == Token.scope_id)
+        .where(Token.digest == digest)
+    ).first()
+    if row is None:
+        return None
+    return Found(row[0], bool(row[1]), bool(row[2])), row[3], bool(row[4])
 
 
 def insert(session: Session, **fields: Any) -> Worker:
