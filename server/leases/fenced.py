@@ -35,6 +35,7 @@ from server.db_types import db_now
 from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
 from server.leases import ledger, statements
 from server.leases import repository as repo
+from server.leases.kinds import WorkKind
 from server.leases.runs_of_leases import LEASE_RUNS
 from server.leases.service import Caller, config_of_run, lease_lost, refuse
 from server.leases.units import Statement
@@ -43,10 +44,14 @@ from server.workers.repository import authenticated, touch
 
 
 @cache
+def _beat_of(kinds: tuple[WorkKind, ...]) -> Statement:
+    return statements.beat_statement(ledger.abort_reason(kinds))
+
+
 def _beat() -> Statement:
-    """The heartbeat's unit over every registered kind's abort reason (built at first use,
-    after the composition root registered the kinds)."""
-    return statements.beat_statement(ledger.abort_reason())
+    """The heartbeat's unit over every registered kind's abort reason, built once per set of
+    kinds: a kind registered after the first heartbeat gets its own branch at the next."""
+    return _beat_of(tuple(ledger.KINDS.values()))
 
 
 # -- heartbeat ---------------------------------------------------------------------------------

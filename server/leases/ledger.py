@@ -6,11 +6,13 @@ first call: an unknown kind raises rather than being skipped."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case
+from sqlalchemy import ColumnElement, bindparam, case, null
 
 from protocol.run_config import RunConfig
+from protocol.schemas import LEASING_RUN_STATUSES
 from server.leases.kinds import WorkKind
 from server.leases.train import TRAIN
 from server.models import Lease, Run
@@ -37,19 +39,22 @@ def grant_order(config: RunConfig, run_status: str, fencing_seq: int) -> list[Wo
     return sorted(offered, key=lambda kind: not kind.goes_first(fencing_seq))
 
 
-def abort_reason() -> ColumnElement[Any]:
+def abort_reason(kinds: Iterable[WorkKind] | None = None) -> ColumnElement[Any]:
     """Why a heartbeat aborts a held lease, by its kind (NULL: it does not), over the lease and
-    run columns and the run's `admission` and `max_staleness` bound as parameters."""
+    run columns and the run's `admission` and `max_staleness` bound as parameters: a branch
+    for each of `kinds` (every registered kind when None). A lease of a kind without a branch
+    gets the rule no kind escapes: `run_<status>` once the run leaves the leasing statuses."""
     admission: Any = bindparam("admission")
     max_staleness: Any = bindparam("max_staleness")
     return case(
         *(
             (
-                Lease.kind == name,
+                Lease.kind == kind.name,
                 kind.abort_reason(
                     Run.status, Run.current_version, Lease.adapter_version, admission, max_staleness
                 ),
             )
-            for name, kind in KINDS.items()
-        )
+            for kind in (KINDS.values() if kinds is None else kinds)
+        ),
+        else_=case((Run.status.not_in(LEASING_RUN_STATUSES), "run_" + Run.status), else_=null()),
     )
