@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, defer
 
 from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.db_types import db_now, db_now_plus
+from server.leases import ledger
 from server.leases.ledger import KINDS
 from server.models import (
     AdapterVersion,
@@ -167,7 +168,7 @@ def accepted_batches_page(session: Session, run_id: uuid.UUID, limit: int) -> li
             .where(
                 RolloutBatch.run_id == run_id,
                 RolloutBatch.state == "accepted",
-                RolloutBatch.kind == "train",
+                ledger.trained(RolloutBatch.kind),
             )
             .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
             .limit(limit)
@@ -339,7 +340,7 @@ def reject_unconsumed(
 ) -> None:
     """Every accepted or claimed batch of the run (of this kind, when given) is rejected with
     this reason (the run, or its training, ended)."""
-    kinds = [RolloutBatch.kind == kind] if kind is not None else []
+    kinds = [ledger.of_kind(RolloutBatch.kind, kind)] if kind is not None else []
     session.execute(
         update(RolloutBatch)
         .where(

@@ -32,6 +32,24 @@ def kind_of(name: str) -> WorkKind:
     return kind
 
 
+def of_kind(kind_column: Any, kind: WorkKind | str) -> ColumnElement[bool]:
+    """Every kind test in SQL: the rows (leases, batches) of this kind, by its `kind` column.
+    A kind named by a string must be registered (kind_of raises): a misspelt kind is an error,
+    never a test that matches nothing."""
+    return kind_column == (kind_of(kind) if isinstance(kind, str) else kind).name  # type: ignore[no-any-return]
+
+
+def trained(kind_column: Any) -> ColumnElement[bool]:
+    """The rows of the kinds the learner trains on (`WorkKind.trained`: training's batches,
+    never eval's): its claims, the trajectory viewer's latest batch, the stale waste."""
+    return kind_column.in_(sorted(k.name for k in KINDS.values() if k.trained))  # type: ignore[no-any-return]
+
+
+def is_of(name: str, kind: WorkKind) -> bool:
+    """Every kind test in Python: whether the kind stored as `name` is this kind."""
+    return KINDS.get(name) is kind
+
+
 def grant_order(config: RunConfig, run_status: str, fencing_seq: int) -> list[WorkKind]:
     """The kinds a grant of this run tries, in turn: those the run offers, a kind whose turn it
     is (eval's every EVAL_TURN-th grant) first, then in ledger order."""

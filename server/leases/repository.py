@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Row,
     bindparam,
     insert,
@@ -174,14 +175,15 @@ def accept_rows(session: Session, row_ids: list[int], batch_id: uuid.UUID) -> No
 
 
 def abort_active(
-    session: Session, run_id: uuid.UUID, reason: str, *, kind: str | None = None
+    session: Session, run_id: uuid.UUID, reason: str, *, only: ColumnElement[bool] | None = None
 ) -> None:
-    """Every active lease of the run (of this kind, when given) ends `aborted` with this reason
-    (its rows are the queue's business: server/leases/queue.py)."""
-    kinds = [Lease.kind == kind] if kind is not None else []
+    """Every active lease of the run (those `only` keeps, when given: a kind's, by the ledger's
+    kind test) ends `aborted` with this reason (its rows are the queue's business:
+    server/leases/queue.py)."""
+    kept = [only] if only is not None else []
     session.execute(
         update(Lease)
-        .where(Lease.run_id == run_id, Lease.state == "active", *kinds)
+        .where(Lease.run_id == run_id, Lease.state == "active", *kept)
         .values(**end_values("aborted", reason))
         .execution_options(synchronize_session=False)
     )

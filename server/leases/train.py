@@ -31,6 +31,7 @@ def admission_bound(config: RunConfig) -> int:
 
 class TrainKind:
     name = "train"
+    trained = True
 
     def offered(self, config: RunConfig, run_status: str) -> bool:
         return run_status == "running"

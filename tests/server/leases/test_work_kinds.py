@@ -101,6 +101,51 @@ def test_no_module_outside_the_eval_kind_tests_for_it() -> None:
     assert offenders == []
 
 
+LEDGER = ROOT / "server" / "leases" / "ledger.py"
+KIND_HOLDERS = {"Lease", "RolloutBatch", "lease", "batch", "row"}  # what carries a work kind
+
+
+def _kind_tests(tree: ast.AST) -> list[int]:
+    """Lines comparing a lease's or batch's `kind` (`x.kind == …`, `… != x.kind`, `in`)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Attribute)
+            and side.attr == "kind"
+            and isinstance(side.value, ast.Name)
+            and side.value.id in KIND_HOLDERS
+            for side in (node.left, *node.comparators)
+        )
+    ]
+
+
+def test_every_kind_test_goes_through_the_ledger() -> None:
+    """Outside the ledger, a lease's or batch's kind is asked of the ledger's policy
+    (`of_kind`, `trained`, `is_of`, `kind_of`), never compared."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "server").rglob("*.py"))
+        if path != LEDGER
+        for line in _kind_tests(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+    spelled = "if batch.kind != EVAL.name:\n    pass\nq = Lease.kind == 'train'\n"
+    assert _kind_tests(ast.parse(spelled)) == [1, 3]  # the check sees both spellings
+
+
+def test_the_kind_tests_are_the_kinds_rules() -> None:
+    assert ledger.is_of("eval", EVAL) and not ledger.is_of("train", EVAL)
+    assert not ledger.is_of("other", EVAL)  # an unknown stored kind is no kind
+    with pytest.raises(LookupError):
+        ledger.of_kind(Lease.kind, "evals")  # a misspelt kind is an error
+    kind_test = ledger.of_kind(Lease.kind, EVAL).compile(compile_kwargs={"literal_binds": True})
+    assert str(kind_test) == "leases.kind = 'eval'"
+    trained = ledger.trained(Lease.kind).compile(compile_kwargs={"literal_binds": True})
+    assert str(trained) == "leases.kind IN ('train')"
+
+
 class _LateKind:
     """A kind registered after the first heartbeat: training's rules but its own abort reason."""
 
