@@ -218,23 +218,6 @@ def score_items(session: Session, scores: dict[int, tuple[float, int]], batch_id
     return done
 
 
-def accepted_eval_batches(session: Session, run_id: uuid.UUID, limit: int) -> list[RolloutBatch]:
-    return list(
-        session.execute(
-            select(RolloutBatch)
-            .where(
-                RolloutBatch.run_id == run_id,
-                ledger.of_kind(RolloutBatch.kind, "eval"),
-                RolloutBatch.state == "accepted",
-            )
-            .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
-
-
 def set_batch_state(session: Session, batch_id: uuid.UUID, from_state: str, **values: Any) -> bool:
     return (
         session.execute(

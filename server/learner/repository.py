@@ -160,24 +160,6 @@ def latest_checkpoint(session: Session, run_id: uuid.UUID, at_most: int) -> Adap
     return next((v for v in versions if v.checkpoint_files), None)
 
 
-def accepted_batches_page(session: Session, run_id: uuid.UUID, limit: int) -> list[RolloutBatch]:
-    """Accepted batches, oldest adapter version first, locked (SKIP LOCKED on Postgres)."""
-    return list(
-        session.execute(
-            select(RolloutBatch)
-            .where(
-                RolloutBatch.run_id == run_id,
-                RolloutBatch.state == "accepted",
-                ledger.trained(RolloutBatch.kind),
-            )
-            .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
-
-
 def reject_batch(
     session: Session,
     batch_id: uuid.UUID,

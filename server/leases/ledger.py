@@ -6,16 +6,18 @@ first call: an unknown kind raises rather than being skipped."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, case, null
+from sqlalchemy import ColumnElement, and_, bindparam, case, null, select
+from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
 from protocol.schemas import LEASING_RUN_STATUSES
 from server.leases.kinds import WorkKind
 from server.leases.train import TRAIN
-from server.models import Lease, Run
+from server.models import Lease, RolloutBatch, Run
 
 KINDS: dict[str, WorkKind] = {TRAIN.name: TRAIN}
 
@@ -45,6 +47,29 @@ def trained(kind_column: Any) -> ColumnElement[bool]:
     return kind_column.in_(sorted(k.name for k in KINDS.values() if k.trained))  # type: ignore[no-any-return]
 
 
+def claim_page(
+    session: Session, run_id: uuid.UUID, limit: int, *, trained: bool
+) -> list[RolloutBatch]:
+    """The learner's claims, of either kind, take their batches here: the run's accepted
+    batches of the kinds it trains on (`trained`, the training claim) or of those it scores
+    (the eval claim), oldest adapter version first, locked (SKIP LOCKED on Postgres)."""
+    names = sorted(k.name for k in KINDS.values() if k.trained is trained)
+    return list(
+        session.execute(
+            select(RolloutBatch)
+            .where(
+                RolloutBatch.run_id == run_id,
+                RolloutBatch.state == "accepted",
+                RolloutBatch.kind.in_(names),
+            )
+            .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .execution_options(populate_existing=True)
+        ).scalars()
+    )
+
+
 def is_of(name: str, kind: WorkKind) -> bool:
     """Every kind test in Python: whether the kind stored as `name` is this kind."""
     return KINDS.get(name) is kind
@@ -55,6 +80,12 @@ def grant_order(config: RunConfig, run_status: str, fencing_seq: int) -> list[Wo
     is (eval's every EVAL_TURN-th grant) first, then in ledger order."""
     offered = [kind for kind in KINDS.values() if kind.offered(config, run_status)]
     return sorted(offered, key=lambda kind: not kind.goes_first(fencing_seq))
+
+
+def _stopped(run_status: Any) -> ColumnElement[bool]:
+    """The run left the leasing statuses (spelt out: the heartbeat's statement is compiled once,
+    without an expanding IN)."""
+    return and_(*(run_status != status for status in LEASING_RUN_STATUSES))
 
 
 def abort_reason(kinds: Iterable[WorkKind] | None = None) -> ColumnElement[Any]:
@@ -74,5 +105,5 @@ def abort_reason(kinds: Iterable[WorkKind] | None = None) -> ColumnElement[Any]:
             )
             for kind in (KINDS.values() if kinds is None else kinds)
         ),
-        else_=case((Run.status.not_in(LEASING_RUN_STATUSES), "run_" + Run.status), else_=null()),
+        else_=case((_stopped(Run.status), "run_" + Run.status), else_=null()),
     )

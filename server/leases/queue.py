@@ -17,31 +17,39 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Float,
     Integer,
     Row,
     String,
     Uuid,
+    and_,
     bindparam,
+    case,
     exists,
     func,
+    insert,
+    literal,
+    literal_column,
     or_,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.orm import Session
 
 from protocol.schemas import INT_MAX
 from protocol.seeds import derived_seed, seed_prefix, seed_sql
-from server.db_types import JSONType, db_now, postgres_text
-from server.models import AdapterVersion, Lease, PromptRow, Run
+from server.db_types import db_now, db_now_plus
+from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, Run
 from server.runs import service as runs
 from server.runs.repository import NEXT_FENCING
 from server.wakeups import LEARNER, LEASES, after_commit
-from server.workers.repository import touch_sql
+from server.workers.repository import touch_update
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
+GRANTING = "running"  # the run status whose prompt rows a grant takes (server/leases/train.py)
 
 
 @dataclass(frozen=True)
@@ -180,14 +188,11 @@ def admit(
     (server/leases/fair_share.py), the status or a version with nothing to hand out refuses (as
     the one-statement grant below) — never count-then-insert.
     """
-    published = exists().where(
-        AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
-    )
     conditions = [
         Run.id == run_id,
-        Run.status == "running",
+        Run.status == GRANTING,
         Run.groups_in_flight + n <= bound,
-        or_(Run.current_version == 0, published),
+        _published(),
     ]
     if worker_cap < INT_MAX:
         conditions.append(_worker_in_flight(run_id, worker_id) + n <= worker_cap)
@@ -204,7 +209,15 @@ def admit(
     ).first()
 
 
-def _worker_in_flight(run_id: uuid.UUID, worker_id: uuid.UUID | None) -> Any:
+def _published() -> ColumnElement[bool]:
+    """The run's current version has something to hand out: the base model, or its adapter."""
+    published = exists().where(
+        AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
+    )
+    return or_(Run.current_version == 0, published)
+
+
+def _worker_in_flight(run_id: Any, worker_id: Any) -> Any:
     """The run's prompt rows in flight (leased, accepted or claimed) through this worker's
     leases: what the fair share counts, in the bound's own unit (an accepted row keeps its
     lease id until it is consumed or re-queued)."""
@@ -214,7 +227,7 @@ def _worker_in_flight(run_id: uuid.UUID, worker_id: uuid.UUID | None) -> Any:
         .join(Lease, Lease.id == PromptRow.lease_id)
         .where(
             PromptRow.run_id == run_id,
-            PromptRow.state.in_(IN_FLIGHT),
+            PromptRow.state.in_([literal(state) for state in IN_FLIGHT]),  # compiled once
             Lease.worker_id == worker_id,
         )
         .scalar_subquery()
@@ -252,93 +265,129 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------
 # Locking the first queued rows (SKIP LOCKED), the admission compare-and-set on the run row
 # (which also takes the grant's fencing token and checks the worker's fair share), the lease
-# insert and marking the rows leased are four statements (their SQLite form:
-# server/leases/statements.py grant_rows). Every acquire on a run serialises on its run row from
+# insert and marking the rows leased are four statements (their SQLite form, from the same
+# expressions — GRANTING, IN_FLIGHT, _published, _worker_in_flight: admit, run by
+# server/leases/statements.py _grant_sqlite; docs/decisions/0020-hot-statements-once.md). Every acquire on a run serialises on its run row from
 # the admission update until commit, so on Postgres they are one autocommitted statement: the
 # run row is locked for that statement only; a grant also clears the worker's waiting_since (the
 # worker row last). The lease seed is lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
-GRANT = (
-    text(
-        """
-WITH picked AS (
-    SELECT id, dataset_row_id, epoch, queue_pos FROM prompt_rows
-    WHERE run_id = :run_id AND state = 'queued'
-    ORDER BY queue_pos LIMIT :n
-    FOR UPDATE SKIP LOCKED
-), admitted AS (
-    UPDATE runs SET groups_in_flight = groups_in_flight + (SELECT count(*) FROM picked),
-                    fencing_seq = {next_fencing},
-                    last_lease_at = clock_timestamp()
-    WHERE id = :run_id AND status = 'running'
-      AND (SELECT count(*) FROM picked) > 0
-      AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
-      AND CASE WHEN :worker_cap >= {no_cap} THEN true
-               ELSE (SELECT count(*) FROM prompt_rows p JOIN leases l ON l.id = p.lease_id
-                     WHERE p.run_id = :run_id AND l.worker_id = :worker_id
-                       AND p.state IN ('leased', 'accepted', 'claimed'))
-                    + (SELECT count(*) FROM picked) <= :worker_cap END
-      AND (current_version = 0 OR EXISTS (SELECT 1 FROM adapter_versions
-                                          WHERE run_id = :run_id AND version = current_version))
-    RETURNING fencing_seq, current_version, tokenizer_fingerprint,
-              (SELECT count(*) FROM picked) AS n_rows
-), lease AS (
-    INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, expires_at,
-                        seed, n_prompts, group_size, created_at)
-    SELECT :lease_id, :run_id, :worker_id, current_version, fencing_seq, 'active',
-           clock_timestamp() + make_interval(secs => :ttl_s),
-           {seed},
-           n_rows, :group_size, clock_timestamp()
-    FROM admitted
-    RETURNING fencing, seed, adapter_version
-), marked AS (
-    UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
-    WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
-), granted AS (
-    UPDATE workers SET {granted_worker}
-    WHERE id = :worker_id AND EXISTS (SELECT 1 FROM lease)
-)
-SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
-       lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint,
-       adapter_versions.sha256 AS adapter_sha256, adapter_versions.files AS adapter_files
-FROM picked
-JOIN dataset_rows ON dataset_rows.id = picked.dataset_row_id
-CROSS JOIN lease CROSS JOIN admitted
-LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
-                          AND adapter_versions.version = lease.adapter_version
-ORDER BY picked.queue_pos
-"""
-        # no fair share: the count is never read
-        .replace("{no_cap}", str(INT_MAX))
-        .replace("{next_fencing}", postgres_text(NEXT_FENCING))
-        .replace("{seed}", seed_sql(":seed_prefix || fencing_seq::text"))
-        .replace("{granted_worker}", touch_sql(seen=False, waiting=False))
+def _grant_statement() -> Any:
+    """The grant as one statement (writable CTEs), its parameters those of grant_params."""
+    run_id = bindparam("run_id", type_=Uuid)
+    worker_id = bindparam("worker_id", type_=Uuid)
+    lease_id = bindparam("lease_id", type_=Uuid)
+    worker_cap = bindparam("worker_cap", type_=BigInteger)
+    picked = (
+        select(PromptRow.id, PromptRow.dataset_row_id, PromptRow.epoch, PromptRow.queue_pos)
+        .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
+        .order_by(PromptRow.queue_pos)
+        .limit(bindparam("n", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
     )
-    .bindparams(
-        bindparam("run_id", type_=Uuid),
-        bindparam("worker_id", type_=Uuid),
-        bindparam("lease_id", type_=Uuid),
-        bindparam("n", type_=Integer),
-        bindparam("bound", type_=BigInteger),
-        bindparam("worker_cap", type_=BigInteger),
-        bindparam("ttl_s", type_=Float),
-        bindparam("group_size", type_=Integer),
-        bindparam("seed_prefix", type_=String),
+    n_picked = select(func.count()).select_from(picked).scalar_subquery()
+    capped = case(  # no fair share: the count is never read
+        (worker_cap >= INT_MAX, true()),
+        else_=_worker_in_flight(run_id, worker_id) + n_picked <= worker_cap,
     )
-    .columns(
-        id=BigInteger,
-        dataset_row_id=BigInteger,
-        epoch=Integer,
-        prompt=JSONType,
-        fencing=BigInteger,
-        seed=BigInteger,
-        adapter_version=Integer,
-        tokenizer_fingerprint=String,
-        adapter_sha256=String,
-        adapter_files=JSONType,
+    admitted = (
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status == GRANTING,
+            n_picked > 0,
+            Run.groups_in_flight + n_picked <= bindparam("bound", type_=BigInteger),
+            capped,
+            _published(),
+        )
+        .values(
+            groups_in_flight=Run.groups_in_flight + n_picked,
+            fencing_seq=NEXT_FENCING,
+            last_lease_at=db_now(),
+        )
+        .returning(
+            Run.fencing_seq,
+            Run.current_version,
+            Run.tokenizer_fingerprint,
+            n_picked.label("n_rows"),
+        )
+        .cte("admitted")
     )
-)
+    seed = text(seed_sql(":seed_prefix || fencing_seq::text")).bindparams(
+        bindparam("seed_prefix", type_=String)
+    )
+    lease = (
+        insert(Lease)
+        .from_select(
+            [
+                "id",
+                "run_id",
+                "worker_id",
+                "adapter_version",
+                "fencing",
+                "state",
+                "expires_at",
+                "seed",
+                "n_prompts",
+                "group_size",
+                "created_at",
+            ],
+            select(
+                lease_id,
+                run_id,
+                worker_id,
+                admitted.c.current_version,
+                admitted.c.fencing_seq,
+                literal_column("'active'"),
+                db_now_plus(bindparam("ttl_s", type_=Float)),
+                seed,
+                admitted.c.n_rows,
+                bindparam("group_size", type_=Integer),
+                db_now(),
+            ).select_from(admitted),
+            include_defaults=False,
+        )
+        .returning(Lease.fencing, Lease.seed, Lease.adapter_version)
+        .cte("lease")
+    )
+    granted_lease = exists(select(lease.c.fencing))
+    marked = (
+        update(PromptRow)
+        .where(PromptRow.id.in_(select(picked.c.id)), granted_lease)
+        .values(state="leased", lease_id=lease_id)
+        .cte("marked")
+    )
+    granted = touch_update(worker_id, seen=False, waiting=False).where(granted_lease).cte("granted")
+    adapter = and_(
+        AdapterVersion.run_id == run_id, AdapterVersion.version == lease.c.adapter_version
+    )
+    return (
+        select(
+            picked.c.id,
+            picked.c.dataset_row_id,
+            picked.c.epoch,
+            DatasetRow.prompt,
+            lease.c.fencing,
+            lease.c.seed,
+            lease.c.adapter_version,
+            admitted.c.tokenizer_fingerprint,
+            AdapterVersion.sha256.label("adapter_sha256"),
+            AdapterVersion.files.label("adapter_files"),
+        )
+        .select_from(
+            picked.join(DatasetRow, DatasetRow.id == picked.c.dataset_row_id)
+            .join(lease, true())
+            .join(admitted, true())
+            .outerjoin(AdapterVersion, adapter)
+        )
+        .order_by(picked.c.queue_pos)
+        .add_cte(marked, granted)
+    )
+
+
+GRANT = _grant_statement()
 
 
 @dataclass(frozen=True)

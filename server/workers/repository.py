@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select, update
+from sqlalchemy import ColumnElement, and_, func, null, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
@@ -78,6 +78,27 @@ def set_trusted(session: Session, worker_id: uuid.UUID, trusted: bool) -> bool:
     return result.first() is not None
 
 
+def touch_values(
+    *, seen: bool = True, waiting: bool | None = None, environments: Any = None, **counters: int
+) -> dict[str, Any]:
+    """`touch`'s SET values: seen now, its counters raised; `waiting` (an acquire try): whether
+    it was granted nothing, which starts (or keeps) its waiting_since, or a lease, which clears
+    it; `environments`: what it declares now (a value or an expression: NULL keeps them);
+    `seen` False: not the sighting (a grant, whose acquire try already marked it)."""
+    values: dict[str, Any] = {"last_seen_at": db_now()} if seen else {}
+    if isinstance(environments, list):
+        values["environments"] = environments
+    elif environments is not None:
+        values["environments"] = func.coalesce(environments, Worker.environments)
+    if waiting is not None:
+        values["waiting_since"] = (
+            func.coalesce(Worker.waiting_since, db_now()) if waiting else null()
+        )
+    for name, delta in counters.items():
+        values[name] = getattr(Worker, name) + delta
+    return values
+
+
 def touch(
     session: Session,
     worker_id: uuid.UUID,
@@ -86,50 +107,27 @@ def touch(
     environments: list[str] | None = None,
     **counters: int,
 ) -> None:
-    """Mark the worker seen (every authenticated worker call), add to its counters;
-    `waiting` (an acquire try): whether it was granted nothing, which starts (or keeps) its
-    waiting_since, or a lease, which clears it; `environments`: what it declares now."""
-    values: dict[str, Any] = {"last_seen_at": db_now()}
-    if environments is not None:
-        values["environments"] = environments
-    if waiting is not None:
-        values["waiting_since"] = func.coalesce(Worker.waiting_since, db_now()) if waiting else None
-    for name, delta in counters.items():
-        values[name] = getattr(Worker, name) + delta
-    session.execute(
+    """Mark the worker seen (every authenticated worker call), add to its counters (see
+    touch_values)."""
+    session.execute(touch_update(worker_id, waiting=waiting, environments=environments, **counters))
+
+
+def touch_update(worker_id: Any, **touch: Any) -> Any:
+    """`touch` as an UPDATE statement for the worker `worker_id` names (a value or a SQL
+    expression), to embed in a statement (server/leases/statements.py's heartbeat and accept,
+    the one-statement grant); `touch`: touch_values's arguments."""
+    return touch_where(Worker.id == worker_id, **touch)
+
+
+def touch_where(*conditions: Any, **touch: Any) -> Any:
+    """`touch` as an UPDATE of the workers these conditions keep (acquire's first statement:
+    the worker its token authenticates)."""
+    return (
         update(Worker)
-        .where(Worker.id == worker_id)
-        .values(**values)
+        .where(*conditions)
+        .values(**touch_values(**touch))
         .execution_options(synchronize_session=False)
     )
-
-
-def touch_update(worker_id: Any) -> Any:
-    """`touch` (seen only) as an UPDATE statement for the worker `worker_id` names (a value or
-    a SQL expression), to embed in a statement (server/leases/statements.py's heartbeat)."""
-    return update(Worker).where(Worker.id == worker_id).values(last_seen_at=db_now())
-
-
-def touch_sql(
-    target: str = "workers",
-    *,
-    seen: bool = True,
-    waiting: bool | None = None,
-    environments: str | None = None,
-    counters: tuple[str, ...] = (),
-) -> str:
-    """`touch`'s SET list in Postgres text, for the lease engine's one-statement units on
-    Postgres (server/leases/statements.py) and the one-statement grant (server/leases/queue.py):
-    `target` names the workers row, `environments` is a SQL expression (NULL: keep them), each
-    counter one more."""
-    items = ["last_seen_at = clock_timestamp()"] if seen else []
-    if environments is not None:
-        items.append(f"environments = coalesce({environments}, {target}.environments)")
-    if waiting is not None:
-        started = f"coalesce({target}.waiting_since, clock_timestamp())"
-        items.append(f"waiting_since = {started if waiting else 'NULL'}")
-    items += [f"{name} = {target}.{name} + 1" for name in counters]
-    return ", ".join(items)
 
 
 def price_table(session: Session) -> dict[str, float]:
