@@ -267,10 +267,11 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # (which also takes the grant's fencing token and checks the worker's fair share), the lease
 # insert and marking the rows leased are four statements (their SQLite form, from the same
 # expressions — GRANTING, IN_FLIGHT, _published, _worker_in_flight: admit, run by
-# server/leases/statements.py _grant_sqlite; docs/decisions/0020-hot-statements-once.md). Every acquire on a run serialises on its run row from
-# the admission update until commit, so on Postgres they are one autocommitted statement: the
-# run row is locked for that statement only; a grant also clears the worker's waiting_since (the
-# worker row last). The lease seed is lease_seed computed in SQL (protocol/seeds.py seed_sql).
+# server/leases/statements.py _grant_sqlite; docs/decisions/0020-hot-statements-once.md).
+# Every acquire on a run serialises on its run row from the admission update until commit, so
+# on Postgres they are one autocommitted statement: the run row is locked for that statement
+# only; a grant also clears the worker's waiting_since (the worker row last). The lease seed is
+# lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
 def _grant_statement() -> Any:

@@ -73,7 +73,7 @@ class Seen:
 # whether any of its prompt rows is queued.
 _LEASING_RUN = Run.status.in_([literal(status) for status in LEASING_RUN_STATUSES])
 _FAIREST = (Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
-_CANDIDATE: dict[str, ColumnElement[Any]] = {
+_CANDIDATE: dict[str, Any] = {
     "id": Run.id,
     "base_model": Run.base_model,
     "status": Run.status,
