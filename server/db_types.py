@@ -10,14 +10,17 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     DateTime,
     Float,
     Integer,
+    String,
     cast,
     func,
     types,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
@@ -85,6 +88,30 @@ def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     (seconds,) = list(element.clauses)
     sec = compiler.process(seconds, **kw)
     return f"strftime('%Y-%m-%d %H:%M:%f','now', printf('%+.3f seconds', {sec}))"
+
+
+def postgres_text(expression: Any) -> str:
+    """A SQL expression as Postgres text with its constants inlined, for the statements kept as
+    text (docs/decisions/0020-hot-statements-once.md): one rule, rendered, not rewritten."""
+    return str(
+        expression.compile(dialect=psycopg_dialect(), compile_kwargs={"literal_binds": True})
+    )
+
+
+class psycopg_param(ColumnElement[Any]):  # noqa: N801
+    """A named psycopg parameter, `%(name)s`, inside an expression rendered by postgres_text
+    for a statement kept as text: the expression's rule rendered around it."""
+
+    inherit_cache = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.type = String()
+
+
+@compiles(psycopg_param)
+def _psycopg_param(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"%({element.name})s"
 
 
 class json_has(FunctionElement[bool]):  # noqa: N801

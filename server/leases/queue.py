@@ -23,30 +23,25 @@ from sqlalchemy import (
     Row,
     String,
     Uuid,
-    and_,
     bindparam,
-    case,
     exists,
     func,
-    insert,
     literal,
-    literal_column,
     or_,
     select,
     text,
-    true,
     update,
 )
 from sqlalchemy.orm import Session
 
 from protocol.schemas import INT_MAX
 from protocol.seeds import derived_seed, seed_prefix, seed_sql
-from server.db_types import db_now, db_now_plus
-from server.models import AdapterVersion, DatasetRow, Lease, PromptRow, Run
+from server.db_types import JSONType, db_now, postgres_text
+from server.models import AdapterVersion, Lease, PromptRow, Run
 from server.runs import service as runs
 from server.runs.repository import NEXT_FENCING
 from server.wakeups import LEARNER, LEASES, after_commit
-from server.workers.repository import touch_update
+from server.workers.repository import touch_sql
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
 GRANTING = "running"  # the run status whose prompt rows a grant takes (server/leases/train.py)
@@ -274,121 +269,88 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
-def _grant_statement() -> Any:
-    """The grant as one statement (writable CTEs), its parameters those of grant_params."""
-    run_id = bindparam("run_id", type_=Uuid)
-    worker_id = bindparam("worker_id", type_=Uuid)
-    lease_id = bindparam("lease_id", type_=Uuid)
-    worker_cap = bindparam("worker_cap", type_=BigInteger)
-    picked = (
-        select(PromptRow.id, PromptRow.dataset_row_id, PromptRow.epoch, PromptRow.queue_pos)
-        .where(PromptRow.run_id == run_id, PromptRow.state == "queued")
-        .order_by(PromptRow.queue_pos)
-        .limit(bindparam("n", type_=Integer))
-        .with_for_update(skip_locked=True)
-        .cte("picked")
+GRANT = (
+    text(
+        """
+WITH picked AS (
+    SELECT id, dataset_row_id, epoch, queue_pos FROM prompt_rows
+    WHERE run_id = :run_id AND state = 'queued'
+    ORDER BY queue_pos LIMIT :n
+    FOR UPDATE SKIP LOCKED
+), admitted AS (
+    UPDATE runs SET groups_in_flight = groups_in_flight + (SELECT count(*) FROM picked),
+                    fencing_seq = {next_fencing},
+                    last_lease_at = clock_timestamp()
+    WHERE id = :run_id AND status = '{granting}'
+      AND (SELECT count(*) FROM picked) > 0
+      AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
+      AND CASE WHEN :worker_cap >= {no_cap} THEN true
+               ELSE (SELECT count(*) FROM prompt_rows p JOIN leases l ON l.id = p.lease_id
+                     WHERE p.run_id = :run_id AND l.worker_id = :worker_id
+                       AND p.state IN ({in_flight}))
+                    + (SELECT count(*) FROM picked) <= :worker_cap END
+      AND (current_version = 0 OR EXISTS (SELECT 1 FROM adapter_versions
+                                          WHERE run_id = :run_id AND version = current_version))
+    RETURNING fencing_seq, current_version, tokenizer_fingerprint,
+              (SELECT count(*) FROM picked) AS n_rows
+), lease AS (
+    INSERT INTO leases (id, run_id, worker_id, adapter_version, fencing, state, expires_at,
+                        seed, n_prompts, group_size, created_at)
+    SELECT :lease_id, :run_id, :worker_id, current_version, fencing_seq, 'active',
+           clock_timestamp() + make_interval(secs => :ttl_s),
+           {seed},
+           n_rows, :group_size, clock_timestamp()
+    FROM admitted
+    RETURNING fencing, seed, adapter_version
+), marked AS (
+    UPDATE prompt_rows SET state = 'leased', lease_id = :lease_id
+    WHERE id IN (SELECT id FROM picked) AND EXISTS (SELECT 1 FROM lease)
+), granted AS (
+    UPDATE workers SET {granted_worker}
+    WHERE id = :worker_id AND EXISTS (SELECT 1 FROM lease)
+)
+SELECT picked.id, picked.dataset_row_id, picked.epoch, dataset_rows.prompt,
+       lease.fencing, lease.seed, lease.adapter_version, admitted.tokenizer_fingerprint,
+       adapter_versions.sha256 AS adapter_sha256, adapter_versions.files AS adapter_files
+FROM picked
+JOIN dataset_rows ON dataset_rows.id = picked.dataset_row_id
+CROSS JOIN lease CROSS JOIN admitted
+LEFT JOIN adapter_versions ON adapter_versions.run_id = :run_id
+                          AND adapter_versions.version = lease.adapter_version
+ORDER BY picked.queue_pos
+"""
+        # no fair share: the count is never read
+        .replace("{no_cap}", str(INT_MAX))
+        .replace("{granting}", GRANTING)
+        .replace("{in_flight}", ", ".join(f"'{state}'" for state in IN_FLIGHT))
+        .replace("{next_fencing}", postgres_text(NEXT_FENCING))
+        .replace("{seed}", seed_sql(":seed_prefix || fencing_seq::text"))
+        .replace("{granted_worker}", touch_sql(seen=False, waiting=False))
     )
-    n_picked = select(func.count()).select_from(picked).scalar_subquery()
-    capped = case(  # no fair share: the count is never read
-        (worker_cap >= INT_MAX, true()),
-        else_=_worker_in_flight(run_id, worker_id) + n_picked <= worker_cap,
+    .bindparams(
+        bindparam("run_id", type_=Uuid),
+        bindparam("worker_id", type_=Uuid),
+        bindparam("lease_id", type_=Uuid),
+        bindparam("n", type_=Integer),
+        bindparam("bound", type_=BigInteger),
+        bindparam("worker_cap", type_=BigInteger),
+        bindparam("ttl_s", type_=Float),
+        bindparam("group_size", type_=Integer),
+        bindparam("seed_prefix", type_=String),
     )
-    admitted = (
-        update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == GRANTING,
-            n_picked > 0,
-            Run.groups_in_flight + n_picked <= bindparam("bound", type_=BigInteger),
-            capped,
-            _published(),
-        )
-        .values(
-            groups_in_flight=Run.groups_in_flight + n_picked,
-            fencing_seq=NEXT_FENCING,
-            last_lease_at=db_now(),
-        )
-        .returning(
-            Run.fencing_seq,
-            Run.current_version,
-            Run.tokenizer_fingerprint,
-            n_picked.label("n_rows"),
-        )
-        .cte("admitted")
+    .columns(
+        id=BigInteger,
+        dataset_row_id=BigInteger,
+        epoch=Integer,
+        prompt=JSONType,
+        fencing=BigInteger,
+        seed=BigInteger,
+        adapter_version=Integer,
+        tokenizer_fingerprint=String,
+        adapter_sha256=String,
+        adapter_files=JSONType,
     )
-    seed = text(seed_sql(":seed_prefix || fencing_seq::text")).bindparams(
-        bindparam("seed_prefix", type_=String)
-    )
-    lease = (
-        insert(Lease)
-        .from_select(
-            [
-                "id",
-                "run_id",
-                "worker_id",
-                "adapter_version",
-                "fencing",
-                "state",
-                "expires_at",
-                "seed",
-                "n_prompts",
-                "group_size",
-                "created_at",
-            ],
-            select(
-                lease_id,
-                run_id,
-                worker_id,
-                admitted.c.current_version,
-                admitted.c.fencing_seq,
-                literal_column("'active'"),
-                db_now_plus(bindparam("ttl_s", type_=Float)),
-                seed,
-                admitted.c.n_rows,
-                bindparam("group_size", type_=Integer),
-                db_now(),
-            ).select_from(admitted),
-            include_defaults=False,
-        )
-        .returning(Lease.fencing, Lease.seed, Lease.adapter_version)
-        .cte("lease")
-    )
-    granted_lease = exists(select(lease.c.fencing))
-    marked = (
-        update(PromptRow)
-        .where(PromptRow.id.in_(select(picked.c.id)), granted_lease)
-        .values(state="leased", lease_id=lease_id)
-        .cte("marked")
-    )
-    granted = touch_update(worker_id, seen=False, waiting=False).where(granted_lease).cte("granted")
-    adapter = and_(
-        AdapterVersion.run_id == run_id, AdapterVersion.version == lease.c.adapter_version
-    )
-    return (
-        select(
-            picked.c.id,
-            picked.c.dataset_row_id,
-            picked.c.epoch,
-            DatasetRow.prompt,
-            lease.c.fencing,
-            lease.c.seed,
-            lease.c.adapter_version,
-            admitted.c.tokenizer_fingerprint,
-            AdapterVersion.sha256.label("adapter_sha256"),
-            AdapterVersion.files.label("adapter_files"),
-        )
-        .select_from(
-            picked.join(DatasetRow, DatasetRow.id == picked.c.dataset_row_id)
-            .join(lease, true())
-            .join(admitted, true())
-            .outerjoin(AdapterVersion, adapter)
-        )
-        .order_by(picked.c.queue_pos)
-        .add_cte(marked, granted)
-    )
-
-
-GRANT = _grant_statement()
+)
 
 
 @dataclass(frozen=True)

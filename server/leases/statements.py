@@ -30,17 +30,16 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from protocol.schemas import LEASING_RUN_STATUSES
-from server.db_types import db_now, db_now_plus, json_has
+from server.db_types import db_now, db_now_plus, postgres_text, psycopg_param
 from server.leases import queue
 from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
 from server.models import Lease, PromptRow, RolloutBatch, Run, Token, Worker
 from server.wakeups import LEARNER, WAKEUPS, notify_from
-from server.workers.repository import authenticated, touch, touch_update, touch_where
+from server.workers.repository import authenticated, touch, touch_sql, touch_update
 
 # -- acquire: mark the worker seen and read what it may be granted -----------------------------
 
@@ -85,36 +84,33 @@ _CANDIDATE: dict[str, Any] = {
 _ANY_EXPIRED = exists().where(Lease.state == "active", Lease.expires_at <= db_now())
 
 
-def _seen_statement() -> Any:
-    """The first statement of an acquire try on Postgres: the authenticated active worker that
-    registered the asked models marked seen and waiting (its environments stored), returning
-    whether any lease expired and the candidate runs of its models as one JSON array. Touching
-    the worker first is safe: the statement is its own transaction and locks nothing else."""
-    pairs = [part for name, column in _CANDIDATE.items() for part in (literal(name), column)]
-    runs = (
-        select(
-            func.coalesce(
-                func.json_agg(aggregate_order_by(func.json_build_object(*pairs), *_FAIREST)),
-                literal_column("'[]'::json"),
-            )
-        )
-        .where(_LEASING_RUN, json_has(Worker.models, Run.base_model))
-        .correlate(Worker)
-        .scalar_subquery()
-    )
-    return touch_where(
-        authenticated(bindparam("digest")),
-        Worker.status == "active",
-        Worker.models.op("@>")(bindparam("asked")),
-        waiting=True,
-        environments=bindparam("environments"),
-    ).returning(
-        Worker.id.label("worker_id"),
-        Worker.environments,
-        Worker.trusted,
-        _ANY_EXPIRED.label("any_expired"),
-        runs.label("runs"),
-    )
+_LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
+# Worker-token authentication's one rule (server/workers/repository.py), over `t` and `w`.
+_AUTHENTICATED_PG = postgres_text(
+    authenticated(psycopg_param("digest"), aliased(Token, name="t"), aliased(Worker, name="w"))
+)
+
+# Kept as text (docs/decisions/0020-hot-statements-once.md: its SQLAlchemy expression measured
+# slower). Touching the worker first is safe here: the statement is its own transaction and
+# locks nothing else. The worker is waiting from this try until a grant clears it.
+_SEEN_PG = f"""
+UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
+FROM tokens t
+WHERE {_AUTHENTICATED_PG} AND w.status = 'active' AND w.models @> %(asked)s
+RETURNING w.id AS worker_id, w.environments, w.trusted,
+    EXISTS (SELECT 1 FROM leases
+            WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
+    (SELECT coalesce(json_agg(json_build_object(
+                'id', r.id, 'base_model', r.base_model, 'status', r.status,
+                'current_version', r.current_version, 'groups_in_flight', r.groups_in_flight,
+                'fencing_seq', r.fencing_seq,
+                'has_queued', EXISTS (SELECT 1 FROM prompt_rows p
+                                      WHERE p.run_id = r.id AND p.state = 'queued'))
+            ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id), '[]')
+     FROM runs r
+     WHERE r.status IN ({_LEASING})
+       AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
+"""
 
 
 _ACTIVE_WORKER = (
@@ -150,7 +146,7 @@ def _seen_sqlite(session: Session, params: dict[str, Any]) -> list[_SeenRow]:
     return [_SeenRow(found.id, declared, bool(found.trusted), expired, runs)]
 
 
-_SEEN = Statement.of(_seen_statement(), _seen_sqlite)
+_SEEN = Statement(_SEEN_PG, _seen_sqlite)
 
 
 async def seen_for_acquire(

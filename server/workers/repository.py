@@ -130,6 +130,28 @@ def touch_where(*conditions: Any, **touch: Any) -> Any:
     )
 
 
+def touch_sql(
+    target: str = "workers",
+    *,
+    seen: bool = True,
+    waiting: bool | None = None,
+    environments: str | None = None,
+    counters: tuple[str, ...] = (),
+) -> str:
+    """`touch`'s SET list in Postgres text, for the lease engine's one-statement units on
+    Postgres (server/leases/statements.py) and the one-statement grant (server/leases/queue.py):
+    `target` names the workers row, `environments` is a SQL expression (NULL: keep them), each
+    counter one more."""
+    items = ["last_seen_at = clock_timestamp()"] if seen else []
+    if environments is not None:
+        items.append(f"environments = coalesce({environments}, {target}.environments)")
+    if waiting is not None:
+        started = f"coalesce({target}.waiting_since, clock_timestamp())"
+        items.append(f"waiting_since = {started if waiting else 'NULL'}")
+    items += [f"{name} = {target}.{name} + 1" for name in counters]
+    return ", ".join(items)
+
+
 def price_table(session: Session) -> dict[str, float]:
     return {p.gpu_type: p.price_per_hour for p in session.execute(select(GpuPrice)).scalars()}
 
