@@ -162,8 +162,9 @@ def test_the_loss_option_types_are_written_once() -> None:
 
 def test_worker_rows_are_written_in_one_module() -> None:
     """Worker counters, last seen and waiting were written by the lease repositories too; the
-    lease engine's one-statement units and the one-statement grant take their SET values from
-    touch_values (through touch_update, touch_where)."""
+    lease engine's one-statement units take their SET values from touch_values (through
+    touch_update), the two Postgres texts (acquire's first, the grant) their SET lists from
+    touch_sql."""
     writers = {
         module
         for module, tree in _modules()
