@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -11,22 +11,26 @@ import typer
 
 from asyncgrpo import plan_cli
 from asyncgrpo.datasets_cli import datasets_app
+from asyncgrpo.doctor.cli import doctor_app
+from asyncgrpo.help_layout import App
+from asyncgrpo.local_config import LocalSettings
 from asyncgrpo.settings_options import settings_command
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
 
-app = typer.Typer(
+app = App(
     help="Asynchronous GRPO + LoRA fine-tuning on cheap, elastic, preemptible GPUs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-db_app = typer.Typer(help="Database schema (Alembic).", no_args_is_help=True)
-admin_token_app = typer.Typer(help="Admin API tokens.", no_args_is_help=True)
+db_app = App(help="Database schema (Alembic).", no_args_is_help=True)
+admin_token_app = App(help="Admin API tokens.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
-registration_token_app = typer.Typer(help="Worker registration tokens.", no_args_is_help=True)
+registration_token_app = App(help="Worker registration tokens.", no_args_is_help=True)
 app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
+app.add_typer(doctor_app, name="doctor")
 app.command("plan")(plan_cli.plan)
 
 
@@ -307,6 +311,52 @@ def admin_token_revoke(
     _revoke_token("admin", token_id, force)
 
 
+@registration_token_app.command("create")
+def registration_token_create(
+    name: str = typer.Option(None, help="A label for the dashboard.", show_default="none"),
+    ttl_hours: float = typer.Option(24.0, help="Hours until it expires (over 0, at most 8760)."),
+    max_uses: int = typer.Option(1, help="Workers it may register (1 to 100,000)."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the whole answer as JSON, as POST /api/v1/registration-tokens gives it: "
+        "id, token, prefix, expires_at, max_uses.",
+        show_default="the token alone",
+    ),
+) -> None:
+    """Create a registration token and print it once: a worker registers with it
+    (asyncgrpo worker --registration-token agr_reg_…). The options are the API's body
+    (POST /api/v1/registration-tokens); its id and expiry go to standard error, or all of it
+    to standard output with --json. Like admin-token create it writes the server's database
+    (ASYNCGRPO_DATABASE_URL), so it runs where the server's settings are."""
+    from pydantic import ValidationError
+
+    from server.db import transaction
+    from server.tokens import service as tokens
+    from server.tokens.schemas import RegistrationTokenCreate
+
+    try:
+        body = RegistrationTokenCreate(name=name, ttl_hours=ttl_hours, max_uses=max_uses)
+    except ValidationError as exc:
+        _fail("; ".join(f"--{_flag(e['loc'])}: {e['msg']}" for e in exc.errors()))
+    with _database() as factory, transaction(factory) as session:
+        created = tokens.create_registration_token(session, body)
+    if as_json:
+        typer.echo(created.model_dump_json())
+        return
+    typer.echo(created.token)
+    expires = created.expires_at.isoformat() if created.expires_at else "never"
+    typer.echo(
+        f"registration token {created.id}: expires {expires}, up to {created.max_uses} "
+        "worker(s); shown only now",
+        err=True,
+    )
+
+
+def _flag(loc: tuple[Any, ...]) -> str:
+    return str(loc[0]).replace("_", "-") if loc else "option"
+
+
 @registration_token_app.command("revoke")
 def registration_token_revoke(
     token_id: str = typer.Argument(..., help="The token's id (GET /api/v1/registration-tokens)."),
@@ -337,6 +387,22 @@ def worker(settings: WorkerSettings) -> None:
     raise typer.Exit(worker_main(settings))
 
 
+def _owning_children(main: Callable[[], int]) -> NoReturn:
+    """Run `main` (a command that starts and stops child processes: the demo, local) with
+    SIGINT and SIGTERM as one KeyboardInterrupt from the start, so a Ctrl-C during its slow
+    imports is not lost (asyncgrpo/interrupts.py); exits with its code, 130 when interrupted
+    before it could handle it."""
+    from asyncgrpo import interrupts
+
+    interrupts.install()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # during the imports: no child started yet
+        code = 130
+    interrupts.forget_caught()  # the exit code is 130 after a Ctrl-C, not death by SIGINT
+    raise typer.Exit(code)
+
+
 @app.command()
 def demo(
     workers: int = typer.Option(2, min=1, help="Rollout workers to start."),
@@ -349,23 +415,49 @@ def demo(
 ) -> None:
     """Run a whole training run on this machine's CPU: the embedded server, workers and the
     learner with the small model on the arithmetic task. Ctrl-C stops every process."""
-    from asyncgrpo import interrupts
 
-    interrupts.install()  # before the slow imports: a Ctrl-C during them is not lost
-    try:
+    def main() -> int:
         from pathlib import Path
 
         from rich.console import Console
 
         from asyncgrpo.demo import run_demo
-    except KeyboardInterrupt:
-        interrupts.forget_caught()
-        raise typer.Exit(130) from None
 
-    code = run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
-                    console=Console(), seed=seed)  # fmt: skip
-    interrupts.forget_caught()  # the exit code is 130 after a Ctrl-C, not death by SIGINT
-    raise typer.Exit(code)
+        return run_demo(workers=workers, port=port, versions=versions, work_dir=Path(dir),
+                        console=Console(), seed=seed)  # fmt: skip
+
+    _owning_children(main)
+
+
+@app.command()
+@settings_command(LocalSettings, on_error=_fail)
+def local(settings: LocalSettings) -> None:
+    """Run RUN_FILE on this machine: the embedded server, the learner and --workers rollout
+    workers (vLLM where the workers' Python has it, else transformers) sharing this machine's
+    device, the GPU's memory split by --gpu-memory-vllm and --gpu-memory-learner; a live table,
+    then a summary. Ctrl-C stops every process (docs/guides/local.md).
+    Every option is also an environment variable: ASYNCGRPO_LOCAL_<OPTION>."""
+    from asyncgrpo.local_config import RunFileError, load_run_file
+
+    given = {"base_model": settings.model, "max_versions": settings.max_versions}
+    try:
+        config = load_run_file(settings.run_file, {k: v for k, v in given.items() if v is not None})
+    except RunFileError as exc:
+        _fail(str(exc))
+
+    def main() -> int:
+        from rich.console import Console
+
+        from asyncgrpo.live_run import run_live
+        from asyncgrpo.local import LocalError, prepare
+
+        try:
+            plan = prepare(settings, config)
+        except LocalError as exc:
+            _fail(str(exc))
+        return run_live(plan, Console())
+
+    _owning_children(main)
 
 
 if __name__ == "__main__":

@@ -352,6 +352,21 @@ class Cluster:
             self.workers[name] = proc.start()
         return proc
 
+    def wait_worker_ready(self, name: str, timeout_s: float) -> None:
+        """Until the worker `name` logs that its engine is up (worker/main.py, READY_LOG);
+        RuntimeError (with its log's end) when it exits first, TimeoutError after `timeout_s`."""
+        from worker.main import READY_LOG
+
+        proc = self.workers[name]
+        deadline = time.monotonic() + timeout_s
+        while READY_LOG not in proc.log_text():
+            if not proc.alive():
+                tail = proc.log_text()[-3000:]
+                raise RuntimeError(f"worker {name} exited ({proc.returncode()}):\n{tail}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {name} not ready after {timeout_s:.0f}s")
+            time.sleep(0.5)
+
     def start_learner(
         self,
         command: Sequence[str] | None = None,

@@ -9,7 +9,9 @@ from typing import Any
 
 import typer
 
-datasets_app = typer.Typer(help="Stored datasets (JSONL or Parquet files).", no_args_is_help=True)
+from asyncgrpo.help_layout import App
+
+datasets_app = App(help="Stored datasets (JSONL or Parquet files).", no_args_is_help=True)
 
 SERVER = typer.Option(
     "http://127.0.0.1:8000", "--server", envvar="ASYNCGRPO_SERVER", help="Control plane URL."

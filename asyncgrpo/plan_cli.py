@@ -9,7 +9,10 @@ from typing import Any, NoReturn
 
 import typer
 
-HELP_GPU = "NAME:USD_PER_HOUR:TOKENS_PER_S, e.g. L4:0.35:1500 (measured or entered)."
+from protocol.gpu_prices import LEARNER_EXAMPLE, WORKER_EXAMPLES
+
+EXAMPLES = "example figures, not measurements: docs/reference/gpu-prices.md gives their sources"
+HELP_GPU = f"NAME:USD_PER_HOUR:TOKENS_PER_S, e.g. {WORKER_EXAMPLES[0]} ({EXAMPLES})."
 
 
 def plan(
@@ -28,8 +31,8 @@ def plan(
     learner_gpu: str = typer.Option(
         None,
         help="The learner's GPU: NAME:USD_PER_HOUR_PER_GPU:TOKENS_PER_S (completion tokens "
-        "trained per second by the whole learner), e.g. H100:2.5:6000; NAME:PRICE takes the "
-        "tokens/s measured by --from-run.",
+        f"trained per second by the whole learner), e.g. {LEARNER_EXAMPLE} ({EXAMPLES}); "
+        "NAME:PRICE takes the tokens/s measured by --from-run.",
         show_default="none",
     ),
     worker_gpu: list[str] = typer.Option(  # noqa: B008 - typer reads it, never mutates it

@@ -2,9 +2,10 @@
 once, as the setting's field: every field (and every field of a nested settings group such as the
 worker's `vllm`) is an option named after the field's environment names under the model's
 prefix (ASYNCGRPO_WORKER_SERVER and …_SERVER_URL give --server and --server-url), with the
-field's description as help and its default shown. Only the options given on the command line
-reach the model, as init values, which win over the environment; the model parses and checks
-both."""
+field's description as help and its default shown; a field marked `json_schema_extra={"argument":
+True}` is a positional argument instead (`asyncgrpo local RUN_FILE`). Only the options given on
+the command line reach the model, as init values, which win over the environment; the model
+parses and checks both."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import enum
 import inspect
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar, Union, get_args, get_origin
 
@@ -46,31 +47,49 @@ class _Option:
 
 
 def settings_command(
-    settings: type[S], on_error: Callable[[str], NoReturn]
-) -> Callable[[Callable[[S], Any]], Callable[..., Any]]:
+    settings: type[S],
+    on_error: Callable[[str], NoReturn],
+    also: type[BaseSettings] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate `run(settings)` into a Typer command whose options are the settings' fields;
-    the command's name and help are `run`'s. A refused value goes to `on_error` (one line)."""
+    the command's name and help are `run`'s. With `also`, a second model's fields are options
+    too (a command's own, beside the settings it shares with another command) and `run` gets
+    both: `run(settings, also_settings)`. A refused value goes to `on_error` (one line)."""
     options = _options(settings)
+    # a panel of their own in --help, named by the model's first docstring line
+    own = [replace(o, panel=_title(also)) for o in _options(also)] if also is not None else []
+    clash = {o.parameter for o in options} & {o.parameter for o in own}
+    assert not clash, f"options of both models: {clash}"
 
-    def decorate(run: Callable[[S], Any]) -> Callable[..., Any]:
+    def decorate(run: Callable[..., Any]) -> Callable[..., Any]:
         def command(ctx: typer.Context, **values: Any) -> Any:
             given = {name: value for name, value in values.items() if _on_command_line(ctx, name)}
+            mine = {o.parameter for o in own}
             try:
-                parsed = from_command_line(settings, given)
+                parsed = from_command_line(
+                    settings, {k: v for k, v in given.items() if k not in mine}
+                )
+                extra = None
+                if also is not None:
+                    extra = from_command_line(also, {k: v for k, v in given.items() if k in mine})
             except SettingsInputError as exc:
                 on_error(str(exc))
-            return run(parsed)
+            return run(parsed) if also is None else run(parsed, extra)
 
         parameters = [
             inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         ]
-        parameters += [_parameter(o) for o in options]
+        parameters += [_parameter(o) for o in (*options, *own)]
         command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command.__name__ = run.__name__
         command.__doc__ = run.__doc__
         return command
 
     return decorate
+
+
+def _title(model: type[BaseSettings]) -> str:
+    return (model.__doc__ or model.__name__).strip().splitlines()[0].rstrip(".")
 
 
 def _on_command_line(ctx: typer.Context, parameter: str) -> bool:
@@ -152,7 +171,9 @@ def _options(settings: type[BaseSettings]) -> list[_Option]:
                 options.append(_Option(name, sub, sub_field, flags, panel))
         else:
             flags = _flags(settings, name, field, prefix)
-            if flags:  # a field with no name under the prefix is left to the environment
+            if _is_argument(field):
+                options.append(_Option(None, name, field, (), None))
+            elif flags:  # a field with no name under the prefix is left to the environment
                 options.append(_Option(None, name, field, flags, None))
     return options
 
@@ -167,7 +188,27 @@ def _flags(owner: type[BaseSettings], name: str, field: FieldInfo, prefix: str) 
     return tuple(flags)
 
 
+def _is_argument(field: FieldInfo) -> bool:
+    extra = field.json_schema_extra
+    return isinstance(extra, dict) and extra.get("argument") is True
+
+
+def _argument(option: _Option) -> inspect.Parameter:
+    """A required positional argument (its value is checked by the settings)."""
+    field = option.field
+    assert field.is_required(), f"{option.name}: a positional argument is required"
+    info = typer.Argument(
+        ..., help=field.description or "", show_default=False, metavar=option.name.upper()
+    )
+    annotation = _value_type(field.annotation)
+    return inspect.Parameter(
+        option.parameter, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation
+    )
+
+
 def _parameter(option: _Option) -> inspect.Parameter:
+    if not option.flags:
+        return _argument(option)
     field = option.field
     annotation = _value_type(field.annotation)
     required = field.is_required()

@@ -257,7 +257,8 @@ def _interrupt(_signum: int, _frame: Any) -> None:
 
 def learning(args: argparse.Namespace) -> dict[str, Any]:
     from asyncgrpo.cluster import Cluster, ClusterConfig
-    from asyncgrpo.demo import STOPPED, Snapshot, poll
+    from asyncgrpo.live_run import STOPPED
+    from asyncgrpo.live_view import Snapshot, poll
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-environments-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncgrpo.cluster import Cluster, ClusterConfig  # noqa: E402
-from asyncgrpo.demo import STOPPED, Snapshot, demo_config, poll  # noqa: E402
+from asyncgrpo.demo import demo_config  # noqa: E402
+from asyncgrpo.live_run import STOPPED  # noqa: E402
+from asyncgrpo.live_view import Snapshot, poll  # noqa: E402
+from asyncgrpo.local_config import server_paths  # noqa: E402
 from bench import report  # noqa: E402
 from protocol import datasets  # noqa: E402
 
@@ -72,22 +75,15 @@ def arithmetic_config(versions: int, seed: int) -> dict[str, Any]:
     return config
 
 
-def _absolute(dataset: dict[str, Any]) -> dict[str, Any]:
-    """The example's data files are relative to the repository root; the server may run
-    elsewhere."""
-    if isinstance(dataset.get("data_files"), str):
-        return {**dataset, "data_files": str(ROOT / dataset["data_files"])}
-    return dataset
-
-
 def word_problems_config(versions: int, seed: int) -> dict[str, Any]:
-    config = json.loads((ROOT / "examples/runs/gsm8k-smollm2-cpu.json").read_text())
+    # the example's data files are relative to the repository root; the server runs elsewhere
+    config = server_paths(
+        json.loads((ROOT / "examples/runs/gsm8k-smollm2-cpu.json").read_text()), ROOT
+    )
     config["name"] = "bench-learning-word-problems"
     config["max_versions"] = versions
     config["seed"] = seed
     config["lease_ttl_s"] = 600.0
-    config["dataset"] = _absolute(config["dataset"])
-    config["eval"]["dataset"] = _absolute(config["eval"]["dataset"])
     return config
 
 

@@ -59,6 +59,14 @@ class LearnerSettings(BaseSettings):
         description="Dtype of the frozen base weights; the LoRA weights, their gradients and "
         "the optimizer state stay fp32 (PEFT keeps adapter weights in fp32).",
     )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="CUDA only: the share of the GPU's memory this process's torch allocator "
+        "may take (torch.cuda.set_per_process_memory_fraction), so that workers on the same GPU "
+        "keep theirs; past it a step fails out of memory (None: no cap).",
+    )
     work_dir: Path = Field(
         DEFAULT_WORK_DIR,
         description="Local folder for downloaded batches, adapters and checkpoints.",

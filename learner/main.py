@@ -31,7 +31,10 @@ def main(settings: LearnerSettings) -> int:
         level=logging.INFO, format=f"%(asctime)s %(levelname)s {who} %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from learner.trainer import cap_memory
+
     if env is None:
+        cap_memory(settings.device, settings.gpu_memory_fraction)
         return _lead(settings, None)
     from learner.distributed import DataParallel
 
@@ -41,6 +44,7 @@ def main(settings: LearnerSettings) -> int:
         collective_timeout_s=settings.collective_timeout_s,
         fsdp=settings.fsdp,
     )
+    cap_memory(dp.device, settings.gpu_memory_fraction)
     logging.getLogger("learner").info(
         "rank %d of %d on %s%s", dp.rank, dp.world_size, dp.device, " (FSDP2)" if dp.fsdp else ""
     )

@@ -18,6 +18,7 @@ from learner.refusals import Call, Diverged, OnConflict, landed_version, on_409
 from learner.transfers import Retrier, transient_api, upload_version_files
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient, ConflictError
+from protocol.idempotency import new_key
 from protocol.storage import sha256_file
 
 log = logging.getLogger(__name__)
@@ -132,11 +133,14 @@ class Publisher:
             consumed_batch_ids=job.consumed,
             final=job.final,
         )
-        # a 5xx (the server's own bucket check failing) is retried; a publish that landed
-        # but whose answer was lost answers version_not_next on the retry (reconciled above)
+        # A 5xx (the server's own bucket check failing) or an answer lost past the client's
+        # own retries is retried under the same key: a publish that landed gets its stored
+        # answer, even the final one, after which the lease is gone (a new key would be refused
+        # the lease). Past the key's retention, version_not_next is reconciled (above).
+        key = new_key()
         return self.retrier.call(
             f"publish of version {job.version}",
-            lambda: self.client.publish_adapter(self.run_id, body),
+            lambda: self.client.publish_adapter(self.run_id, body, idempotency_key=key),
             transient_api,
         )
 

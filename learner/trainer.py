@@ -85,6 +85,18 @@ def peak_memory_bytes(device: str) -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB
 
 
+def cap_memory(device: str, fraction: float | None) -> None:
+    """Let this process's torch allocator take at most `fraction` of the CUDA device's memory
+    (the learner's gpu_memory_fraction; `asyncgrpo local` shares one GPU with vLLM workers);
+    nothing on CPU or without a fraction."""
+    if fraction is None or torch.device(device).type != "cuda":
+        return
+    index = torch.device(device).index
+    torch.cuda.set_per_process_memory_fraction(
+        float(fraction), torch.cuda.current_device() if index is None else index
+    )
+
+
 def reset_peak_memory(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

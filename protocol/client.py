@@ -45,6 +45,7 @@ from protocol.schemas import (
     format_after,
     parse_versions_header,
 )
+from protocol.schemas_doctor import BucketProbe, BucketProbeChecked, RunModel, TokenCheck
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -166,16 +167,17 @@ class AsyncGrpoClient:
         params: dict[str, Any] | None = None,
         token: str | None = None,
         timeout_s: float | None = None,
-        idempotent: bool = False,
+        idempotent: bool | str = False,
     ) -> httpx.Response:
         """Send with retries on transient failures; raise ApiError on other error statuses.
-        `idempotent`: one Idempotency-Key for the call, sent on each of its retries."""
+        `idempotent`: one Idempotency-Key for the call, sent on each of its retries (a string:
+        that key, which the caller made for a logical call it may send again)."""
         headers = {}
         bearer = token or self.token
         if bearer:
             headers["Authorization"] = f"Bearer {bearer}"
         if idempotent:
-            headers[IDEMPOTENCY_HEADER] = new_key()
+            headers[IDEMPOTENCY_HEADER] = idempotent if isinstance(idempotent, str) else new_key()
         backoff = Backoff(cap_s=self.retry_cap_s)
         url = path if path.startswith("http") else self.base_url + path
         for attempt in range(self.max_retries + 1):
@@ -276,6 +278,32 @@ class AsyncGrpoClient:
 
     def revoke_worker(self, worker_id: str) -> dict[str, Any]:
         return dict(self._json("POST", f"/api/v1/workers/{worker_id}/revoke"))
+
+    # -- host checks (any token; asyncgrpo doctor) ----------------------------------------------
+
+    def doctor_token(self) -> TokenCheck:
+        """The bearer token as the server sees it, and the server's release."""
+        answer = self._model(TokenCheck, "GET", "/api/v1/doctor/token")
+        assert answer is not None
+        return answer
+
+    def doctor_run(self, run_id: str) -> RunModel:
+        """The run's base model and tokenizer fingerprint."""
+        answer = self._model(RunModel, "GET", f"/api/v1/doctor/runs/{run_id}")
+        assert answer is not None
+        return answer
+
+    def create_bucket_probe(self) -> BucketProbe:
+        answer = self._model(BucketProbe, "POST", "/api/v1/doctor/bucket-probes")
+        assert answer is not None
+        return answer
+
+    def check_bucket_probe(self, probe_id: str) -> BucketProbeChecked:
+        """The probe's object as the server's bucket holds it (then deleted)."""
+        path = f"/api/v1/doctor/bucket-probes/{probe_id}"
+        answer = self._model(BucketProbeChecked, "DELETE", path)
+        assert answer is not None
+        return answer
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -419,7 +447,12 @@ class AsyncGrpoClient:
     # -- learner calls ---------------------------------------------------------------------------
 
     def _learner(
-        self, model: type[T], path: str, body: BaseModel, idempotent: bool = True, **kwargs: Any
+        self,
+        model: type[T],
+        path: str,
+        body: BaseModel,
+        idempotent: bool | str = True,
+        **kwargs: Any,
     ) -> T:
         result = self._model(
             model, "POST", path, json=self._body(body), idempotent=idempotent, **kwargs
@@ -492,9 +525,14 @@ class AsyncGrpoClient:
         """Presigned conditional PUTs for version N+1's adapter and checkpoint files."""
         return self._learner(sl.UploadsResponse, f"/api/v1/runs/{run_id}/uploads", body)
 
-    def publish_adapter(self, run_id: str, body: sl.PublishRequest) -> sl.PublishResponse:
-        """Register version N+1 and consume the batches it was trained on."""
-        return self._learner(sl.PublishResponse, f"/api/v1/runs/{run_id}/adapters", body)
+    def publish_adapter(
+        self, run_id: str, body: sl.PublishRequest, idempotency_key: str | None = None
+    ) -> sl.PublishResponse:
+        """Register version N+1 and consume the batches it was trained on. `idempotency_key`:
+        the caller's key for this publish, when it may send the same body again after an answer
+        it never got (protocol.idempotency.new_key); else one key for this call's retries."""
+        path = f"/api/v1/runs/{run_id}/adapters"
+        return self._learner(sl.PublishResponse, path, body, idempotent=idempotency_key or True)
 
     def post_learner_metrics(
         self, run_id: str, fencing: int, points: list[sl.MetricPointIn]

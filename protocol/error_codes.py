@@ -103,6 +103,7 @@ class ErrorCode(StrEnum):
     object_not_found = "object_not_found"
     object_exists = "object_exists"
     blob_too_large = "blob_too_large"
+    bucket_probe_not_found = "bucket_probe_not_found"  # doctor: no probe object at its key
     # -- outages ---------------------------------------------------------------------------------
     database_unavailable = "database_unavailable"
     store_unavailable = "store_unavailable"
@@ -144,6 +145,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.dataset_not_found,
         ErrorCode.blobs_not_served,
         ErrorCode.object_not_found,
+        ErrorCode.bucket_probe_not_found,
     ),
     405: (ErrorCode.method_not_allowed,),
     409: (
@@ -331,6 +333,9 @@ MEANING: dict[ErrorCode, str] = {
     ErrorCode.object_not_found: "no object at the key",
     ErrorCode.object_exists: "the key exists and the URL may not overwrite it",
     ErrorCode.blob_too_large: "a `/blobs/` body over `security.max_blob_bytes`",
+    ErrorCode.bucket_probe_not_found: (
+        "no object at the bucket probe's key: never uploaded, already checked, or swept"
+    ),
     ErrorCode.database_unavailable: "the database is unreachable: retry after `Retry-After`",
     ErrorCode.store_unavailable: "the bucket is unreachable: retry after `Retry-After`",
     ErrorCode.not_ready: (

@@ -5,6 +5,7 @@ runs/{run_id}/adapters/v{version:06d}/{file}
 runs/{run_id}/checkpoints/v{version:06d}/{file}
 runs/{run_id}/batches/{lease_id}-{fencing}.parquet
 datasets/{dataset_id}/data.{jsonl|parquet}
+probes/{made_ms}-{random hex}   (a bucket probe of `asyncgrpo doctor`, deleted within minutes)
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import uuid
 
 # \A…\Z, not ^…$ (`$` also matches before a trailing newline); ASCII digits only.
 _FILE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
+_PROBE_ID = re.compile(r"\A(?P<made_ms>[0-9]{13})-[0-9a-f]{32}\Z")
+PROBES_PREFIX = "probes/"
 _BATCH_KEY = re.compile(
     r"\Aruns/(?P<run>[0-9a-f-]{36})/batches/(?P<lease>[0-9a-f-]{36})-(?P<fencing>[0-9]+)\.parquet\Z"
 )
@@ -78,3 +81,19 @@ def dataset_key(dataset_id: uuid.UUID | str, fmt: str) -> str:
     if fmt not in DATASET_FORMATS:
         raise ValueError(f"dataset format must be one of {', '.join(DATASET_FORMATS)}")
     return f"datasets/{uuid.UUID(str(dataset_id))}/data.{fmt}"
+
+
+def probe_key(probe_id: str) -> str:
+    """Where a bucket probe's object lives; ValueError unless `probe_id` is one (the time it
+    was made, in ms since the epoch, then 32 random hex digits)."""
+    if not isinstance(probe_id, str) or _PROBE_ID.match(probe_id) is None:
+        raise ValueError(f"not a bucket probe id: {probe_id!r}")
+    return PROBES_PREFIX + probe_id
+
+
+def probe_made_ms(key: str) -> int | None:
+    """When the probe at `key` was made (ms since the epoch); None if `key` is not a probe's."""
+    if not key.startswith(PROBES_PREFIX):
+        return None
+    match = _PROBE_ID.match(key.removeprefix(PROBES_PREFIX))
+    return None if match is None else int(match["made_ms"])

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
 from protocol.error_codes import ErrorCode
+from protocol.requirements import release
 from server.adapters.router import router as adapters_router
 from server.api_docs import install as install_api_docs
 from server.blobs.router import router as blobs_router
@@ -24,6 +25,7 @@ from server.datasets.router import router as datasets_router
 from server.db import make_engine, make_sessionmaker, transaction
 from server.db_async import libpq_url, open_pool
 from server.deps import refuse_unstorable_text
+from server.doctor.router import router as doctor_router
 from server.errors import ErrorBody, FieldError, document_errors, install_error_handler
 from server.evals.router import router as evals_router
 from server.health import router as health_router
@@ -96,7 +98,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
 
     app = FastAPI(
         title="asyncgrpo",
-        version="0.1.0",
+        version=release(),
         description="Asynchronous GRPO + LoRA on elastic, preemptible GPUs.",
         lifespan=lifespan,
         docs_url=None,  # server/api_docs.py serves /docs from the package, no CDN
@@ -155,6 +157,7 @@ def _include_routers(app: FastAPI) -> None:
         adapters_router,
         tokens_router,
         workers_router,
+        doctor_router,
     ):
         app.include_router(router, dependencies=json_api)
     # Not a JSON API router: an upload's body (e.g. application/x-ndjson) is streamed, never

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import settings_env
+from protocol.gpu_prices import on_demand_prices
 from protocol.outbound import OutboundPolicy, check_networks
 
 EMBEDDED_DATABASE_URL = "sqlite:///./asyncgrpo.db"
@@ -125,16 +126,7 @@ class DatasetSettings(BaseModel):
     )
 
 
-DEFAULT_ON_DEMAND_PRICES = {
-    "T4": 0.53,
-    "L4": 0.80,
-    "A10G": 1.21,
-    "L40S": 1.86,
-    "A100": 3.67,
-    "A100-80GB": 4.10,
-    "H100": 6.98,
-    "H200": 10.60,
-}
+DEFAULT_ON_DEMAND_PRICES = on_demand_prices()  # protocol/gpu_prices.py: each with its source
 
 
 class DashboardSettings(BaseModel):
@@ -144,7 +136,8 @@ class DashboardSettings(BaseModel):
         default_factory=lambda: dict(DEFAULT_ON_DEMAND_PRICES),
         description="On-demand USD per hour for one GPU of each type (matched to a worker's "
         "gpu_type case-insensitively, times its gpu_count): the cost page's saving compares "
-        "what workers cost with what the same hours would have cost on demand.",
+        "what workers cost with what the same hours would have cost on demand. The defaults' "
+        "sources and dates: docs/reference/gpu-prices.md.",
     )
     session_max_age_s: int = Field(
         12 * 3600, description="A dashboard login lasts this long (signed session cookie)."

@@ -24,9 +24,11 @@ from server.request_deps import (
 )
 from server.tokens.auth import (
     AdminDep,
+    AnyTokenDep,
     LearnerDep,
     RegistrationDep,
     require_admin,
+    require_any_token,
     require_learner,
     require_registration,
 )
@@ -34,6 +36,7 @@ from server.workers.auth import as_worker, authenticated_worker
 
 __all__ = [
     "AdminDep",
+    "AnyTokenDep",
     "AdminCredentials",
     "Credentials",
     "LearnerCredentials",
@@ -53,6 +56,7 @@ __all__ = [
     "refuse_unstorable_text",
     "released",
     "require_admin",
+    "require_any_token",
     "require_learner",
     "require_registration",
 ]

@@ -191,4 +191,10 @@ def admin_headers(admin_token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token}"}
 
 
-pytest_plugins = ["tests.s3_fixtures", "tests.ml_fixtures", "tests.layers", "tests.scheduling"]
+pytest_plugins = [
+    "tests.s3_fixtures",
+    "tests.ml_fixtures",
+    "tests.layers",
+    "tests.scheduling",
+    "tests.cpu_cost",
+]

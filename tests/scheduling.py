@@ -27,9 +27,13 @@ FILE_SECONDS: dict[str, float] = {  # 2026-12-06, 2 cores, -n 4; every file of 1
     "tests/learner/test_e2e_learner.py": 140,
     "tests/worker/test_concurrency.py": 123,
     "tests/fuzz/test_fuzz_api.py": 86,
+    # serial, alone, on a machine at load 14-20 (not yet timed under -n 4)
+    "tests/asyncgrpo/doctor/test_cli.py": 136,
+    "tests/server/doctor/test_routes.py": 44,
     "tests/worker/test_transformers_concurrency.py": 80,
     "tests/server/leases/test_wakeups.py": 58,  # serial, alone (not yet timed under -n 4)
     "tests/worker/test_vllm_concurrency.py": 57,
+    "tests/e2e/test_local.py": 52,  # serial, alone, load ~5 (345 at load ~11; not yet -n 4)
     "tests/browser/test_dashboard.py": 50,
     "tests/server/test_bucket_readiness.py": 42,
     "tests/learner/test_bucket_outage.py": 40,

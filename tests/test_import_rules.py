@@ -80,6 +80,7 @@ FEATURE_ORDER = [
     "wiring",
     "adapters",
     "blobs",
+    "doctor",
     "jobs",
     "metrics",
     "dashboard",

@@ -36,7 +36,13 @@ class VllmSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ASYNCGRPO_WORKER_VLLM_", extra="forbid")
 
     max_model_len: int = Field(1024, gt=0, description="Longest prompt + completion in tokens.")
-    max_lora_rank: int = Field(16, gt=0, description="Largest LoRA rank the engine accepts.")
+    max_lora_rank: int = Field(
+        16,
+        gt=0,
+        description="Largest LoRA rank the engine accepts: at least the lora.rank of every run "
+        "the worker serves, or their adapters cannot be loaded (examples/runs/"
+        "gsm8k-qwen2.5-1.5b.json trains rank 32).",
+    )
     max_loras: int = Field(2, gt=0, description="Adapters resident in one batch.")
     max_cpu_loras: int = Field(4, gt=0, description="Adapters kept loaded (LRU) in CPU memory.")
     gpu_memory_utilization: float = Field(

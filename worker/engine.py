@@ -4,7 +4,8 @@ An engine death (vLLM's EngineDeadError, an out-of-memory) fails every generatio
 at once. Each of those leases is released with the reason `engine_fault` by its own thread; the
 engine is restarted once per death (the first lease to report it restarts it after the others
 have left the engine; later reports of the same death change nothing), and no new generation
-starts until the restart is done. `FaultWindow` decides when deaths come too often.
+starts from the moment the death is seen (before any lease is released) until the restart is
+done. `FaultWindow` decides when deaths come too often.
 """
 
 from __future__ import annotations
@@ -66,15 +67,23 @@ class EngineGuard:
                 self._active -= 1
                 self._changed.notify_all()
 
-    def fault(self, epoch: int, why: str) -> None:
-        """A generation of `epoch` saw the engine die (called after leaving `generating`). The
-        first report of a death restarts the engine once no generation is in it; the restart
-        may raise (EngineFailing, or the worker stopping), and the guard opens again anyway."""
+    def close(self, epoch: int) -> bool:
+        """A generation (or a load) of `epoch` saw the engine die: from now on no generation
+        starts until `reopen`. Called at once, before the lease is released: a release requeues
+        its prompts, and a lease granted on them must not start on the dead engine. True for
+        the first report of this death, whose caller must then call `reopen`."""
         with self._changed:
             if epoch != self._epoch:
-                return
+                return False
             self._epoch += 1
             self._restarting = True
+            return True
+
+    def reopen(self, why: str) -> None:
+        """Restarts the engine once no generation is in it, then lets generations start again;
+        the restart may raise (EngineFailing, or the worker stopping), and the guard opens
+        again anyway."""
+        with self._changed:
             self._changed.wait_for(lambda: self._active == 0)
         try:
             self._restart(why)
@@ -82,3 +91,8 @@ class EngineGuard:
             with self._changed:
                 self._restarting = False
                 self._changed.notify_all()
+
+    def fault(self, epoch: int, why: str) -> None:
+        """`close`, and `reopen` when this is the first report of the death."""
+        if self.close(epoch):
+            self.reopen(why)

@@ -133,7 +133,7 @@ class LeaseWork:
         """Generate, upload and complete the lease, filling `record`; never raises for a lost
         lease (an engine that must not be restarted again raises EngineFailing)."""
         lease = held.lease
-        fault: tuple[int, EngineFault] | None = None
+        fault: tuple[bool, EngineFault] | None = None
         try:
             fault = self._produce(held, record)
         except (AdapterMismatch, ChecksumMismatch) as exc:
@@ -161,12 +161,15 @@ class LeaseWork:
                 raise
             self._lost(held, record, str(exc.code))
         if fault is not None:
-            epoch, died = fault
+            first, died = fault
             log.error("lease %s: the engine died: %s", lease.lease_id, died)
-            record.outcome = self.give_back(held, "engine_fault")
-            record.reason = f"engine_fault: {died}"
-            record.engine_fault = str(died)
-            self.guard.fault(epoch, str(died))
+            try:
+                record.outcome = self.give_back(held, "engine_fault")
+                record.reason = f"engine_fault: {died}"
+                record.engine_fault = str(died)
+            finally:
+                if first:  # the guard closed at the death; this lease restarts the engine
+                    self.guard.reopen(str(died))
 
     def _lost(self, held: HeldLease, record: LeaseRecord, why: str) -> None:
         record.reason = held.lost_reason or why
@@ -174,9 +177,10 @@ class LeaseWork:
             record.outcome = self.give_back(held, "shutdown")
             record.reason = "shutdown"
 
-    def _produce(self, held: HeldLease, record: LeaseRecord) -> tuple[int, EngineFault] | None:
-        """The lease's work; an engine death is returned (with the engine's epoch) so that the
-        lease is released before the engine restarts."""
+    def _produce(self, held: HeldLease, record: LeaseRecord) -> tuple[bool, EngineFault] | None:
+        """The lease's work; an engine death closes the guard at once and is returned (with
+        whether this lease saw it first and so restarts the engine) so that the lease is
+        released before the engine restarts."""
         lease = held.lease
         started = time.monotonic()
         try:
@@ -189,7 +193,7 @@ class LeaseWork:
             )
         except EngineFault as exc:  # the engine died loading the version
             self.generated(held)
-            return self.guard.epoch, exc
+            return self.guard.close(self.guard.epoch), exc
         record.adapter_wait_s = time.monotonic() - started
         if held.cancel.is_set():
             raise GenerationCancelled()
@@ -210,7 +214,7 @@ class LeaseWork:
                         prompts, lease.group_size, sampling, handle, held.cancel
                     )
                 except EngineFault as exc:
-                    return epoch, exc
+                    return self.guard.close(epoch), exc
         finally:
             self.generated(held)
         record.generation_seconds = time.monotonic() - started
@@ -225,7 +229,7 @@ class LeaseWork:
 
     def _produce_trajectories(
         self, held: HeldLease, record: LeaseRecord, handle: Any, started: float
-    ) -> tuple[int, EngineFault] | None:
+    ) -> tuple[bool, EngineFault] | None:
         """The environment's rollouts of every prompt × G, written as a format 2 batch."""
         lease = held.lease
         if self.rollouts is None:
@@ -237,7 +241,7 @@ class LeaseWork:
                 try:
                     samples = self.rollouts.rollout(lease, handle, held.cancel)
                 except EngineFault as exc:
-                    return epoch, exc
+                    return self.guard.close(epoch), exc
         finally:
             self.generated(held)
         record.generation_seconds = time.monotonic() - started

@@ -125,6 +125,11 @@ def _close_quickly(backend: Backend, timeout_s: float) -> None:
     closer.join(timeout_s)
 
 
+# Logged once the engine is up (vLLM: its memory profiled, its KV cache allocated): `asyncgrpo
+# local` starts the next process on a shared GPU only after it (asyncgrpo/live_run.py).
+READY_LOG = "backend ready in"
+
+
 def main(settings: WorkerSettings, *, hard_exit: bool = True) -> int:
     """Run the worker until stopped. With `hard_exit`, the process ends with os._exit once the
     lease is released: tearing down torch at interpreter exit can take seconds, and a
@@ -146,7 +151,7 @@ def main(settings: WorkerSettings, *, hard_exit: bool = True) -> int:
         return 130
     started = time.monotonic()
     backend = make_backend(settings)
-    log.info("%s backend ready in %.1fs", backend.name, time.monotonic() - started)
+    log.info("%s %s %.1fs", backend.name, READY_LOG, time.monotonic() - started)
     code = 1
     try:
         code = serve(build_loop(settings, backend, credentials), settings.shutdown_grace_s)

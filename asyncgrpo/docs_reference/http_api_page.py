@@ -159,8 +159,8 @@ Every operation of the control plane's HTTP API, read from its OpenAPI document 
 error answer is an `ErrorBody` (`detail` for people, `code` for programs: see
 [the error codes](error-codes.md)). *Auth* names the kind of token an operation takes, sent as
 `Authorization: Bearer …`: an admin, registration, worker or learner token (each kind is its own
-security scheme in the OpenAPI document); a token of another kind is refused with 403.
-`open` operations take none.
+security scheme in the OpenAPI document); a token of another kind is refused with 403. The host
+checks (`doctor`) take a token of any kind. `open` operations take none.
 """
 
 

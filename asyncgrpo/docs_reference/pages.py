@@ -8,10 +8,12 @@ from pathlib import Path
 from asyncgrpo.docs_reference import (
     cli_page,
     error_codes_page,
+    gpu_prices_page,
     http_api_page,
     index_page,
     run_config_page,
     settings_page,
+    symptoms_page,
 )
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
@@ -23,6 +25,8 @@ PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page.render,
     "http-api.md": http_api_page.render,
     "error-codes.md": error_codes_page.render,
+    "symptoms.md": symptoms_page.render,
+    "gpu-prices.md": gpu_prices_page.render,
 }
 
 

@@ -122,32 +122,37 @@ def _once(*sentences: str) -> str:
 
 
 INTRO = """
-Every setting of the three processes, read from their pydantic-settings models. A setting comes
-from its environment variable (any of those listed; the names are case-insensitive) or, for the
-worker and the learner, from the command-line option of the same name (`asyncgrpo worker
---gpu-type`, see [the CLI reference](cli.md)), which wins over the environment. A list or a dict
-is given as JSON. An unknown variable under a part's prefix is refused at start, naming the
-closest setting.
+Every setting of the three processes, of `asyncgrpo local`, and the options `asyncgrpo doctor`
+adds to the worker's or the learner's, read from their pydantic-settings models. A setting
+comes from its environment variable (any of those listed; the names are case-insensitive) or,
+for the worker, the learner, `local` and `doctor`, from the command-line option of the same name
+(`asyncgrpo worker --gpu-type`, see [the CLI reference](cli.md)), which wins over the
+environment. A list or a dict is given as JSON. An unknown variable under a part's prefix is
+refused at start, naming the closest setting.
 """
 
 
-def render() -> str:
+def _parts() -> list[tuple[str, str, type[BaseSettings]]]:
+    from asyncgrpo.doctor.options import WorkerDoctorOptions
+    from asyncgrpo.local_config import LocalSettings
     from learner.config import LearnerSettings
     from server.config import Settings
     from worker.config import WorkerSettings
 
-    parts: list[tuple[str, str, type[BaseSettings]]] = [
+    return [
         ("Server", "server/config.py", Settings),
         ("Worker", "worker/config.py", WorkerSettings),
         ("Learner", "learner/config.py", LearnerSettings),
+        ("asyncgrpo local", "asyncgrpo/local_config.py", LocalSettings),
+        # beside the worker's or the learner's own (--run: `asyncgrpo doctor worker` only)
+        ("Doctor", "asyncgrpo/doctor/options.py", WorkerDoctorOptions),
     ]
-    sections = [s for title, source, model in parts for s in section(title, source, model)]
+
+
+def render() -> str:
+    sections = [s for title, source, model in _parts() for s in section(title, source, model)]
     return page("Settings", INTRO, sections)
 
 
 def missing_descriptions() -> list[str]:
-    from learner.config import LearnerSettings
-    from server.config import Settings
-    from worker.config import WorkerSettings
-
-    return [m for model in (Settings, WorkerSettings, LearnerSettings) for m in undescribed(model)]
+    return [m for _title, _source, model in _parts() for m in undescribed(model)]

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
 
 from protocol.error_codes import ErrorCode
+from protocol.gpu_prices import LEARNER_EXAMPLE, WORKER_EXAMPLES
 from protocol.run_config import RunConfig
 from protocol.schemas import INT_MAX
 from server.adapters import service as adapters
@@ -484,8 +485,8 @@ def planner_page(
     link_gbps: str = "1",
     learner_gpus: str = "1",
     micro_batch_tokens: str = "8192",
-    learner_gpu: str = "H100:2.5:6000",
-    worker_gpus: str = "L4:0.35:1500, A10G:0.45:1300",
+    learner_gpu: str = LEARNER_EXAMPLE,
+    worker_gpus: str = ", ".join(WORKER_EXAMPLES),
     completion_tokens: str = "512",
     group_size: str = "8",
     bound_groups: str = "16",

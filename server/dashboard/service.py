@@ -2,7 +2,8 @@
 runs.service (status, live stats, spend), jobs.alarms/jobs.stats (stale waste, clip fraction —
 the alarm's own readings), learner.telemetry (proxy stats, staleness histogram),
 learner.ledger (the prompt ledger), adapters.service (versions). Series over time come from
-dashboard.repository, the one place they are computed."""
+dashboard.repository, the one place they are computed; the drift banner's advice from
+dashboard.symptoms, the table the docs' symptom page is rendered from."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from protocol.run_config import RunConfig
 from protocol.trajectories import StopReason
 from server.adapters import service as adapters
 from server.dashboard import repository as repo
+from server.dashboard.symptoms import BY_ALARM
 from server.db import db_time
 from server.evals import repository as evals_repo
 from server.jobs import alarms, stats
@@ -32,14 +34,6 @@ from server.workers import repository as workers_repo
 from server.workers.liveness import worker_state
 
 DRIFT_KINDS = ("stale_waste", "clip_fraction")
-DRIFT_MEANING = {
-    "stale_waste": "Too much work is in flight for the staleness window: batches are generated "
-    "with adapter versions that are already too old when the learner claims them. Fewer "
-    "workers or smaller leases, a larger max_staleness, or faster adapter sync bring it down.",
-    "clip_fraction": "The sampling policy and the learner's policy have drifted apart: many "
-    "tokens hit the clip bounds. Usually adapter sync is too slow (workers sample with old "
-    "versions) or the learning rate is too high.",
-}
 SPARK_POINTS = 30
 LIVE_LEASES_SHOWN = 50
 EVENTS_SHOWN = 50
@@ -54,7 +48,8 @@ class Drift:
     value: float
     threshold: float
     message: str
-    meaning: str
+    meaning: str  # what it usually means, and the settings that change it: symptoms.py
+    settings: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -94,7 +89,8 @@ def drift_of(session: Session, run: Run, now: Any) -> tuple[float, list[Drift]]:
                     reading.value,
                     reading.threshold,
                     reading.message,
-                    DRIFT_MEANING[reading.kind],
+                    BY_ALARM[reading.kind].meaning,
+                    BY_ALARM[reading.kind].settings,
                 )
             )
     return waste, firing

@@ -11,13 +11,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from protocol.storage import ObjectStore
 from protocol.storage_local import STALE_TEMP_S, LocalStore
 from server.db import transaction
+from server.doctor.service import sweep_probes
 from server.learner.retention import apply_retention
 from server.models import Run
 
 
 def apply_all(factory: sessionmaker[Session], store: ObjectStore) -> dict[uuid.UUID, list[str]]:
     """Apply retention to every run, one transaction per run; returns the deleted keys. A
-    local bucket also loses the temp files of uploads that never finished."""
+    local bucket also loses the temp files of uploads that never finished, and every bucket the
+    bucket probes of `asyncgrpo doctor` left behind."""
     if isinstance(store, LocalStore):
         store.sweep_stale_temps(STALE_TEMP_S)
     with transaction(factory) as session:
@@ -28,4 +30,5 @@ def apply_all(factory: sessionmaker[Session], store: ObjectStore) -> dict[uuid.U
             keys = apply_retention(session, store, run_id)
         if keys:
             deleted[run_id] = list(keys)
+    sweep_probes(store)
     return deleted

@@ -1,5 +1,6 @@
 """Who is calling, as request dependencies: the admin, learner and registration principals
-(a bearer token of that kind, docs/architecture/security.md, "Tokens and security")."""
+(a bearer token of that kind, docs/architecture/security.md, "Tokens and security"), and the
+holder of a token of any kind (the host checks of `asyncgrpo doctor`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from server.request_deps import (
     LearnerCredentials,
     RegistrationCredentials,
     SessionDep,
+    WorkerCredentials,
     released,
 )
 from server.tokens import service as tokens
@@ -44,6 +46,22 @@ def require_registration(session: SessionDep, credentials: RegistrationCredentia
     return _principal(session, credentials, "registration")
 
 
+ALL_KINDS = ("admin", "registration", "worker", "learner")
+
+
+def require_any_token(
+    session: SessionDep,
+    admin: AdminCredentials,
+    registration: RegistrationCredentials,
+    worker: WorkerCredentials,
+    learner: LearnerCredentials,
+) -> Token:
+    """A live token of any kind. The four schemes read the one Authorization header: each is
+    named so that the OpenAPI document says the operation takes any of them."""
+    return _principal(session, admin or registration or worker or learner, *ALL_KINDS)
+
+
 AdminDep = Annotated[Token, Depends(require_admin)]
+AnyTokenDep = Annotated[Token, Depends(require_any_token)]
 LearnerDep = Annotated[Token, Depends(require_learner)]
 RegistrationDep = Annotated[Token, Depends(require_registration)]

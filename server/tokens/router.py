@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
@@ -29,21 +28,7 @@ def create_registration_token(
     body: RegistrationTokenCreate, session: SessionDep, _admin: AdminDep
 ) -> RegistrationTokenCreated:
     """Create a registration token (name, lifetime, uses); the token is answered once."""
-    minted = service.mint(
-        session,
-        "registration",
-        name=body.name,
-        ttl=timedelta(hours=body.ttl_hours),
-        max_uses=body.max_uses,
-    )
-    t = minted.token
-    return RegistrationTokenCreated(
-        id=t.id,
-        token=minted.plaintext,
-        prefix=t.prefix,
-        expires_at=t.expires_at,
-        max_uses=t.max_uses,
-    )
+    return service.create_registration_token(session, body)
 
 
 ForceQuery = Annotated[

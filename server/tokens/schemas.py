@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class RegistrationTokenCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = Field(None, max_length=200, description="A label for the dashboard.")
     ttl_hours: float = Field(24.0, gt=0, le=24 * 365, description="Hours until it expires.")

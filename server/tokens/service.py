@@ -16,6 +16,7 @@ from protocol.error_codes import ErrorCode
 from server.errors import Conflict, Forbidden, NotFound, Unauthorized
 from server.models import Token
 from server.tokens import repository
+from server.tokens.schemas import RegistrationTokenCreate, RegistrationTokenCreated
 
 PREFIXES = {
     "admin": "agr_adm_",
@@ -59,6 +60,26 @@ def mint(
         max_uses=max_uses,
     )
     return MintedToken(token, plaintext)
+
+
+def create_registration_token(
+    session: Session, body: RegistrationTokenCreate
+) -> RegistrationTokenCreated:
+    """A registration token with the body's name, lifetime and uses; its plaintext is in the
+    answer, the only place it is ever shown (POST /api/v1/registration-tokens and
+    `asyncgrpo registration-token create`)."""
+    minted = mint(
+        session,
+        "registration",
+        name=body.name,
+        ttl=timedelta(hours=body.ttl_hours),
+        max_uses=body.max_uses,
+    )
+    t = minted.token
+    return RegistrationTokenCreated(
+        id=t.id, token=minted.plaintext, prefix=t.prefix, expires_at=t.expires_at,
+        max_uses=t.max_uses,
+    )  # fmt: skip
 
 
 def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> Token:

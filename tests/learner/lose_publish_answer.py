@@ -1,10 +1,10 @@
-"""`asyncgrpo learner` whose first publish of one version lands on the server but whose answer
-is lost on the way back (a read timeout), so a test can watch the learner reconcile the
-`version_not_next` its retry is answered (learner/refusals.py).
+"""`asyncgrpo learner` whose first publish of some versions lands on the server but whose answer
+is lost on the way back (a read timeout past the client's own retries), so a test can watch
+the learner's retry of the same publish get the stored answer (learner/publisher.py).
 
-    python -m tests.learner.lose_publish_answer VERSION <asyncgrpo learner arguments>
+    python -m tests.learner.lose_publish_answer VERSION[,VERSION...] <asyncgrpo learner args>
 
-The learner code is otherwise unchanged; the lost answer is logged as "test: the answer to the
+The learner code is otherwise unchanged; each lost answer is logged as "test: the answer to the
 publish of version N was lost"."""
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from protocol.client import AsyncGrpoClient
 log = logging.getLogger("tests.lose_publish_answer")
 
 
-def _lose_answer_of(version: int) -> None:
+def _lose_answers_of(versions: set[int]) -> None:
     publish = AsyncGrpoClient.publish_adapter
-    lost: list[int] = []
+    lost: set[int] = set()
 
-    def losing(self: Any, run_id: str, body: sl.PublishRequest) -> sl.PublishResponse:
-        answer = publish(self, run_id, body)
-        if body.version == version and not lost:
-            lost.append(version)
-            log.info("test: the answer to the publish of version %d was lost", version)
+    def losing(
+        self: Any, run_id: str, body: sl.PublishRequest, **kwargs: Any
+    ) -> sl.PublishResponse:
+        answer = publish(self, run_id, body, **kwargs)
+        if body.version in versions - lost:
+            lost.add(body.version)
+            log.info("test: the answer to the publish of version %d was lost", body.version)
             raise httpx.ReadTimeout("the answer was lost")
         return answer
 
@@ -37,7 +39,7 @@ def _lose_answer_of(version: int) -> None:
 
 
 if __name__ == "__main__":
-    _lose_answer_of(int(sys.argv[1]))
+    _lose_answers_of({int(v) for v in sys.argv[1].split(",")})
     from asyncgrpo.cli import app
 
     sys.argv = ["asyncgrpo", "learner", *sys.argv[2:]]

@@ -1,7 +1,9 @@
-"""The learner process whose publish of version 2 lands but whose answer is lost: the retry is
-answered `version_not_next`, the learner finds its own version there (learner/refusals.py) and
-goes on under the same fencing token with the work it had not published yet: one attachment,
-no lease loss, every version contiguous and every batch consumed into exactly one of them."""
+"""The learner process whose publishes of version 2 and of the final version land but whose
+answers are lost (past the client's own retries): the learner's retry of each publish, under
+the same Idempotency-Key, gets the stored answer (learner/publisher.py), even the final one's,
+after which the run is completed and the lease gone. It goes on under the same fencing token
+with the work it had not published yet and exits 0: one attachment, no lease loss, every
+version contiguous and every batch consumed into exactly one of them."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def test_a_lost_publish_answer_keeps_the_session_and_its_work(
     worker_id, _ = make_worker(app)
     tok, log = small_tokenizer, served.learner_log
     batches = [real_batch(app, run.id, worker_id, 0, tok, tmp_path)]
-    command = [sys.executable, "-m", "tests.learner.lose_publish_answer", "2"]
+    command = [sys.executable, "-m", "tests.learner.lose_publish_answer", "2,4"]
     proc = served.learner(run, {"TRANSFER_RETRY_CAP_S": "1"}, command=command)
     try:
         wait_version(app, run.id, 1, proc, log)
@@ -55,13 +57,16 @@ def test_a_lost_publish_answer_keeps_the_session_and_its_work(
         wait_log(log, "test: the answer to the publish of version 2 was lost", proc)
         wait_version(app, run.id, 2, proc, log)
         batches.append(real_batch(app, run.id, worker_id, 2, tok, tmp_path))
+        wait_log(log, "test: the answer to the publish of version 4 was lost", proc)
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
     text = log.read_text()
-    assert "version 2 had landed (its answer was lost)" in text, text[-3000:]
+    for version in (2, 4):  # each answered by its retry, from the key: not reconciled
+        assert f"published version {version}" in text, text[-3000:]
+        assert f"version {version} had landed" not in text, text[-3000:]
     attached = re.findall(r"attached to run \S+: fencing (\d+)", text)
     assert len(attached) == 1, text[-3000:]  # no re-attach
     assert "dropping unpublished work" not in text, text[-3000:]

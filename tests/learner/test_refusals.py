@@ -122,14 +122,24 @@ def attached(served: LiveApp, tmp_path: Path, tiny_model: Any) -> Iterator[Sessi
     session.close()
 
 
-def _lose_first_answer(client: AsyncGrpoClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The first publish reaches the server and lands; its answer is lost on the way back."""
+def _lose_first_answer(
+    client: AsyncGrpoClient, monkeypatch: pytest.MonkeyPatch, *, same_key: bool
+) -> list[str]:
+    """The first publish reaches the server and lands; its answer is lost on the way back. The
+    learner's retry sends the publish's key again; `same_key` False sends it under a new one
+    (as when the key is past its retention)."""
     real = client.publish_adapter
     calls: list[str] = []
 
-    def publish(run_id: str, body: sl.PublishRequest) -> sl.PublishResponse:
-        answer = real(run_id, body)
-        calls.append("landed" if not calls else "again")
+    def publish(run_id: str, body: sl.PublishRequest, **kwargs: Any) -> sl.PublishResponse:
+        if calls and not same_key:
+            kwargs.pop("idempotency_key")
+        try:
+            answer = real(run_id, body, **kwargs)
+        except ConflictError as exc:
+            calls.append(str(exc.code))
+            raise
+        calls.append("landed" if not calls else "stored answer")
         if len(calls) == 1:
             raise httpx.ReadTimeout("the answer was lost")
         return answer
@@ -138,14 +148,25 @@ def _lose_first_answer(client: AsyncGrpoClient, monkeypatch: pytest.MonkeyPatch)
     return calls
 
 
+def test_a_lost_publish_answer_is_answered_by_the_retry_under_its_key(
+    attached: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = attached
+    calls = _lose_first_answer(s.client, monkeypatch, same_key=True)
+    published = s.publisher(s.job(1, s.claimed))
+    assert calls == ["landed", "stored answer"] and published == Published(1, "running")
+    assert s.versions() == [1] and s.run_row() == (1, s.fencing)
+    assert s.consumed_version(s.claimed[0]) == 1
+
+
 def test_version_not_next_after_a_lost_answer_keeps_the_session(
     attached: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = attached
-    calls = _lose_first_answer(s.client, monkeypatch)
+    calls = _lose_first_answer(s.client, monkeypatch, same_key=False)
     published = s.publisher(s.job(1, s.claimed))
     # the retry was answered version_not_next; the version is ours, so it is taken as published
-    assert calls == ["landed"] and published == Published(1, "running")
+    assert calls == ["landed", "version_not_next"] and published == Published(1, "running")
     assert s.versions() == [1] and s.run_row() == (1, s.fencing)
     assert s.consumed_version(s.claimed[0]) == 1
     # no re-attach: the same session claims, trains on and publishes its next version
@@ -180,7 +201,7 @@ def test_a_file_the_bucket_lacks_at_publish_is_uploaded_again(
     real = s.client.publish_adapter
     answers: list[str] = []
 
-    def publish(run_id: str, body: sl.PublishRequest) -> sl.PublishResponse:
+    def publish(run_id: str, body: sl.PublishRequest, **kwargs: Any) -> sl.PublishResponse:
         if not answers:  # the bucket loses (or another writer shortens) the weights file
             key = next(f.key for f in body.files if f.name == "adapter_model.safetensors")
             if damage == "delete":
@@ -188,7 +209,7 @@ def test_a_file_the_bucket_lacks_at_publish_is_uploaded_again(
             else:
                 store.put_bytes(key, b"short")
         try:
-            answer = real(run_id, body)
+            answer = real(run_id, body, **kwargs)
         except ConflictError as exc:
             answers.append(str(exc.code))
             raise

@@ -51,3 +51,14 @@ def test_negative_numbers_and_bad_ids_are_refused() -> None:
         layout.batch_key(RUN, LEASE, -1)
     with pytest.raises(ValueError):
         layout.run_prefix("../../etc")
+
+
+def test_a_probe_key_takes_only_a_probe_id() -> None:
+    probe_id = "1765000000000-" + "0123456789abcdef" * 2
+    key = layout.probe_key(probe_id)
+    assert key == f"probes/{probe_id}" and layout.probe_made_ms(key) == 1765000000000
+    for bad in ["", "../x", "1765000000000-" + "G" * 32, "176500000000-" + "0" * 32, "a/b"]:
+        with pytest.raises(ValueError, match="not a bucket probe id"):
+            layout.probe_key(bad)
+    assert layout.probe_made_ms("probes/other") is None
+    assert layout.probe_made_ms("runs/" + probe_id) is None

@@ -36,7 +36,9 @@ def test_leases_of_two_runs_at_once_abort_and_fence_touch_only_their_own(
     make_stack: Callable[..., Stack], tx_backend: Any, tmp_path: Path
 ) -> None:
     alone = make_stack(1, prompts_per_lease=1, group_size=2, sampling=LONG)
-    shared = make_stack(3, prompts_per_lease=1, group_size=2, sampling=LONG, lease_ttl_s=60.0)
+    # a TTL far past the test: the fenced lease's row stays leased to the end (60 s ran out on
+    # a loaded machine, and the row was requeued)
+    shared = make_stack(3, prompts_per_lease=1, group_size=2, sampling=LONG, lease_ttl_s=900.0)
     settings = worker_settings(alone, tmp_path, max_leases=4, max_inflight_sequences=64)
     worker = LoopThread(settings, tx_backend).start()
     worker.wait_for(lambda: len(held_runs(worker)) == 4, 120, "four leases held at once")

@@ -76,6 +76,31 @@ def test_no_generation_starts_while_the_engine_restarts() -> None:
     waiter.join()
 
 
+def test_the_guard_closes_at_the_death_before_the_lease_is_released() -> None:
+    """A lease's release requeues its prompts, and a lease granted on them meanwhile must not
+    start on the dead engine: the death closes the guard at once, the restart comes after."""
+    restarts: list[str] = []
+    guard = EngineGuard(restarts.append)
+    with guard.generating() as epoch:
+        pass
+    assert guard.close(epoch)  # the first report of this death
+    assert not guard.close(epoch)  # another lease broken by the same death
+    entered = threading.Event()
+
+    def granted_meanwhile() -> None:
+        with guard.generating():
+            entered.set()
+
+    waiter = threading.Thread(target=granted_meanwhile)
+    waiter.start()
+    assert not entered.wait(0.3)  # held back while the broken leases are released
+    assert restarts == []
+    guard.reopen("died")
+    assert entered.wait(5)
+    waiter.join()
+    assert restarts == ["died"]
+
+
 def test_a_restart_that_raises_opens_the_guard_again() -> None:
     def restart(_why: str) -> None:
         raise SystemExit("engine failing")

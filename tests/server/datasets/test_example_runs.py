@@ -23,10 +23,16 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def test_every_example_run_validates() -> None:
-    names = sorted(p.name for p in RUNS.glob("*.json"))
-    assert {"gsm8k-qwen2.5-1.5b.json", "gsm8k-smollm2-cpu.json"} <= set(names)
-    for name in names:
-        RunConfig.model_validate(_load(name))
+    """Every file under examples/runs/ (whatever its suffix) and the demo's run are run configs
+    that `POST /api/v1/runs` takes as they are: JSON, valid, no unknown field."""
+    files = sorted(p for p in RUNS.rglob("*") if p.is_file())
+    names = {p.name for p in files}
+    assert {"arithmetic.json", "gsm8k-qwen2.5-1.5b.json", "gsm8k-smollm2-cpu.json"} <= names
+    for path in [*files, ROOT / "asyncgrpo" / "demo_run.json"]:
+        try:
+            RunConfig.model_validate(json.loads(path.read_text()))
+        except ValueError as exc:  # json.JSONDecodeError and pydantic's ValidationError
+            raise AssertionError(f"{path.relative_to(ROOT)}: {exc}") from None
 
 
 def test_gpu_example_is_gsm8k_with_math_verify_and_a_test_split_eval() -> None:

@@ -29,16 +29,23 @@ def eval_block(**overrides: Any) -> dict[str, Any]:
     return block
 
 
-def make_eval_run(
-    app: Any, n_rows: int = 6, eval_overrides: Any = None, **overrides: Any
-) -> RunHandle:
+def eval_run_fields(
+    n_rows: int = 6, eval_overrides: Any = None, **overrides: Any
+) -> dict[str, Any]:
+    """The run config fields of a run with an eval block (make_run's overrides)."""
     rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n_rows)]
     fields: dict[str, Any] = {
         "dataset": {"kind": "jsonl", "rows": rows},
         "eval": eval_block(**(eval_overrides or {})),
     }
     fields.update(overrides)
-    return make_run(app, **fields)
+    return fields
+
+
+def make_eval_run(
+    app: Any, n_rows: int = 6, eval_overrides: Any = None, **overrides: Any
+) -> RunHandle:
+    return make_run(app, **eval_run_fields(n_rows, eval_overrides, **overrides))
 
 
 def acquire(client: TestClient, headers: dict[str, str]) -> dict[str, Any] | None:

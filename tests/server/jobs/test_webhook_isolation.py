@@ -40,8 +40,15 @@ def factory(db_url: str) -> Iterator[sessionmaker[Session]]:
 
 
 def _job(factory: sessionmaker[Session], db_url: str, tmp_path: Path) -> JobContext:
-    """The delivery job as the scheduler runs it, allowed to reach the loopback receiver."""
-    settings = make_settings(db_url, tmp_path / "bucket", outbound_allow_private=True)
+    """The delivery job as the scheduler runs it, allowed to reach the loopback receiver. Its
+    first retry is an hour away, so that a failed attempt's retry is still in the future when
+    the test reads it, however slow the pass was (2 s, the default, passed under load)."""
+    settings = make_settings(
+        db_url,
+        tmp_path / "bucket",
+        outbound_allow_private=True,
+        jobs={"mode": "celery", "webhook_backoff_s": 3600.0},
+    )
 
     def no_store() -> Any:
         raise AssertionError("the webhooks job needs no bucket")

@@ -1,27 +1,23 @@
-"""The demo's summary and notes, from API-shaped data (no processes, no model): the reward
-sparkline on a fixed 0..1 scale, the first-3 / last-3 means, where the final adapter is, the
-workers by derived state, and what a re-run in the same folder reuses."""
+"""The summary of a run on this machine (`asyncgrpo demo`, `asyncgrpo local`), from API-shaped
+data (no processes, no model): the reward sparkline on a fixed 0..1 scale, the first-3 / last-3
+means, where the final adapter is and the workers by derived state."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from asyncgrpo.demo import (
+from asyncgrpo.demo import demo_config
+from asyncgrpo.live_view import (
     FinalAdapter,
     Snapshot,
-    demo_config,
     edge_means,
     final_adapter_lines,
-    reuse_notes,
     sparkline,
     summary_table,
 )
-from protocol.run_config import RunConfig
 
 
 def test_sparkline_uses_a_fixed_zero_to_one_scale() -> None:
@@ -33,15 +29,6 @@ def test_edge_means_compare_the_first_and_last_three_versions() -> None:
     rewards = {v: v / 10 for v in range(1, 9)}
     assert edge_means(rewards) == pytest.approx((0.2, 0.7))
     assert edge_means({1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5}) is None
-
-
-def test_demo_config_is_the_learning_setup_and_valid() -> None:
-    config = demo_config(12, seed=3)
-    run = RunConfig.model_validate(config)
-    assert run.group_size * run.prompts_per_step >= 64  # samples per version
-    assert run.max_versions == 12 and config["dataset"]["seed"] == 3 and run.seed == 3
-    assert config["dataset"]["size"] == 12 * run.prompts_per_step
-    assert run.rewards[0].name == "numeric_match"
 
 
 def _snapshot(rewards: dict[int, float]) -> Snapshot:
@@ -74,14 +61,3 @@ def test_summary_shows_learning_time_and_the_final_adapter() -> None:
     assert "/d/bucket/runs/r/adapters/v000006/" in where
     assert "http://127.0.0.1:9/api/v1/runs/r/adapters/final" in where
     assert final_adapter_lines(None) == ["no final adapter (the run did not complete)"]
-
-
-def test_a_rerun_in_the_same_folder_says_what_it_reuses(tmp_path: Path) -> None:
-    assert reuse_notes(tmp_path) == []
-    (tmp_path / "asyncgrpo.db").write_bytes(b"")
-    (tmp_path / "bucket").mkdir()
-    token = tmp_path / "workers" / "demo-worker-1" / "token.json"
-    token.parent.mkdir(parents=True)
-    token.write_text(json.dumps({"server_url": "http://127.0.0.1:1"}))
-    notes = "\n".join(reuse_notes(tmp_path))
-    assert "asyncgrpo.db" in notes and "bucket/" in notes and "demo-worker-1" in notes

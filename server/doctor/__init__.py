@@ -1,0 +1,1 @@
+"""The host checks of `asyncgrpo doctor` (docs/architecture/protocol.md, "Host checks")."""
