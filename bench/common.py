@@ -573,6 +573,6 @@ async def raw_accept(
         "batch_id": uuid.uuid4(),
         "lease_id": lease_id,
         "digest": digest,
-        "fencing": fencing,
+        "held_fencing": fencing,
     }
     return bool(await _raw_fetch(conn, "accept", params))

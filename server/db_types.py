@@ -6,7 +6,19 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Integer, cast, func, types
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    cast,
+    func,
+    types,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.ext.compiler import compiles
@@ -79,12 +91,47 @@ def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
 
 
 def postgres_text(expression: Any) -> str:
-    """A SQL expression as Postgres text with its constants inlined, for the statements written
-    as text (the one-statement grant, the lease engine's Postgres statements): one rule,
-    rendered, not rewritten."""
+    """A SQL expression as Postgres text with its constants inlined, for the statements kept as
+    text (docs/decisions/0020-hot-statements-once.md): one rule, rendered, not rewritten."""
     return str(
         expression.compile(dialect=psycopg_dialect(), compile_kwargs={"literal_binds": True})
     )
+
+
+class psycopg_param(ColumnElement[Any]):  # noqa: N801
+    """A named psycopg parameter, `%(name)s`, inside an expression rendered by postgres_text
+    for a statement kept as text: the expression's rule rendered around it."""
+
+    inherit_cache = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.type = String()
+
+
+@compiles(psycopg_param)
+def _psycopg_param(element: Any, compiler: Any, **kw: Any) -> str:
+    return f"%({element.name})s"
+
+
+class json_has(FunctionElement[bool]):  # noqa: N801
+    """Whether a JSON array column holds this string: jsonb's `?` on Postgres, json_each on
+    SQLite (a worker's registered models)."""
+
+    type = Boolean()
+    inherit_cache = True
+
+
+@compiles(json_has)
+def _json_has_default(element: Any, compiler: Any, **kw: Any) -> str:
+    array, value = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"({array} ? {value})"
+
+
+@compiles(json_has, "sqlite")
+def _json_has_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    array, value = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"EXISTS (SELECT 1 FROM json_each({array}) WHERE json_each.value = {value})"
 
 
 def new_uuid() -> uuid.UUID:

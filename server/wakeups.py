@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, literal_column, select
 from sqlalchemy.orm import Session
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,12 @@ def _forget(session: Session) -> None:
     session.info[_PENDING].clear()
 
 
-def notify_sql(channel: str) -> str:
+def notify_from(channel: str) -> Any:
     """A `pg_notify` of the channel as a FROM item, for a one-statement unit that signals
     (server/leases/statements.py): Postgres sends it when the statement commits."""
-    return f"pg_notify('{channel}', '{_ORIGIN}')"
+    return func.pg_notify(literal_column(f"'{channel}'"), literal_column(f"'{_ORIGIN}'")).alias(
+        "notified"
+    )
 
 
 class Listener:

@@ -18,7 +18,8 @@ from server.evals.ledger import EVAL
 from server.learner import repository as learner_repo
 from server.leases import expiry, ledger, queue
 from server.leases import repository as leases_repo
-from server.runs import lifecycle
+from server.models import Lease
+from server.runs import lifecycle, waste
 from server.runs import service as runs
 from server.workers import service as workers
 
@@ -29,7 +30,8 @@ def close_ledger(session: Session, run_id: uuid.UUID, reason: str, kind: str | N
     aborted (of `kind` only, when given; the rows of every kind)."""
     queue.drop_unfinished(session, run_id, reason)
     learner_repo.reject_unconsumed(session, run_id, reason, kind=kind)
-    leases_repo.abort_active(session, run_id, reason, kind=kind)
+    only = None if kind is None else ledger.of_kind(Lease.kind, kind)
+    leases_repo.abort_active(session, run_id, reason, only=only)
 
 
 def write_eval_rows(
@@ -49,3 +51,4 @@ def wire() -> None:
     runs.store_eval_rows_with(write_eval_rows)
     workers.end_leases_with(expiry.end_revoked_worker_leases)
     ledger.register(EVAL)
+    waste.count_batches_with(ledger.trained)

@@ -162,7 +162,8 @@ def test_the_loss_option_types_are_written_once() -> None:
 
 def test_worker_rows_are_written_in_one_module() -> None:
     """Worker counters, last seen and waiting were written by the lease repositories too; the
-    lease engine's Postgres statements and the one-statement grant take their SET lists from
+    lease engine's one-statement units take their SET values from touch_values (through
+    touch_update), the two Postgres texts (acquire's first, the grant) their SET lists from
     touch_sql."""
     writers = {
         module
@@ -177,6 +178,43 @@ def test_worker_rows_are_written_in_one_module() -> None:
         for statement in text.split("UPDATE workers")[1:]:
             set_list = statement.split("SET", 1)[1].lstrip()
             assert set_list.startswith("{"), (module, statement[:80])
+
+
+def test_worker_token_authentication_is_one_function() -> None:
+    """Worker-token authentication was written in four places (the lease repository's join
+    condition, two Postgres texts, the workers and tokens services): one definition,
+    server/workers/repository.py authenticated, which the others call."""
+    spelled = {
+        module
+        for module, text in _sources()
+        if module.startswith("server/")
+        and any(
+            s in text
+            for s in ('okens.kind == "worker"', 'oken.kind == "worker"', "t.kind = 'worker'")
+        )
+    }
+    assert spelled == {"server/workers/repository.py"}
+    definitions = [
+        module
+        for module, tree in _modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name in ("authenticated", "authenticate_worker")
+    ]
+    assert definitions == ["server/workers/repository.py"]
+
+
+def test_one_claim_page_for_every_kind() -> None:
+    """The train and eval claims took their accepted batches in two functions: one,
+    server/leases/ledger.py claim_page, by the kinds' `trained` policy."""
+    pages = {
+        module
+        for module, text in _sources()
+        if module.startswith("server/")
+        and 'RolloutBatch.state == "accepted"' in text
+        and "skip_locked=True" in text
+    }
+    assert pages == {"server/leases/ledger.py"}
 
 
 def test_token_authentication_is_written_once() -> None:

@@ -25,6 +25,7 @@ from server.workers.repository import touch
 
 class EvalKind:
     name = "eval"
+    trained = False  # scored, never trained on
 
     def offered(self, config: RunConfig, run_status: str) -> bool:
         return config.eval is not None and run_status in LEASING_RUN_STATUSES

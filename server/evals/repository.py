@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from protocol.schemas import LEASING_RUN_STATUSES
 from server.db import is_postgres
 from server.db_types import db_now
+from server.leases import ledger
 from server.models import EvalItem, EvalResult, EvalRow, Lease, RolloutBatch, Run
 from server.runs.repository import NEXT_FENCING, insert_row_pairs
 
@@ -79,7 +80,9 @@ def active_eval_leases(session: Session, run_id: uuid.UUID) -> int:
         session.execute(
             select(func.count())
             .select_from(Lease)
-            .where(Lease.run_id == run_id, Lease.kind == "eval", Lease.state == "active")
+            .where(
+                Lease.run_id == run_id, ledger.of_kind(Lease.kind, "eval"), Lease.state == "active"
+            )
         ).scalar_one()
     )
 
@@ -213,23 +216,6 @@ def score_items(session: Session, scores: dict[int, tuple[float, int]], batch_id
             accurate=accurate,
         )
     return done
-
-
-def accepted_eval_batches(session: Session, run_id: uuid.UUID, limit: int) -> list[RolloutBatch]:
-    return list(
-        session.execute(
-            select(RolloutBatch)
-            .where(
-                RolloutBatch.run_id == run_id,
-                RolloutBatch.kind == "eval",
-                RolloutBatch.state == "accepted",
-            )
-            .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
 
 
 def set_batch_state(session: Session, batch_id: uuid.UUID, from_state: str, **values: Any) -> bool:

@@ -28,6 +28,7 @@ from server.db_types import db_now_plus
 from server.errors import Conflict, NotFound, Unprocessable
 from server.evals import repository as repo
 from server.events.service import raise_event
+from server.leases import ledger
 from server.leases import repository as leases_repo
 from server.leases.queue import Granted
 from server.models import EvalResult
@@ -297,7 +298,7 @@ def score(
 
 def claimable(session: Session, run_id: uuid.UUID, fencing: int, limit: int) -> list[Any]:
     """Up to `limit` uploaded eval batches, now claimed under this learner's token."""
-    batches = repo.accepted_eval_batches(session, run_id, limit)
+    batches = ledger.claim_page(session, run_id, limit, trained=False)
     for batch in batches:
         repo.set_batch_state(
             session, batch.id, "accepted", state="claimed", claimed_fencing=fencing

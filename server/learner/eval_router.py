@@ -31,6 +31,7 @@ from server.idempotency.keys import KeyHeader, keyed_call
 from server.idempotency.store import Answer, in_session, sent
 from server.learner import repository as learner_repo
 from server.learner.service import fence, run_config
+from server.leases import ledger
 from server.long_poll import long_poll
 from server.models import Token
 from server.request_deps import LearnerCredentials, SessionDep, SettingsDep
@@ -144,7 +145,7 @@ def _score(
 ) -> EvalResultsResponse:
     fence(session, settings, token, run_id, body.fencing)
     batch = learner_repo.get_batch(session, run_id, body.batch_id)
-    if batch is None or batch.kind != EVAL.name:
+    if batch is None or not ledger.is_of(batch.kind, EVAL):
         raise NotFound("eval batch not found", code=ErrorCode.batch_not_found)
     service.refuse_unclaimed(batch, body.fencing)
     samples = [(s.item_id, s.reward, s.accuracy_value) for s in body.samples]

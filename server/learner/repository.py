@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, defer
 
 from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.db_types import db_now, db_now_plus
+from server.leases import ledger
 from server.leases.ledger import KINDS
 from server.models import (
     AdapterVersion,
@@ -157,24 +158,6 @@ def latest_checkpoint(session: Session, run_id: uuid.UUID, at_most: int) -> Adap
         .order_by(AdapterVersion.version.desc())
     ).scalars()
     return next((v for v in versions if v.checkpoint_files), None)
-
-
-def accepted_batches_page(session: Session, run_id: uuid.UUID, limit: int) -> list[RolloutBatch]:
-    """Accepted batches, oldest adapter version first, locked (SKIP LOCKED on Postgres)."""
-    return list(
-        session.execute(
-            select(RolloutBatch)
-            .where(
-                RolloutBatch.run_id == run_id,
-                RolloutBatch.state == "accepted",
-                RolloutBatch.kind == "train",
-            )
-            .order_by(RolloutBatch.adapter_version, RolloutBatch.created_at, RolloutBatch.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .execution_options(populate_existing=True)
-        ).scalars()
-    )
 
 
 def reject_batch(
@@ -339,7 +322,7 @@ def reject_unconsumed(
 ) -> None:
     """Every accepted or claimed batch of the run (of this kind, when given) is rejected with
     this reason (the run, or its training, ended)."""
-    kinds = [RolloutBatch.kind == kind] if kind is not None else []
+    kinds = [ledger.of_kind(RolloutBatch.kind, kind)] if kind is not None else []
     session.execute(
         update(RolloutBatch)
         .where(

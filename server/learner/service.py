@@ -38,6 +38,7 @@ from server.errors import Conflict, FencingLost, NotFound, Unprocessable
 from server.evals import service as evals
 from server.events.service import raise_event
 from server.learner import repository as repo
+from server.leases import ledger
 from server.leases.ledger import kind_of
 from server.leases.train import TRAIN
 from server.models import RolloutBatch, Token
@@ -334,7 +335,7 @@ def _take_batches(
     taken: list[tuple[RolloutBatch, int]] = []
     groups = stale = 0
     while True:
-        page = repo.accepted_batches_page(session, run.id, CLAIM_PAGE)
+        page = ledger.claim_page(session, run.id, CLAIM_PAGE, trained=True)
         if not page:
             return taken, stale
         for batch in page:

@@ -32,6 +32,7 @@ from server.learner.schemas import (
     SampleToolCall,
     TrajectorySampleOut,
 )
+from server.leases import ledger
 from server.models import RolloutBatch
 
 # A batch larger than this is not downloaded for a sample (the upload limits keep real batches
@@ -73,7 +74,7 @@ def latest_batch_id(session: Session, run_id: uuid.UUID) -> uuid.UUID | None:
             select(RolloutBatch.id)
             .where(
                 RolloutBatch.run_id == run_id,
-                RolloutBatch.kind == "train",
+                ledger.trained(RolloutBatch.kind),
                 RolloutBatch.state.in_(states),
             )
             .order_by(RolloutBatch.created_at.desc(), RolloutBatch.id.desc())

@@ -11,7 +11,7 @@ the run's base model that hold an active lease of it, and those that are waiting
 (`workers.waiting_since` set by an acquire try that granted nothing, and seen recently).
 
 The contenders are a read before the grant (a soft rule: they may change under it); the
-worker's held count is checked in the grant statement itself (`queue.admit`, `queue._GRANT`,
+worker's held count is checked in the grant statement itself (`queue.admit`, `queue.GRANT`,
 parameter `worker_cap`). The read is made only when the share can matter for this try: with
 admission control on, when the grant would take the run's groups in flight past half its bound
 but not past the bound (which refuses it anyway). Below half the bound no worker is capped: a
@@ -23,11 +23,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Select, bindparam, exists, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Float, Select, String, bindparam, exists, func, or_, select
 
 from protocol.schemas import INT_MAX
-from server.db_types import db_now_plus
+from server.db_types import db_now_plus, json_has
 from server.leases.units import Statement, WorkerDb
 from server.models import Lease, Worker
 
@@ -53,17 +52,16 @@ def worker_cap(bound: int, n: int, contenders: int) -> int:
     return max(-(-bound // max(contenders, 1)), n)
 
 
-def _contenders_sqlite() -> Select[Any]:
-    """The other contenders of the run (the acquiring worker excluded), on SQLite."""
-    models = func.json_each(Worker.models).table_valued("value")
-    serves = exists(select(1).select_from(models).where(models.c.value == bindparam("base_model")))
+def _contenders() -> Select[Any]:
+    """The other contenders of the run (the acquiring worker excluded): one expression, compiled
+    for Postgres (jsonb's `?`) and SQLite (json_each) alike."""
     holds = exists().where(
         Lease.worker_id == Worker.id,
         Lease.run_id == bindparam("run_id"),
         Lease.state == "active",
     )
     waiting = Worker.waiting_since.is_not(None) & (
-        Worker.last_seen_at > db_now_plus(-bindparam("window_s"))
+        Worker.last_seen_at > db_now_plus(-bindparam("window_s", type_=Float))
     )
     return (
         select(func.count())
@@ -71,22 +69,13 @@ def _contenders_sqlite() -> Select[Any]:
         .where(
             Worker.status == "active",
             Worker.id != bindparam("worker_id"),
-            serves,
+            json_has(Worker.models, bindparam("base_model", type_=String)),
             or_(holds, waiting),
         )
     )
 
 
-_CONTENDERS_SQLITE = _contenders_sqlite()
-# The same on Postgres: `models ? base_model` is jsonb's "has this string element".
-CONTENDERS_SQL_PSYCOPG = """
-SELECT count(*) FROM workers w
-WHERE w.status = 'active' AND w.id <> %(worker_id)s AND w.models ? %(base_model)s
-  AND (EXISTS (SELECT 1 FROM leases l
-               WHERE l.worker_id = w.id AND l.run_id = %(run_id)s AND l.state = 'active')
-       OR (w.waiting_since IS NOT NULL
-           AND w.last_seen_at > clock_timestamp() - make_interval(secs => %(window_s)s)))
-"""
+_CONTENDERS = Statement.of(_contenders())
 
 
 def _params(
@@ -98,13 +87,6 @@ def _params(
         "worker_id": worker_id,
         "window_s": window_s,
     }
-
-
-def _contenders_on_sqlite(session: Session, params: dict[str, Any]) -> list[Any]:
-    return list(session.execute(_CONTENDERS_SQLITE, params).all())
-
-
-_CONTENDERS = Statement(CONTENDERS_SQL_PSYCOPG, _contenders_on_sqlite)
 
 
 async def cap(

@@ -35,18 +35,23 @@ from server.db_types import db_now
 from server.errors import FencingLost, NotFound, PayloadTooLarge, Unprocessable
 from server.leases import ledger, statements
 from server.leases import repository as repo
+from server.leases.kinds import WorkKind
 from server.leases.runs_of_leases import LEASE_RUNS
 from server.leases.service import Caller, config_of_run, lease_lost, refuse
 from server.leases.units import Statement
 from server.models import Lease, Worker
-from server.workers.repository import touch
+from server.workers.repository import authenticated, touch
 
 
 @cache
+def _beat_of(kinds: tuple[WorkKind, ...]) -> Statement:
+    return statements.beat_statement(ledger.abort_reason(kinds))
+
+
 def _beat() -> Statement:
-    """The heartbeat's unit over every registered kind's abort reason (built at first use,
-    after the composition root registered the kinds)."""
-    return statements.beat_statement(ledger.abort_reason())
+    """The heartbeat's unit over every registered kind's abort reason, built once per set of
+    kinds: a kind registered after the first heartbeat gets its own branch at the next."""
+    return _beat_of(tuple(ledger.KINDS.values()))
 
 
 # -- heartbeat ---------------------------------------------------------------------------------
@@ -127,7 +132,7 @@ _UPLOADING_STATEMENT = (
     .where(
         Lease.id == bindparam("lease_id"),
         Lease.worker_id == Worker.id,
-        repo.authenticated(bindparam("digest")),
+        authenticated(bindparam("digest")),
         statements.held_now(),
     )
     .values(last_heartbeat_at=db_now())

@@ -24,6 +24,7 @@ class WorkKind(Protocol):
     """One kind of work in the ledger."""
 
     name: str
+    trained: bool  # the learner trains on its batches (server/leases/ledger.py trained)
 
     def offered(self, config: RunConfig, run_status: str) -> bool:
         """Whether a run in this status, with this config, hands out this kind's leases."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Float,
     Integer,
     Row,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     bindparam,
     exists,
     func,
+    literal,
     or_,
     select,
     text,
@@ -42,6 +44,7 @@ from server.wakeups import LEARNER, LEASES, after_commit
 from server.workers.repository import touch_sql
 
 IN_FLIGHT = ("leased", "accepted", "claimed")
+GRANTING = "running"  # the run status whose prompt rows a grant takes (server/leases/train.py)
 
 
 @dataclass(frozen=True)
@@ -180,14 +183,11 @@ def admit(
     (server/leases/fair_share.py), the status or a version with nothing to hand out refuses (as
     the one-statement grant below) — never count-then-insert.
     """
-    published = exists().where(
-        AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
-    )
     conditions = [
         Run.id == run_id,
-        Run.status == "running",
+        Run.status == GRANTING,
         Run.groups_in_flight + n <= bound,
-        or_(Run.current_version == 0, published),
+        _published(),
     ]
     if worker_cap < INT_MAX:
         conditions.append(_worker_in_flight(run_id, worker_id) + n <= worker_cap)
@@ -204,7 +204,15 @@ def admit(
     ).first()
 
 
-def _worker_in_flight(run_id: uuid.UUID, worker_id: uuid.UUID | None) -> Any:
+def _published() -> ColumnElement[bool]:
+    """The run's current version has something to hand out: the base model, or its adapter."""
+    published = exists().where(
+        AdapterVersion.run_id == Run.id, AdapterVersion.version == Run.current_version
+    )
+    return or_(Run.current_version == 0, published)
+
+
+def _worker_in_flight(run_id: Any, worker_id: Any) -> Any:
     """The run's prompt rows in flight (leased, accepted or claimed) through this worker's
     leases: what the fair share counts, in the bound's own unit (an accepted row keeps its
     lease id until it is consumed or re-queued)."""
@@ -214,7 +222,7 @@ def _worker_in_flight(run_id: uuid.UUID, worker_id: uuid.UUID | None) -> Any:
         .join(Lease, Lease.id == PromptRow.lease_id)
         .where(
             PromptRow.run_id == run_id,
-            PromptRow.state.in_(IN_FLIGHT),
+            PromptRow.state.in_([literal(state) for state in IN_FLIGHT]),  # compiled once
             Lease.worker_id == worker_id,
         )
         .scalar_subquery()
@@ -252,11 +260,13 @@ def drop_unfinished(session: Session, run_id: uuid.UUID, reason: str) -> int:
 # -- the lease grant in one statement (Postgres; the hot path of `acquire`) --------------------
 # Locking the first queued rows (SKIP LOCKED), the admission compare-and-set on the run row
 # (which also takes the grant's fencing token and checks the worker's fair share), the lease
-# insert and marking the rows leased are four statements (their SQLite form:
-# server/leases/statements.py grant_rows). Every acquire on a run serialises on its run row from
-# the admission update until commit, so on Postgres they are one autocommitted statement: the
-# run row is locked for that statement only; a grant also clears the worker's waiting_since (the
-# worker row last). The lease seed is lease_seed computed in SQL (protocol/seeds.py seed_sql).
+# insert and marking the rows leased are four statements (their SQLite form, from the same
+# expressions — GRANTING, IN_FLIGHT, _published, _worker_in_flight: admit, run by
+# server/leases/statements.py _grant_sqlite; docs/decisions/0020-hot-statements-once.md).
+# Every acquire on a run serialises on its run row from the admission update until commit, so
+# on Postgres they are one autocommitted statement: the run row is locked for that statement
+# only; a grant also clears the worker's waiting_since (the worker row last). The lease seed is
+# lease_seed computed in SQL (protocol/seeds.py seed_sql).
 
 
 GRANT = (
@@ -271,13 +281,13 @@ WITH picked AS (
     UPDATE runs SET groups_in_flight = groups_in_flight + (SELECT count(*) FROM picked),
                     fencing_seq = {next_fencing},
                     last_lease_at = clock_timestamp()
-    WHERE id = :run_id AND status = 'running'
+    WHERE id = :run_id AND status = '{granting}'
       AND (SELECT count(*) FROM picked) > 0
       AND groups_in_flight + (SELECT count(*) FROM picked) <= :bound
       AND CASE WHEN :worker_cap >= {no_cap} THEN true
                ELSE (SELECT count(*) FROM prompt_rows p JOIN leases l ON l.id = p.lease_id
                      WHERE p.run_id = :run_id AND l.worker_id = :worker_id
-                       AND p.state IN ('leased', 'accepted', 'claimed'))
+                       AND p.state IN ({in_flight}))
                     + (SELECT count(*) FROM picked) <= :worker_cap END
       AND (current_version = 0 OR EXISTS (SELECT 1 FROM adapter_versions
                                           WHERE run_id = :run_id AND version = current_version))
@@ -311,6 +321,8 @@ ORDER BY picked.queue_pos
 """
         # no fair share: the count is never read
         .replace("{no_cap}", str(INT_MAX))
+        .replace("{granting}", GRANTING)
+        .replace("{in_flight}", ", ".join(f"'{state}'" for state in IN_FLIGHT))
         .replace("{next_fencing}", postgres_text(NEXT_FENCING))
         .replace("{seed}", seed_sql(":seed_prefix || fencing_seq::text"))
         .replace("{granted_worker}", touch_sql(seen=False, waiting=False))

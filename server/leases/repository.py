@@ -9,7 +9,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Row,
-    and_,
     bindparam,
     insert,
     select,
@@ -28,7 +27,7 @@ from server.models import (
     Token,
     Worker,
 )
-from server.tokens.repository import usable
+from server.workers.repository import authenticated
 
 
 def lock_queued_rows(session: Session, run_id: uuid.UUID, n: int) -> list[Row[Any]]:
@@ -83,19 +82,6 @@ def lease_of_worker(session: Session, lease_id: uuid.UUID, worker_id: uuid.UUID)
         .join(Run, Run.id == Lease.run_id)
         .where(Lease.id == lease_id, Lease.worker_id == worker_id)
     ).first()
-
-
-def authenticated(digest: Any) -> ColumnElement[bool]:
-    """The worker calls' authentication as a join condition over Token and Worker: a usable
-    worker token (tokens.repository.usable) of a worker not revoked. The reference check
-    (server/workers/service.py worker_for_token) says which part failed."""
-    return and_(
-        Token.digest == digest,
-        Token.kind == "worker",
-        usable(Token),
-        Worker.id == Token.scope_id,
-        Worker.status != "revoked",
-    )
 
 
 def lease_of_caller() -> Any:
@@ -189,14 +175,15 @@ def accept_rows(session: Session, row_ids: list[int], batch_id: uuid.UUID) -> No
 
 
 def abort_active(
-    session: Session, run_id: uuid.UUID, reason: str, *, kind: str | None = None
+    session: Session, run_id: uuid.UUID, reason: str, *, only: ColumnElement[bool] | None = None
 ) -> None:
-    """Every active lease of the run (of this kind, when given) ends `aborted` with this reason
-    (its rows are the queue's business: server/leases/queue.py)."""
-    kinds = [Lease.kind == kind] if kind is not None else []
+    """Every active lease of the run (those `only` keeps, when given: a kind's, by the ledger's
+    kind test) ends `aborted` with this reason (its rows are the queue's business:
+    server/leases/queue.py)."""
+    kept = [only] if only is not None else []
     session.execute(
         update(Lease)
-        .where(Lease.run_id == run_id, Lease.state == "active", *kinds)
+        .where(Lease.run_id == run_id, Lease.state == "active", *kept)
         .values(**end_values("aborted", reason))
         .execution_options(synchronize_session=False)
     )

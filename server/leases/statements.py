@@ -3,7 +3,7 @@ named helper each with one result type (docs/architecture/lease-engine.md, "The 
 Postgres each is one statement (writable CTEs: one round trip, the row locks taken in the engine's
 order); SQLite has no writable CTEs, so there the same rule is a few statements in the unit's `BEGIN
 IMMEDIATE` transaction, whose single writer already excludes everyone else. Both forms are built
-from the same expressions (the token rule, the held-lease rule, the abort reason), and
+from the same expressions (worker-token authentication, the held-lease rule, the abort reason), and
 tests/server/leases run every call on both databases.
 
 Everything else the engine runs is written once for both (repository.py, queue.py, and the
@@ -19,23 +19,27 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import (
     ColumnElement,
     Select,
+    Uuid,
     and_,
     bindparam,
     exists,
+    func,
+    insert,
+    literal,
+    literal_column,
     select,
     update,
 )
 from sqlalchemy.orm import Session, aliased
 
 from protocol.schemas import LEASING_RUN_STATUSES
-from server.db_types import db_now, db_now_plus, postgres_text
+from server.db_types import db_now, db_now_plus, postgres_text, psycopg_param
 from server.leases import queue
 from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
-from server.models import Lease, PromptRow, Run, Token, Worker
-from server.tokens.repository import usable
-from server.wakeups import LEARNER, WAKEUPS, notify_sql
-from server.workers.repository import touch, touch_sql, touch_update
+from server.models import Lease, PromptRow, RolloutBatch, Run, Token, Worker
+from server.wakeups import LEARNER, WAKEUPS, notify_from
+from server.workers.repository import authenticated, touch, touch_sql, touch_update
 
 # -- acquire: mark the worker seen and read what it may be granted -----------------------------
 
@@ -64,16 +68,35 @@ class Seen:
     runs: list[CandidateRun]
 
 
-_LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
-_USABLE_PG = postgres_text(usable(aliased(Token, name="t")))
+# The candidate runs' rule, once: the runs that hand out leases, fairest first, each with
+# whether any of its prompt rows is queued.
+_LEASING_RUN = Run.status.in_([literal(status) for status in LEASING_RUN_STATUSES])
+_FAIREST = (Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
+_CANDIDATE: dict[str, Any] = {
+    "id": Run.id,
+    "base_model": Run.base_model,
+    "status": Run.status,
+    "current_version": Run.current_version,
+    "groups_in_flight": Run.groups_in_flight,
+    "fencing_seq": Run.fencing_seq,
+    "has_queued": exists().where(PromptRow.run_id == Run.id, PromptRow.state == "queued"),
+}
+_ANY_EXPIRED = exists().where(Lease.state == "active", Lease.expires_at <= db_now())
 
-# Touching the worker first is safe here: the statement is its own transaction and locks
-# nothing else. The worker is waiting from this try until a grant clears it.
+
+_LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
+# Worker-token authentication's one rule (server/workers/repository.py), over `t` and `w`.
+_AUTHENTICATED_PG = postgres_text(
+    authenticated(psycopg_param("digest"), aliased(Token, name="t"), aliased(Worker, name="w"))
+)
+
+# Kept as text (docs/decisions/0020-hot-statements-once.md: its SQLAlchemy expression measured
+# slower). Touching the worker first is safe here: the statement is its own transaction and
+# locks nothing else. The worker is waiting from this try until a grant clears it.
 _SEEN_PG = f"""
 UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
 FROM tokens t
-WHERE t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE_PG}
-  AND w.id = t.scope_id AND w.status = 'active' AND w.models @> %(asked)s
+WHERE {_AUTHENTICATED_PG} AND w.status = 'active' AND w.models @> %(asked)s
 RETURNING w.id AS worker_id, w.environments, w.trusted,
     EXISTS (SELECT 1 FROM leases
             WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
@@ -89,27 +112,16 @@ RETURNING w.id AS worker_id, w.environments, w.trusted,
        AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
 """
 
+
 _ACTIVE_WORKER = (
     select(Worker.id, Worker.models, Worker.environments, Worker.trusted)
     .join(Token, Token.scope_id == Worker.id)
-    .where(repo.authenticated(bindparam("digest")), Worker.status == "active")
+    .where(authenticated(bindparam("digest")), Worker.status == "active")
 )
-_ANY_EXPIRED = select(exists().where(Lease.state == "active", Lease.expires_at <= db_now()))
 _CANDIDATES = (
-    select(
-        Run.id,
-        Run.base_model,
-        Run.status,
-        Run.current_version,
-        Run.groups_in_flight,
-        Run.fencing_seq,
-        exists().where(PromptRow.run_id == Run.id, PromptRow.state == "queued").label("has_queued"),
-    )
-    .where(
-        Run.status.in_(LEASING_RUN_STATUSES),
-        Run.base_model.in_(bindparam("models", expanding=True)),
-    )
-    .order_by(Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
+    select(*(column.label(name) for name, column in _CANDIDATE.items()))
+    .where(_LEASING_RUN, Run.base_model.in_(bindparam("models", expanding=True)))
+    .order_by(*_FAIREST)
 )
 
 
@@ -130,7 +142,7 @@ def _seen_sqlite(session: Session, params: dict[str, Any]) -> list[_SeenRow]:
     models = list(found.models or ())
     runs = [r._asdict() for r in session.execute(_CANDIDATES, {"models": models})]
     declared = environments if environments is not None else found.environments
-    expired = bool(session.execute(_ANY_EXPIRED).scalar())
+    expired = bool(session.execute(select(_ANY_EXPIRED)).scalar())
     return [_SeenRow(found.id, declared, bool(found.trusted), expired, runs)]
 
 
@@ -277,7 +289,7 @@ def beat_statement(reason: ColumnElement[Any]) -> Statement:
         .join(Worker, Worker.id == Lease.worker_id)
         .join(Token, Token.scope_id == Worker.id)
         .join(Run, Run.id == Lease.run_id)
-        .where(Lease.id == bindparam("lease_id"), repo.authenticated(bindparam("digest")))
+        .where(Lease.id == bindparam("lease_id"), authenticated(bindparam("digest")))
     )
     found = seen.cte("seen")
     extended = (
@@ -339,40 +351,97 @@ async def beat(db: WorkerDb, statement: Statement, params: dict[str, Any]) -> Be
 
 # -- complete: accept a training batch in one statement ---------------------------------------
 
-_ACCEPT_PG = f"""
-WITH completed AS (
-    UPDATE leases l SET state = 'completed', ended_at = clock_timestamp(),
-                        end_reason = 'completed'
-    FROM runs r, tokens t, workers w
-    WHERE l.id = %(lease_id)s AND l.fencing = %(fencing)s
-      AND l.state = 'active' AND l.expires_at > clock_timestamp() AND r.id = l.run_id
-      AND t.digest = %(digest)s AND t.kind = 'worker' AND {_USABLE_PG}
-      AND w.id = t.scope_id AND w.status <> 'revoked' AND l.worker_id = w.id
-      AND l.n_prompts * l.group_size = %(n_samples)s
-      AND (SELECT count(*) FROM prompt_rows p
-           WHERE p.lease_id = l.id AND p.state = 'leased') = l.n_prompts
-    RETURNING l.id, l.run_id, l.worker_id, l.adapter_version, l.n_prompts,
-              r.tokenizer_fingerprint
-), batch AS (
-    INSERT INTO rollout_batches (id, run_id, lease_id, worker_id, adapter_version, bucket_key,
-                                 sha256, bytes, n_samples, n_tokens, n_groups,
-                                 tokenizer_fingerprint, state, generation_seconds, manifest)
-    SELECT %(batch_id)s, run_id, id, worker_id, adapter_version, %(bucket_key)s, %(sha256)s,
-           %(bytes)s, %(n_samples)s, %(n_tokens)s, n_prompts, tokenizer_fingerprint,
-           'accepted', %(generation_seconds)s, %(manifest)s
-    FROM completed RETURNING id
-), accepted AS (
-    UPDATE prompt_rows SET state = 'accepted', batch_id = %(batch_id)s
-    WHERE lease_id = %(lease_id)s AND state = 'leased' AND EXISTS (SELECT 1 FROM batch)
-), touched AS (
-    UPDATE workers SET {touch_sql(counters=("accepted_batches",))}
-    WHERE id = (SELECT worker_id FROM completed)
+_BATCH_COLUMNS = (
+    "id",
+    "run_id",
+    "lease_id",
+    "worker_id",
+    "adapter_version",
+    "bucket_key",
+    "sha256",
+    "bytes",
+    "n_samples",
+    "n_tokens",
+    "n_groups",
+    "tokenizer_fingerprint",
+    "state",
+    "generation_seconds",
+    "manifest",
 )
-SELECT id FROM batch, {notify_sql(LEARNER)} AS notified
-"""
 
 
-_ACCEPT = Statement(_ACCEPT_PG, lambda _session, _params: [])
+def _accept_statement() -> Any:
+    """The accept as one statement (writable CTEs: Postgres), from the engine's expressions:
+    the held-lease rule, worker-token authentication, `touch`'s counter and the learner's
+    wake-up."""
+    leased = (
+        select(func.count())
+        .select_from(PromptRow)
+        .where(PromptRow.lease_id == Lease.id, PromptRow.state == "leased")
+        .scalar_subquery()
+    )
+    completed = (
+        update(Lease)
+        .where(
+            Lease.id == bindparam("lease_id"),
+            held_now(),
+            Run.id == Lease.run_id,
+            authenticated(bindparam("digest")),
+            Lease.worker_id == Worker.id,
+            Lease.n_prompts * Lease.group_size == bindparam("n_samples"),
+            leased == Lease.n_prompts,
+        )
+        .values(**repo.end_values("completed", "completed"))
+        .returning(
+            Lease.id,
+            Lease.run_id,
+            Lease.worker_id,
+            Lease.adapter_version,
+            Lease.n_prompts,
+            Run.tokenizer_fingerprint,
+        )
+        .cte("completed")
+    )
+    batch_values = select(
+        bindparam("batch_id", type_=Uuid),
+        completed.c.run_id,
+        completed.c.id,
+        completed.c.worker_id,
+        completed.c.adapter_version,
+        bindparam("bucket_key"),
+        bindparam("sha256"),
+        bindparam("bytes"),
+        bindparam("n_samples"),
+        bindparam("n_tokens"),
+        completed.c.n_prompts,
+        completed.c.tokenizer_fingerprint,
+        literal_column("'accepted'"),
+        bindparam("generation_seconds"),
+        bindparam("manifest"),
+    )
+    batch = (
+        insert(RolloutBatch)
+        .from_select(_BATCH_COLUMNS, batch_values, include_defaults=False)
+        .returning(RolloutBatch.id)
+        .cte("batch")
+    )
+    accepted = (
+        update(PromptRow)
+        .where(
+            PromptRow.lease_id == bindparam("lease_id"),
+            PromptRow.state == "leased",
+            exists(select(batch.c.id)),
+        )
+        .values(state="accepted", batch_id=bindparam("batch_id", type_=Uuid))
+        .cte("accepted")
+    )
+    touched = touch_update(select(completed.c.worker_id).scalar_subquery(), accepted_batches=1).cte(
+        "touched"
+    )
+    return select(batch.c.id).select_from(batch, notify_from(LEARNER)).add_cte(accepted, touched)
+
+
+_ACCEPT = Statement.of(_accept_statement(), lambda _session, _params: [])
 
 
 async def accept_in_one_statement(
@@ -392,7 +461,7 @@ async def accept_in_one_statement(
         "batch_id": batch_id,
         "lease_id": lease_id,
         "digest": digest,
-        "fencing": fencing,
+        "held_fencing": fencing,
     }
     if await db.first(_ACCEPT, params) is None:
         return None

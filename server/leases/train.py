@@ -31,9 +31,10 @@ def admission_bound(config: RunConfig) -> int:
 
 class TrainKind:
     name = "train"
+    trained = True
 
     def offered(self, config: RunConfig, run_status: str) -> bool:
-        return run_status == "running"
+        return run_status == queue.GRANTING
 
     def goes_first(self, fencing_seq: int) -> bool:
         return False
@@ -85,7 +86,7 @@ class TrainKind:
         max_staleness: Any,
     ) -> ColumnElement[Any]:
         return case(
-            (run_status != "running", "run_" + run_status),
+            (run_status != queue.GRANTING, "run_" + run_status),
             (
                 and_(admission, outside_window(current_version, adapter_version, max_staleness)),
                 "stale",

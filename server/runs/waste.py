@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,24 @@ ABORTED_STALE = "aborted_stale"
 WORKER_REVOKED = "worker_revoked"
 WASTED_SPEND_KINDS = ("rejected", "expired", ABORTED_STALE, WORKER_REVOKED)
 STOPPED_RUN_SPEND = "stopped_run"  # spend on leases aborted because their run stopped
+
+
+# Stale waste is a training figure: which batches are training's is the work ledger's rule
+# (server/leases/ledger.py trained), above runs in the feature order, so the composition root
+# hands it in (server/wiring.py).
+KindTest = Callable[[Any], ColumnElement[bool]]
+_batch_kinds: list[KindTest] = []
+
+
+def count_batches_with(test: KindTest) -> None:
+    _batch_kinds[:] = [test]
+
+
+def _counted() -> ColumnElement[bool]:
+    """The batches stale waste counts: the kinds the learner trains on (eval's never stale)."""
+    if not _batch_kinds:
+        raise RuntimeError("no batch kind test: call server.wiring.wire() at start")
+    return _batch_kinds[0](RolloutBatch.kind)
 
 
 def _stale_aborted(run_id: uuid.UUID) -> ColumnElement[bool]:
@@ -85,7 +104,7 @@ class Waste:
 def stale_waste(session: Session, run_id: uuid.UUID, window_s: float | None = None) -> Waste:
     """The run's stale waste over the last `window_s` seconds (None: the whole run); a training
     figure: eval batches (never stale) are not counted."""
-    batch_where: list[Any] = [RolloutBatch.run_id == run_id, RolloutBatch.kind == "train"]
+    batch_where: list[Any] = [RolloutBatch.run_id == run_id, _counted()]
     lease_where: list[Any] = [_stale_aborted(run_id)]
     if window_s is not None:
         since = db_now_plus(-float(window_s))
@@ -139,7 +158,7 @@ def stale_waste_series(session: Session, run_id: uuid.UUID, bucket_s: int) -> Wa
     bucket = epoch_bucket(RolloutBatch.created_at, bucket_s)
     for at, reason, samples in session.execute(
         select(bucket, RolloutBatch.reject_reason, func.sum(RolloutBatch.n_samples))
-        .where(RolloutBatch.run_id == run_id, RolloutBatch.kind == "train")
+        .where(RolloutBatch.run_id == run_id, _counted())
         .group_by(bucket, RolloutBatch.reject_reason)
     ).all():
         series.generated[at] += int(samples or 0)

@@ -8,7 +8,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
-from server.models import DashboardSession, Token, Worker
+from server.models import DashboardSession, Token
 
 
 def db_time(session: Session) -> datetime:
@@ -24,8 +24,8 @@ def insert(session: Session, **fields: Any) -> Token:
 
 # Bearer authentication's rule, one definition: a token authenticates unless it is revoked or
 # expired (in database time). Authentication reads both flags with the token (to say which
-# failed: server/tokens/service.py); the lease engine joins them into its statements
-# (server/leases/repository.py authenticated, server/leases/statements.py).
+# failed: server/tokens/service.py); worker-token authentication joins them into its one
+# definition (server/workers/repository.py authenticated), which every worker call uses.
 
 
 def revoked(tokens: Any = Token) -> ColumnElement[bool]:
@@ -48,7 +48,6 @@ class Found(NamedTuple):
     token: Token
     revoked: bool
     expired: bool
-    worker: Worker | None = None
 
 
 def by_digest(session: Session, digest: str) -> Found | None:
@@ -58,16 +57,6 @@ def by_digest(session: Session, digest: str) -> Found | None:
         )
     ).first()
     return None if row is None else Found(row[0], bool(row[1]), bool(row[2]))
-
-
-def by_digest_with_worker(session: Session, digest: str) -> Found | None:
-    """The token and the worker it belongs to, in one round trip (every worker call's auth)."""
-    row = session.execute(
-        select(Token, revoked().label("revoked"), expired().label("expired"), Worker)
-        .outerjoin(Worker, Worker.id == Token.scope_id)
-        .where(Token.digest == digest)
-    ).first()
-    return None if row is None else Found(row[0], bool(row[1]), bool(row[2]), row[3])
 
 
 def increment_uses(session: Session, token_id: uuid.UUID) -> bool:

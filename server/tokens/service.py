@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from protocol.error_codes import ErrorCode
 from server.errors import Conflict, Forbidden, NotFound, Unauthorized
-from server.models import Token, Worker
+from server.models import Token
 from server.tokens import repository
 from server.tokens.schemas import RegistrationTokenCreate, RegistrationTokenCreated
 
@@ -86,16 +86,7 @@ def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> 
     """Resolve a bearer token. 401 when unknown, revoked or expired; 403 when valid but of a
     kind this endpoint does not take."""
     wanted = digest_of_bearer(plaintext)
-    return _check(repository.by_digest(session, wanted), wanted, allowed)
-
-
-def authenticate_worker(session: Session, plaintext: str) -> tuple[Token, Worker | None]:
-    """authenticate() for worker tokens, loading the token's worker in the same query."""
-    wanted = digest_of_bearer(plaintext)
-    found = repository.by_digest_with_worker(session, wanted)
-    token = _check(found, wanted, ("worker",))
-    assert found is not None
-    return token, found.worker
+    return check(repository.by_digest(session, wanted), wanted, allowed)
 
 
 def digest_of_bearer(plaintext: str) -> str:
@@ -105,8 +96,9 @@ def digest_of_bearer(plaintext: str) -> str:
     return digest(plaintext)
 
 
-def _check(found: repository.Found | None, wanted: str, allowed: tuple[str, ...]) -> Token:
-    """The rule's verdicts come with the token (repository.revoked, repository.expired)."""
+def check(found: repository.Found | None, wanted: str, allowed: tuple[str, ...]) -> Token:
+    """The token, or why it does not authenticate a caller of this endpoint (401, 403): the
+    rule's verdicts come with the token (repository.revoked, repository.expired)."""
     token = None if found is None else found.token
     if found is None or token is None or not hmac.compare_digest(token.digest, wanted):
         raise Unauthorized("invalid token", code=ErrorCode.token_invalid)

@@ -3,11 +3,46 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, and_, func, null, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now
-from server.models import GpuPrice, Worker
+from server.models import GpuPrice, Token, Worker
+from server.tokens.repository import Found, expired, revoked, usable
+
+
+def authenticated(digest: Any, tokens: Any = Token, workers: Any = Worker) -> ColumnElement[bool]:
+    """Worker-token authentication, its one definition (docs/architecture/security.md, "Tokens
+    and security"): the token of this digest is a usable worker token (tokens.repository.usable)
+    of a worker not revoked. A join condition over `tokens` and `workers` (the models or
+    aliases of them): every worker call's statements (server/leases/) and the request-level
+    check (server/workers/service.py worker_for_token, which says which part failed) use it."""
+    return and_(
+        tokens.digest == digest,
+        tokens.kind == "worker",
+        usable(tokens),
+        workers.id == tokens.scope_id,
+        workers.status != "revoked",
+    )
+
+
+def caller(session: Session, digest: str) -> tuple[Found, Worker | None, bool] | None:
+    """The token of this digest, the worker it belongs to, and whether it authenticates that
+    worker (`authenticated`), in one round trip; None: no such token."""
+    row = session.execute(
+        select(
+            Token,
+            revoked().label("revoked"),
+            expired().label("expired"),
+            Worker,
+            authenticated(digest).label("authenticated"),
+        )
+        .outerjoin(Worker, Worker.id == Token.scope_id)
+        .where(Token.digest == digest)
+    ).first()
+    if row is None:
+        return None
+    return Found(row[0], bool(row[1]), bool(row[2])), row[3], bool(row[4])
 
 
 def insert(session: Session, **fields: Any) -> Worker:
@@ -43,6 +78,27 @@ def set_trusted(session: Session, worker_id: uuid.UUID, trusted: bool) -> bool:
     return result.first() is not None
 
 
+def touch_values(
+    *, seen: bool = True, waiting: bool | None = None, environments: Any = None, **counters: int
+) -> dict[str, Any]:
+    """`touch`'s SET values: seen now, its counters raised; `waiting` (an acquire try): whether
+    it was granted nothing, which starts (or keeps) its waiting_since, or a lease, which clears
+    it; `environments`: what it declares now (a value or an expression: NULL keeps them);
+    `seen` False: not the sighting (a grant, whose acquire try already marked it)."""
+    values: dict[str, Any] = {"last_seen_at": db_now()} if seen else {}
+    if isinstance(environments, list):
+        values["environments"] = environments
+    elif environments is not None:
+        values["environments"] = func.coalesce(environments, Worker.environments)
+    if waiting is not None:
+        values["waiting_since"] = (
+            func.coalesce(Worker.waiting_since, db_now()) if waiting else null()
+        )
+    for name, delta in counters.items():
+        values[name] = getattr(Worker, name) + delta
+    return values
+
+
 def touch(
     session: Session,
     worker_id: uuid.UUID,
@@ -51,28 +107,27 @@ def touch(
     environments: list[str] | None = None,
     **counters: int,
 ) -> None:
-    """Mark the worker seen (every authenticated worker call), add to its counters;
-    `waiting` (an acquire try): whether it was granted nothing, which starts (or keeps) its
-    waiting_since, or a lease, which clears it; `environments`: what it declares now."""
-    values: dict[str, Any] = {"last_seen_at": db_now()}
-    if environments is not None:
-        values["environments"] = environments
-    if waiting is not None:
-        values["waiting_since"] = func.coalesce(Worker.waiting_since, db_now()) if waiting else None
-    for name, delta in counters.items():
-        values[name] = getattr(Worker, name) + delta
-    session.execute(
+    """Mark the worker seen (every authenticated worker call), add to its counters (see
+    touch_values)."""
+    session.execute(touch_update(worker_id, waiting=waiting, environments=environments, **counters))
+
+
+def touch_update(worker_id: Any, **touch: Any) -> Any:
+    """`touch` as an UPDATE statement for the worker `worker_id` names (a value or a SQL
+    expression), to embed in a statement (server/leases/statements.py's heartbeat and accept,
+    the one-statement grant); `touch`: touch_values's arguments."""
+    return touch_where(Worker.id == worker_id, **touch)
+
+
+def touch_where(*conditions: Any, **touch: Any) -> Any:
+    """`touch` as an UPDATE of the workers these conditions keep (acquire's first statement:
+    the worker its token authenticates)."""
+    return (
         update(Worker)
-        .where(Worker.id == worker_id)
-        .values(**values)
+        .where(*conditions)
+        .values(**touch_values(**touch))
         .execution_options(synchronize_session=False)
     )
-
-
-def touch_update(worker_id: Any) -> Any:
-    """`touch` (seen only) as an UPDATE statement for the worker `worker_id` names (a value or
-    a SQL expression), to embed in a statement (server/leases/statements.py's heartbeat)."""
-    return update(Worker).where(Worker.id == worker_id).values(last_seen_at=db_now())
 
 
 def touch_sql(

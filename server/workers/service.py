@@ -97,13 +97,13 @@ def set_trusted(
 
 
 def worker_for_token(session: Session, plaintext: str) -> Worker:
-    """The worker calling with this bearer token (401 for a bad, revoked or expired token or a
-    revoked worker, 403 for another kind of token): one query for token and worker."""
-    _token, worker = tokens.authenticate_worker(session, plaintext)
-    return _active(worker)
-
-
-def _active(worker: Worker | None) -> Worker:
-    if worker is None or worker.status == "revoked":
-        raise Unauthorized("worker revoked", code=ErrorCode.worker_revoked)
-    return worker
+    """The worker calling with this bearer token, by worker-token authentication's one rule
+    (repository.authenticated), in one query for token and worker; when the rule refuses, why:
+    401 for a bad, revoked or expired token or a revoked worker, 403 for another kind of
+    token."""
+    wanted = tokens.digest_of_bearer(plaintext)
+    found = repository.caller(session, wanted)
+    if found is not None and found[2] and found[1] is not None:
+        return found[1]
+    tokens.check(None if found is None else found[0], wanted, ("worker",))
+    raise Unauthorized("worker revoked", code=ErrorCode.worker_revoked)

@@ -4,10 +4,13 @@ lease's kind and never tests it; the grant order and the abort reasons are the k
 from __future__ import annotations
 
 import ast
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import literal, select
+from fastapi.testclient import TestClient
+from sqlalchemy import ColumnElement, case, literal, null, select, update
 from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
@@ -15,7 +18,9 @@ from server.evals.ledger import EVAL
 from server.evals.service import EVAL_TURN
 from server.leases import ledger
 from server.leases.train import TRAIN
+from server.models import Lease, PromptRow, Run
 from tests.harness.runs import run_config
+from tests.server.leases.helpers import acquire_lease, bearer, make_run, make_worker
 
 ROOT = Path(__file__).resolve().parents[3]
 KIND_HOMES = {ROOT / "server" / "evals"}  # the eval kind's own feature
@@ -94,3 +99,100 @@ def test_no_module_outside_the_eval_kind_tests_for_it() -> None:
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+LEDGER = ROOT / "server" / "leases" / "ledger.py"
+KIND_HOLDERS = {"Lease", "RolloutBatch", "lease", "batch", "row"}  # what carries a work kind
+
+
+def _kind_tests(tree: ast.AST) -> list[int]:
+    """Lines comparing a lease's or batch's `kind` (`x.kind == …`, `… != x.kind`, `in`)."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Attribute)
+            and side.attr == "kind"
+            and isinstance(side.value, ast.Name)
+            and side.value.id in KIND_HOLDERS
+            for side in (node.left, *node.comparators)
+        )
+    ]
+
+
+def test_every_kind_test_goes_through_the_ledger() -> None:
+    """Outside the ledger, a lease's or batch's kind is asked of the ledger's policy
+    (`of_kind`, `trained`, `is_of`, `kind_of`), never compared."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "server").rglob("*.py"))
+        if path != LEDGER
+        for line in _kind_tests(ast.parse(path.read_text()))
+    ]
+    assert offenders == []
+    spelled = "if batch.kind != EVAL.name:\n    pass\nq = Lease.kind == 'train'\n"
+    assert _kind_tests(ast.parse(spelled)) == [1, 3]  # the check sees both spellings
+
+
+def test_the_kind_tests_are_the_kinds_rules() -> None:
+    assert ledger.is_of("eval", EVAL) and not ledger.is_of("train", EVAL)
+    assert not ledger.is_of("other", EVAL)  # an unknown stored kind is no kind
+    with pytest.raises(LookupError):
+        ledger.of_kind(Lease.kind, "evals")  # a misspelt kind is an error
+    kind_test = ledger.of_kind(Lease.kind, EVAL).compile(compile_kwargs={"literal_binds": True})
+    assert str(kind_test) == "leases.kind = 'eval'"
+    trained = ledger.trained(Lease.kind).compile(compile_kwargs={"literal_binds": True})
+    assert str(trained) == "leases.kind IN ('train')"
+
+
+class _LateKind:
+    """A kind registered after the first heartbeat: training's rules but its own abort reason."""
+
+    name = "late"
+
+    def __getattr__(self, rule: str) -> Any:
+        return getattr(TRAIN, rule)
+
+    def abort_reason(
+        self, run_status: Any, current: Any, version: Any, admission: Any, max_staleness: Any
+    ) -> ColumnElement[Any]:
+        return case((run_status != "running", "late_" + run_status), else_=null())
+
+
+def _beat(client: TestClient, token: str, lease: dict[str, Any]) -> dict[str, Any]:
+    answer = client.post(
+        f"/api/v1/leases/{lease['lease_id']}/heartbeat",
+        json={"fencing": lease["fencing"]},
+        headers=bearer(token),
+    )
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+@pytest.mark.timeout(60)
+def test_a_kind_registered_after_the_first_heartbeat_is_aborted_by_its_rule(
+    lease_client: TestClient, db: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = make_run(db, n_rows=4)
+    _, token = make_worker(db)
+    db.commit()
+    lease = acquire_lease(lease_client, token)
+    assert _beat(lease_client, token, lease)["abort"] is False  # the heartbeat's unit is built
+    monkeypatch.setattr(ledger, "KINDS", dict(ledger.KINDS))  # the test's registration undone
+    ledger.register(_LateKind())  # type: ignore[arg-type]
+    lease_id = uuid.UUID(lease["lease_id"])
+    db.execute(update(Lease).where(Lease.id == lease_id).values(kind="late"))
+    db.execute(update(Run).where(Run.id == run.id).values(status="paused"))
+    db.commit()
+    answer = _beat(lease_client, token, lease)
+    assert answer["abort"] is True and answer["reason"] == "late_paused"
+    db.expire_all()
+    assert db.get(Lease, lease_id).state == "aborted"  # type: ignore[union-attr]
+    rows = db.execute(
+        select(PromptRow.state).where(
+            PromptRow.id.in_([p["prompt_row_id"] for p in lease["prompts"]])
+        )
+    ).scalars()
+    assert set(rows) == {"queued"}  # back by the kind's own requeue
+    db.commit()
