@@ -7,12 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${SKYPILOT_VENV:-.venv-skypilot}
-stamp=$(sha256sum locks/skypilot.txt | cut -c1-16)
+stamp=$( (cat locks/skypilot.txt; echo compiled) | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.installed" 2>/dev/null)" = "$stamp" ]; then
   echo "$VENV already installed"
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-bash scripts/uv.sh pip sync -q --python "$VENV/bin/python" --require-hashes locks/skypilot.txt
+bash scripts/uv.sh pip sync -q --compile-bytecode --python "$VENV/bin/python" --require-hashes locks/skypilot.txt
 "$VENV/bin/python" -c "import sky; print('skypilot', sky.__version__)"
 echo "$stamp" >"$VENV/.installed"
