@@ -67,7 +67,9 @@ def test_the_cpu_walk_through_reaches_a_completed_run_and_its_adapter(
 ) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # the page runs from the checkout
     port = str(free_port())
-    env = process_env({"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin:/bin"])})
+    env = process_env(
+        {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin:/bin"])}
+    )
     logs = tmp_path / "logs"
     logs.mkdir()
     started: list[ManagedProcess] = []
