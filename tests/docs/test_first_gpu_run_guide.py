@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shlex
-
 from typing import Any
 
 import typer
