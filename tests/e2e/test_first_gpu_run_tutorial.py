@@ -5,8 +5,9 @@ them from the checkout), the long-running ones (`background` in the marker: the 
 learner, the worker) as processes of their own, as the page starts them in terminals of their
 own. The one substitution is the port (`8000`, declared below). The blocks wait on their own
 conditions (the server's /healthz, the run's status); each has a deadline here, and a
-background process that dies fails the test at once. The run completes; the adapter that comes
-out is a PEFT adapter whose weights load."""
+background process that dies fails the test at once (the learner may exit 0: it does once the
+run is completed). The run (one version, its eval on two prompts) completes; the best adapter
+that comes out is version 1, a PEFT adapter whose weights load."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "guides" / "first-gpu-run.md"
 MARKED = re.compile(r"<!-- tutorial-cpu: ([\w ]+?) -->\n```bash\n(.*?)```", re.S)
-STEPS = ["settings", "server", "tokens and run", "learner", "worker", "watch", "adapter out"]
+STEPS = [
+    "settings", "server", "tokens and run", "doctor learner", "learner", "doctor worker", "worker",
+    "watch", "adapter out",
+]  # fmt: skip
 PORT = "8000"  # the page's port, replaced by a free one
 STEP_S = {"watch": 420.0}  # two model loads, then one version, on two shared cores
 DEFAULT_STEP_S = 120.0
@@ -54,6 +58,10 @@ def test_the_page_marks_every_step_of_the_cpu_walk_through() -> None:
     assert [name for name, _, _ in found] == STEPS
     assert [name for name, background, _ in found if background] == ["server", "learner", "worker"]
     assert all(PORT in text for name, _, text in found if name in ("settings", "server"))
+
+
+def _done(proc: ManagedProcess) -> bool:
+    return proc.name == "learner" and proc.returncode() == 0
 
 
 def _failure(procs: list[ManagedProcess], what: str) -> str:
@@ -85,9 +93,8 @@ def test_the_cpu_walk_through_reaches_a_completed_run_and_its_adapter(
                 continue
             deadline = time.monotonic() + STEP_S.get(name, DEFAULT_STEP_S)
             while proc.alive():
-                dead = [p for p in background if not p.alive()]
-                if name == "watch":  # the learner exits once the run is completed
-                    dead = [p for p in dead if p.name != "learner" or p.returncode() != 0]
+                # the learner exits 0 once the run is completed; the others run until stopped
+                dead = [p for p in background if not p.alive() and not _done(p)]
                 assert not dead, _failure([*background, proc], f"{name}: a process died")
                 assert time.monotonic() < deadline, _failure([*background, proc], f"{name}: late")
                 time.sleep(0.5)
@@ -95,6 +102,9 @@ def test_the_cpu_walk_through_reaches_a_completed_run_and_its_adapter(
         work = tmp_path / "tutorial-cpu"
         status = json.loads((work / "status.json").read_text())
         assert (status["status"], status["current_version"]) == ("completed", 1), status
+        # versions 0 (the base model) and 1 were evaluated: the best trained one is 1
+        assert (work / "best").read_text().strip() == "1"
+        assert json.loads((work / "adapter.json").read_text())["version"] == 1
         config = json.loads((work / "adapter" / "adapter_config.json").read_text())
         assert config["r"] == 16 and config["peft_type"] == "LORA", config
         from safetensors.torch import load_file
