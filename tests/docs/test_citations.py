@@ -2,7 +2,8 @@
 `docs/<page>.md` a file names exists, every `docs/<page>.md, "Heading"` names a heading of that
 page, every "invariant N" is defined on the contract page, every relative link between doc pages
 (and from the README into them) reaches its page and heading, every other relative link of
-those pages reaches its file, and nothing cites the retired single architecture file. Pure file reading: no sockets, subprocesses or databases."""
+those pages reaches its file, and nothing cites the retired single architecture file. Pure
+file reading: no sockets, subprocesses or databases."""
 
 from __future__ import annotations
 
