@@ -23,13 +23,6 @@ import pytest
 
 from asyncgrpo.cluster import ManagedProcess, free_port, process_env, stop_all
 
-# e2e: the server, the learner and a worker as processes of their own, with the real model
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="curl, jq"),
-]
-
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "guides" / "first-gpu-run.md"
 MARKED = re.compile(r"<!-- tutorial-cpu: ([\w ]+?) -->\n```bash\n(.*?)```", re.S)
@@ -69,6 +62,10 @@ def _failure(procs: list[ManagedProcess], what: str) -> str:
     return f"{what}\n" + "\n".join(logs)
 
 
+# e2e: the server, the learner and a worker as processes of their own, with the real model
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="curl, jq")
 @pytest.mark.timeout(sum(STEP_S.get(s, DEFAULT_STEP_S) for s in STEPS) + 60)
 def test_the_cpu_walk_through_reaches_a_completed_run_and_its_adapter(
     tmp_path: Path, small_model_dir: str
