@@ -1,8 +1,9 @@
 """Citations of the docs resolve (docs/architecture/index.md, "Changing a rule"): every
 `docs/<page>.md` a file names exists, every `docs/<page>.md, "Heading"` names a heading of that
 page, every "invariant N" is defined on the contract page, every relative link between doc pages
-(and from the README into them) reaches its page and heading, and nothing cites the retired
-single architecture file. Pure file reading: no sockets, subprocesses or databases."""
+(and from the README into them) reaches its page and heading, every other relative link of
+those pages reaches its file, and nothing cites the retired single architecture file. Pure
+file reading: no sockets, subprocesses or databases."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ CITATION = re.compile(r'\bdocs/((?:[\w.-]+/)*[\w.-]+\.md)(?:#[\w-]+)?(?:,\s+"([^
 INVARIANTS = re.compile(r"\binvariants?\b((?:(?:\s|#|,|\band\b|\bor\b)+\d+\b)+)")
 RETIRED = re.compile(r"\barchitecture\.md\b|\barchitecture,?\s+(?:section\s+\d|§)")
 RELATIVE_LINK = re.compile(r"\]\((?!https?:|mailto:|/)([^)\s#]+\.md)(?:#([\w-]+))?\)")
+FILE_LINK = re.compile(r"\]\((?!https?:|mailto:|/|#)([^)\s#]+)(?:#[\w-]*)?\)")  # any other file
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
 NUMBERED = re.compile(r"^\d+[a-z]?\.\s+")
 DEFINED_INVARIANT = re.compile(r"^(\d+)\.\s+\*\*", re.M)
@@ -142,6 +144,10 @@ def _links(path: Path, rel: str, text: str, pages: Pages) -> Iterator[Problem]:
             yield Problem(rel, line, f"link {target} does not resolve")
         elif fragment and fragment not in {anchor(h) for h in found}:
             yield Problem(rel, line, f"link {target}#{fragment}: no such heading")
+    for match in FILE_LINK.finditer(text):
+        target = match.group(1)
+        if not target.endswith(".md") and not (path.parent / target).exists():
+            yield Problem(rel, _line(text, match.start()), f"link {target} does not resolve")
 
 
 def problems(root: Path) -> list[Problem]:
@@ -195,9 +201,11 @@ def test_the_checker_names_each_bad_citation(tmp_path: Path) -> None:
         f'Bad: {docs}missing.md; ({docs}a.md, "Not a heading"); ({docs}a.md, "not a heading");\n'
         f'invariant {7}; invariants 1,\n{9}; {docs}{old}."""\n',
     )
-    page_b = "# B\n\n[ok](a.md#3-numbered-part) [gone](c.md) [bad](a.md#nope)\n"
+    page_b = "# B\n\n[ok](a.md#3-numbered-part) [gone](c.md) [bad](a.md#nope) [no](x.json)\n"
     _write(tmp_path, f"{docs}b.md", page_b)
-    _write(tmp_path, "README.md", f"# R\n\n[ok]({docs}a.md) [gone]({docs}c.md)\n")
+    _write(tmp_path, "LICENSE", "")
+    readme = f"# R\n\n[ok]({docs}a.md) [gone]({docs}c.md) [ok](LICENSE) [no](NOTICE)\n"
+    _write(tmp_path, "README.md", readme)
     assert sorted(map(str, problems(tmp_path))) == sorted(
         [
             f"server/x.py:3: {docs}missing.md does not exist",
@@ -211,6 +219,8 @@ def test_the_checker_names_each_bad_citation(tmp_path: Path) -> None:
             f"README.md:3: link {docs}c.md does not resolve",
             f"{docs}b.md:3: link c.md does not resolve",
             f"{docs}b.md:3: link a.md#nope: no such heading",
+            f"{docs}b.md:3: link x.json does not resolve",
+            "README.md:3: link NOTICE does not resolve",
         ]
     )
 

@@ -23,9 +23,17 @@ EXAMPLE = re.compile(r"examples/runs/([\w.-]+\.json)")
 
 
 def _blocks() -> Iterator[tuple[str, str]]:
+    """Each shell block of each page, then each `## ` section's blocks as one (a walk-through
+    creates the run in one block and starts its learner and workers in later ones)."""
     for page in PAGES:
-        for block in BLOCK.findall(page.read_text(encoding="utf-8")):
+        text = page.read_text(encoding="utf-8")
+        for block in BLOCK.findall(text):
             yield str(page.relative_to(ROOT)), block
+        sections = re.split(r"^## ", text, flags=re.M)[1:]
+        for section in sections:
+            found = BLOCK.findall(section)
+            if len(found) > 1:
+                yield f"{page.relative_to(ROOT)} ({section.splitlines()[0]})", "\n".join(found)
 
 
 def _commands(block: str, part: str) -> list[list[str]]:
@@ -60,6 +68,8 @@ CASES = [
 def test_the_pages_that_start_a_run_are_checked() -> None:
     pages = {page for page, _, _ in CASES}
     assert {"README.md", "docs/guides/real-run.md", "docs/guides/evaluation.md"} <= pages
+    walk_through = "docs/guides/first-gpu-run.md (Part B: a control plane, a learner and workers"
+    assert any(page.startswith(walk_through) for page in pages), sorted(pages)
 
 
 @pytest.mark.parametrize(("page", "name", "block"), CASES, ids=[f"{p}:{n}" for p, n, _ in CASES])
