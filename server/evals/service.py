@@ -28,7 +28,6 @@ from server.db_types import db_now_plus
 from server.errors import Conflict, NotFound, Unprocessable
 from server.evals import repository as repo
 from server.events.service import raise_event
-from server.leases import ledger
 from server.leases import repository as leases_repo
 from server.leases.queue import Granted
 from server.models import EvalResult
@@ -294,16 +293,6 @@ def score(
         session, batch.id, "claimed", state="consumed", consumed_version=batch.adapter_version
     )
     return maybe_finish(session, run_id, batch.adapter_version)
-
-
-def claimable(session: Session, run_id: uuid.UUID, fencing: int, limit: int) -> list[Any]:
-    """Up to `limit` uploaded eval batches, now claimed under this learner's token."""
-    batches = ledger.claim_page(session, run_id, limit, trained=False)
-    for batch in batches:
-        repo.set_batch_state(
-            session, batch.id, "accepted", state="claimed", claimed_fencing=fencing
-        )
-    return batches
 
 
 def batch_items(session: Session, batch_id: uuid.UUID) -> list[Row[Any]]:
