@@ -41,6 +41,8 @@ from server.wakeups import LEARNER, LEASES, after_commit
 # grant whenever training has nothing admissible (at its bound, or out of prompts).
 EVAL_TURN = 4
 EVAL_EVENT = "eval.scored"
+# The eval kind's name on its leases and batches (server/evals/ledger.py EvalKind.name).
+KIND = "eval"
 
 
 # -- rows and due versions ---------------------------------------------------------------------
@@ -128,7 +130,7 @@ def grant(
     # Count under the run row's lock, and write nothing (fencing, last_lease_at) when refused.
     if (
         not repo.lock_leasing_run(session, run_id)
-        or repo.active_eval_leases(session, run_id) >= ev.max_leases_in_flight
+        or repo.active_leases(session, run_id, KIND) >= ev.max_leases_in_flight
     ):
         return None
     taken = repo.take_fencing(session, run_id)
@@ -148,7 +150,7 @@ def grant(
         seed=seed,
         n_prompts=len(items),
         group_size=ev.n,
-        kind="eval",
+        kind=KIND,
     )
     repo.mark_items(session, [i.id for i in items], "queued", state="leased", lease_id=lease_id)
     return Granted(
@@ -184,7 +186,7 @@ def accept(
         tokenizer_fingerprint=lease.tokenizer_fingerprint,
         state="rejected" if reject else "accepted",
         reject_reason=reject,
-        kind="eval",
+        kind=KIND,
     )
     if reject is None:
         repo.mark_items(session, items, "leased", state="uploaded", batch_id=batch_id)

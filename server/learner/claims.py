@@ -2,7 +2,8 @@
 kind asks, takes and answers. The claim itself, for every kind, is one pipeline
 (server/learner/service.py `claim`, its batches from server/leases/ledger.py `claim_page`,
 its long poll server/learner/router.py `waiting_claim`); a kind's differences are its policy
-here, never a test of the kind at a call site (docs/architecture/learner.md, "Claims")."""
+here, never a test of the kind at a call site (docs/architecture/lease-engine.md, "The
+learner's claims")."""
 
 from __future__ import annotations
 
