@@ -217,6 +217,27 @@ def test_one_claim_page_for_every_kind() -> None:
     assert pages == {"server/leases/ledger.py"}
 
 
+def test_one_claim_pipeline_for_every_kind() -> None:
+    """The train and eval claims were two pipelines (server/learner/service.py with router.py,
+    server/learner/eval_router.py with server/evals/service.py): one attempt,
+    server/learner/service.py claim, takes and claims the batches of every kind, and one long
+    poll, server/learner/router.py waiting_claim, runs it; a kind's differences are its claim
+    policy (server/learner/claims.py)."""
+    for step, home in (
+        ("claim_page", "server/leases/ledger.py"),
+        ("claim_batch", "server/learner/repository.py"),
+    ):
+        callers = _functions_calling(f"{step}(") - {f"{home}:{step}"}
+        assert callers == {"server/learner/service.py:_take"}, step
+    polls = {
+        module: text.count("long_poll(")
+        for module, text in _sources()
+        if module.startswith("server/") and "wakeups.LEARNER" in text and "long_poll(" in text
+    }
+    assert polls == {"server/learner/router.py": 1}  # in waiting_claim
+    assert _functions_calling("policy.answer(") == {"server/learner/service.py:claim"}
+
+
 def test_token_authentication_is_written_once() -> None:
     """Revoked and expired were a Python check (tokens service) and SQL text (the event-loop
     path of the engine before issue 27): server/tokens/repository.py revoked/expired/usable,

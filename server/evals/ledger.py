@@ -24,7 +24,7 @@ from server.workers.repository import touch
 
 
 class EvalKind:
-    name = "eval"
+    name = service.KIND
     trained = False  # scored, never trained on
 
     def offered(self, config: RunConfig, run_status: str) -> bool:

@@ -75,13 +75,14 @@ def insert_version(session: Session, run_id: uuid.UUID, version: int) -> int:
     return n
 
 
-def active_eval_leases(session: Session, run_id: uuid.UUID) -> int:
+def active_leases(session: Session, run_id: uuid.UUID, kind: str) -> int:
+    """The run's active leases of this kind (the eval bound's count)."""
     return int(
         session.execute(
             select(func.count())
             .select_from(Lease)
             .where(
-                Lease.run_id == run_id, ledger.of_kind(Lease.kind, "eval"), Lease.state == "active"
+                Lease.run_id == run_id, ledger.of_kind(Lease.kind, kind), Lease.state == "active"
             )
         ).scalar_one()
     )

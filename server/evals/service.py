@@ -28,7 +28,6 @@ from server.db_types import db_now_plus
 from server.errors import Conflict, NotFound, Unprocessable
 from server.evals import repository as repo
 from server.events.service import raise_event
-from server.leases import ledger
 from server.leases import repository as leases_repo
 from server.leases.queue import Granted
 from server.models import EvalResult
@@ -42,6 +41,8 @@ from server.wakeups import LEARNER, LEASES, after_commit
 # grant whenever training has nothing admissible (at its bound, or out of prompts).
 EVAL_TURN = 4
 EVAL_EVENT = "eval.scored"
+# The eval kind's name on its leases and batches (server/evals/ledger.py EvalKind.name).
+KIND = "eval"
 
 
 # -- rows and due versions ---------------------------------------------------------------------
@@ -129,7 +130,7 @@ def grant(
     # Count under the run row's lock, and write nothing (fencing, last_lease_at) when refused.
     if (
         not repo.lock_leasing_run(session, run_id)
-        or repo.active_eval_leases(session, run_id) >= ev.max_leases_in_flight
+        or repo.active_leases(session, run_id, KIND) >= ev.max_leases_in_flight
     ):
         return None
     taken = repo.take_fencing(session, run_id)
@@ -149,7 +150,7 @@ def grant(
         seed=seed,
         n_prompts=len(items),
         group_size=ev.n,
-        kind="eval",
+        kind=KIND,
     )
     repo.mark_items(session, [i.id for i in items], "queued", state="leased", lease_id=lease_id)
     return Granted(
@@ -185,7 +186,7 @@ def accept(
         tokenizer_fingerprint=lease.tokenizer_fingerprint,
         state="rejected" if reject else "accepted",
         reject_reason=reject,
-        kind="eval",
+        kind=KIND,
     )
     if reject is None:
         repo.mark_items(session, items, "leased", state="uploaded", batch_id=batch_id)
@@ -294,16 +295,6 @@ def score(
         session, batch.id, "claimed", state="consumed", consumed_version=batch.adapter_version
     )
     return maybe_finish(session, run_id, batch.adapter_version)
-
-
-def claimable(session: Session, run_id: uuid.UUID, fencing: int, limit: int) -> list[Any]:
-    """Up to `limit` uploaded eval batches, now claimed under this learner's token."""
-    batches = ledger.claim_page(session, run_id, limit, trained=False)
-    for batch in batches:
-        repo.set_batch_state(
-            session, batch.id, "accepted", state="claimed", claimed_fencing=fencing
-        )
-    return batches
 
 
 def batch_items(session: Session, batch_id: uuid.UUID) -> list[Row[Any]]:

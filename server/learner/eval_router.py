@@ -8,35 +8,32 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from protocol.error_codes import ErrorCode
 from protocol.schemas_learner import (
-    ClaimedEvalBatch,
     EvalClaimRequest,
     EvalClaimResponse,
-    EvalPromptOut,
     EvalResultsRequest,
     EvalResultsResponse,
     EvalVersionResult,
 )
 from protocol.storage import ObjectStore
-from server import wakeups
 from server.config import Settings
-from server.db import transaction
 from server.errors import NotFound
 from server.evals import service
 from server.evals.ledger import EVAL
 from server.idempotency.keys import KeyHeader, keyed_call
-from server.idempotency.store import Answer, in_session, sent
+from server.idempotency.store import in_session, sent
+from server.learner import claims
 from server.learner import repository as learner_repo
-from server.learner.service import fence, run_config
+from server.learner import service as learner_service
+from server.learner.router import waiting_claim
+from server.learner.service import fence
 from server.leases import ledger
-from server.long_poll import long_poll
 from server.models import Token
 from server.request_deps import LearnerCredentials, SessionDep, SettingsDep
 from server.routing import TransactionalRoute
-from server.tokens.auth import LearnerDep, require_learner
+from server.tokens.auth import LearnerDep
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["evals"], route_class=TransactionalRoute)
 
@@ -49,41 +46,8 @@ def _claim_once(
     run_id: uuid.UUID,
     body: EvalClaimRequest,
 ) -> EvalClaimResponse:
-    run = fence(session, settings, token, run_id, body.fencing)
-    config = run_config(session, run_id)
-    ev = config.eval
-    batches = []
-    if ev is not None:
-        ttl = settings.security.url_ttl_s
-        max_new = ev.max_new_tokens or config.sampling.max_new_tokens
-        for b in service.claimable(session, run_id, run.learner_fencing, body.max_batches):
-            items = service.batch_items(session, b.id)
-            batches.append(
-                ClaimedEvalBatch(
-                    batch_id=b.id,
-                    lease_id=b.lease_id,
-                    worker_id=b.worker_id,
-                    version=b.adapter_version,
-                    bucket_key=b.bucket_key,
-                    sha256=b.sha256,
-                    size=b.bytes,
-                    url=store.presign_get(b.bucket_key, ttl),
-                    n_samples=b.n_samples,
-                    n=ev.n,
-                    max_new_tokens=max_new,
-                    prompts=[
-                        EvalPromptOut(
-                            item_id=i.id,
-                            eval_row_id=i.eval_row_id,
-                            prompt=i.prompt,
-                            reference=i.reference or {},
-                        )
-                        for i in items
-                    ],
-                )
-            )
-    pending = service.pending_count(session, run_id)
-    return EvalClaimResponse(batches=batches, run_status=run.status, pending_versions=pending)
+    """One attempt of the eval claim: the one claim pipeline under the eval kind's policy."""
+    return learner_service.claim(session, store, settings, token, run_id, body, claims.EVALUATION)
 
 
 @router.post("/evals/claim", response_model=EvalClaimResponse)
@@ -97,30 +61,15 @@ async def claim(
     """The learner claims uploaded eval batches (fenced; never training batches), with their
     items' prompts and reference columns. Long-poll: each attempt is its own transaction; under
     an Idempotency-Key the attempt that claims stores its answer with the claim."""
-    settings: Settings = request.app.state.settings
-
-    def attempt() -> EvalClaimResponse | Answer:
-        with transaction(request.app.state.sessionmaker) as session:
-            token = require_learner(session, credentials)
-            keyed = keyed_call(idempotency_key, lambda: token.digest, request, body)
-            store = request.app.state.store
-            return in_session(
-                session,
-                keyed,
-                lambda: _claim_once(session, store, settings, token, run_id, body),
-                kept=lambda claimed: bool(claimed.batches),
-            )
-
-    return sent(
-        await long_poll(
-            lambda _deadline: run_in_threadpool(attempt),
-            lambda result: (
-                isinstance(result, Answer) or bool(result.batches) or result.pending_versions == 0
-            ),
-            body.wait_s,
-            settings,
-            wakeups.LEARNER,
-        )
+    return await waiting_claim(
+        request,
+        credentials,
+        idempotency_key,
+        body,
+        claims.EVALUATION,
+        lambda session, store, settings, token: _claim_once(
+            session, store, settings, token, run_id, body
+        ),
     )
 
 

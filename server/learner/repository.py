@@ -186,8 +186,15 @@ def reject_batch(
 
 
 def claim_batch(
-    session: Session, batch_id: uuid.UUID, fencing: int, staleness: int, target_version: int
+    session: Session,
+    batch_id: uuid.UUID,
+    fencing: int,
+    staleness: int | None,
+    target_version: int | None,
 ) -> None:
+    """Every kind's claim of one accepted batch: claimed under the learner's token with the
+    staleness and target version its kind records (eval's: none), its prompt rows (a training
+    batch's; an eval batch has none) claimed with it."""
     session.execute(
         update(RolloutBatch)
         .where(RolloutBatch.id == batch_id, RolloutBatch.state == "accepted")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from protocol.schemas import INT_MAX
@@ -14,6 +17,7 @@ from protocol.schemas_learner import (
     AttachResponse,
     ClaimRequest,
     ClaimResponse,
+    EvalClaimResponse,
     FailRequest,
     FailResponse,
     HeartbeatRequest,
@@ -29,6 +33,7 @@ from protocol.schemas_learner import (
     UploadsRequest,
     UploadsResponse,
 )
+from protocol.storage import ObjectStore
 from server import wakeups
 from server.config import Settings
 from server.db import transaction
@@ -43,14 +48,18 @@ from server.deps import (
 )
 from server.idempotency.keys import KeyedCall, KeyHeader, keyed_call
 from server.idempotency.store import Answer, in_session, sent
+from server.learner import claims, service, telemetry, trajectories
 from server.learner import publish as publish_service
-from server.learner import service, telemetry, trajectories
 from server.learner.ledger import ledger_model
 from server.learner.schemas import Ledger, RunMetrics, TrajectorySampleOut
 from server.long_poll import long_poll
 from server.models import Token
+from server.request_deps import Credentials
 from server.routing import TransactionalRoute
 from server.versions import service as versions
+
+# The answers of the claim kinds (server/learner/claims.py).
+Claimed = TypeVar("Claimed", ClaimResponse, EvalClaimResponse)
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["learner"], route_class=TransactionalRoute)
 
@@ -118,9 +127,34 @@ async def claim(
     """Long-poll: each attempt is its own short transaction; nothing is held while waiting.
     Under an Idempotency-Key, the attempt that claims stores its answer with the claim; an
     empty answer is not kept."""
+    return await waiting_claim(
+        request,
+        credentials,
+        idempotency_key,
+        body,
+        claims.TRAINING,
+        lambda session, store, settings, token: service.claim(
+            session, store, settings, token, run_id, body, claims.TRAINING
+        ),
+    )
+
+
+async def waiting_claim(
+    request: Request,
+    credentials: Credentials,
+    idempotency_key: str | None,
+    body: Any,
+    policy: claims.ClaimPolicy[Any, Claimed],
+    once: Callable[[Session, ObjectStore, Settings, Token], Claimed],
+) -> Claimed | Response:
+    """Every kind's claim route (the training and the eval claim): `once` (one attempt of the
+    claim pipeline, server/learner/service.py `claim`) long-polled, each attempt its own
+    transaction, woken on the learner channel; it ends at an answer with batches or one the
+    kind calls settled. Under an Idempotency-Key the attempt that claims stores its answer
+    with the claim; an empty answer is not kept."""
     settings: Settings = request.app.state.settings
 
-    def attempt() -> ClaimResponse | Answer:
+    def attempt() -> Claimed | Answer:
         with transaction(request.app.state.sessionmaker) as session:
             token = require_learner(session, credentials)
             keyed = _keyed(idempotency_key, token, request, body)
@@ -128,14 +162,16 @@ async def claim(
             return in_session(
                 session,
                 keyed,
-                lambda: service.claim(session, store, settings, token, run_id, body),
+                lambda: once(session, store, settings, token),
                 kept=lambda claimed: bool(claimed.batches),
             )
 
     return sent(
         await long_poll(
             lambda _deadline: run_in_threadpool(attempt),
-            lambda result: isinstance(result, Answer) or bool(result.batches) or result.exhausted,
+            lambda result: (
+                isinstance(result, Answer) or bool(result.batches) or policy.settled(result)
+            ),
             body.wait_s,
             settings,
             wakeups.LEARNER,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -19,36 +19,31 @@ from protocol.schemas_learner import (
     PREPARING,
     AttachRequest,
     AttachResponse,
-    ClaimedBatch,
-    ClaimRequest,
-    ClaimResponse,
     FailRequest,
     FailResponse,
     HeartbeatRequest,
     HeartbeatResponse,
-    PromptRowOut,
     RejectRequest,
     RejectResponse,
     StoredFile,
 )
-from protocol.staleness import outside_window, staleness, trained_on
 from protocol.storage import ObjectStore
 from server.config import Settings
-from server.errors import Conflict, FencingLost, NotFound, Unprocessable
+from server.errors import Conflict, FencingLost, NotFound
 from server.evals import service as evals
 from server.events.service import raise_event
+from server.learner import claims
 from server.learner import repository as repo
 from server.leases import ledger
+from server.leases.kinds import WorkKind
 from server.leases.ledger import kind_of
-from server.leases.train import TRAIN
 from server.models import RolloutBatch, Token
 from server.runs import lifecycle
 from server.runs import service as runs_service
 from server.workers import repository as workers
 
 CLAIM_PAGE = 32
-# The learner holds at most a version uploading, a step training and the next step prefetched.
-MAX_TARGET_AHEAD = 3
+Answer = TypeVar("Answer")
 
 
 def run_config(session: Session, run_id: uuid.UUID) -> RunConfig:
@@ -279,119 +274,70 @@ def claim(
     settings: Settings,
     token: Token,
     run_id: uuid.UUID,
-    body: ClaimRequest,
-) -> ClaimResponse:
-    """One claim attempt (the router long-polls by repeating it in fresh transactions)."""
+    body: Any,
+    policy: claims.ClaimPolicy[Any, Answer],
+) -> Answer:
+    """One claim attempt of the policy's kind, the one claim pipeline (the router long-polls
+    by repeating it in fresh transactions): fenced, then what the kind's plan allows of its
+    accepted batches claimed under the learner's token, answered as the kind answers."""
     run = fence(session, settings, token, run_id, body.fencing)
-    target = _target_version(run.current_version, body.target_version)
     config = run_config(session, run_id)
-    if config.max_versions is not None and target > config.max_versions:
-        return ClaimResponse(batches=[], exhausted=True, current_version=run.current_version)
-    taken, stale = _take_batches(session, run, config, body.max_groups, target)
-    prompts = repo.prompts_of_batches(session, [b.id for b, _ in taken])
+    plan = policy.plan(run, config, body)
+    taken, stale = ([], 0) if plan is None else _take(session, run, config, policy, plan)
     ttl = settings.security.url_ttl_s
-    batches = [_claimed(store, b, s, target, prompts[b.id], ttl) for b, s in taken]
-    exhausted = repo.open_rows(session, run_id) == 0
-    return ClaimResponse(
-        batches=batches,
-        exhausted=exhausted,
-        current_version=run.current_version,
-        stale_rejected=stale,
-    )
+    return policy.answer(session, store, ttl, run, config, taken, plan, stale)
 
 
-def _target_version(current: int, requested: int | None) -> int:
-    """The version the claimed batches will be trained into: current + 1 unless the learner
-    names one up to current + 3. A target a publish has meanwhile reached is a conflict the
-    learner reacts to (claim for a later version); one too far ahead is a bad request."""
-    if requested is None:
-        return current + 1
-    if requested <= current:
-        raise Conflict(
-            f"target_version {requested} is not above current_version {current}: a publish "
-            "landed meanwhile; claim for a later version",
-            current_version=current,
-            target_version=requested,
-            code=ErrorCode.target_version_behind,
-        )
-    if requested > current + MAX_TARGET_AHEAD:
-        raise Unprocessable(
-            f"target_version must be at most current_version + {MAX_TARGET_AHEAD} = "
-            f"{current + MAX_TARGET_AHEAD}, got {requested}",
-            field="target_version",
-            current_version=current,
-            code=ErrorCode.target_version_too_far,
-        )
-    return requested
-
-
-def _take_batches(
-    session: Session, run: repo.FencedRun, config: RunConfig, max_groups: int, target: int
-) -> tuple[list[tuple[RolloutBatch, int]], int]:
-    """Oldest adapter version first; batches outside the window as seen from the target
-    version (trained on top of target − 1) rejected stale and their rows re-queued; stop at
-    the first batch that would pass max_groups (one batch is always allowed)."""
-    base = trained_on(target)
-    taken: list[tuple[RolloutBatch, int]] = []
-    groups = stale = 0
+def _take(
+    session: Session,
+    run: repo.FencedRun,
+    config: RunConfig,
+    policy: claims.ClaimPolicy[Any, Any],
+    plan: claims.Plan,
+) -> tuple[claims.Taken, int]:
+    """The kind's accepted batches, oldest adapter version first; those the kind finds outside
+    its window rejected stale and their rows re-queued; stop at the first batch that would
+    pass the plan's budget (one batch is always allowed)."""
+    taken: claims.Taken = []
+    spent = stale = 0
     while True:
-        page = ledger.claim_page(session, run.id, CLAIM_PAGE, trained=True)
+        page = ledger.claim_page(session, run.id, CLAIM_PAGE, trained=policy.kind.trained)
         if not page:
             return taken, stale
         for batch in page:
-            lag = staleness(base, batch.adapter_version)
-            if outside_window(base, batch.adapter_version, config.max_staleness):
-                _reject_stale(session, run.id, batch, lag, target)
+            lag = policy.lag(plan, batch)
+            if policy.outside(config, plan, batch):
+                _reject_stale(session, run.id, policy.kind, batch, lag, plan.target)
                 stale += 1
                 continue
-            if taken and groups + batch.n_groups > max_groups:
+            if taken and spent + policy.cost(batch) > plan.budget:
                 return taken, stale
-            repo.claim_batch(session, batch.id, run.learner_fencing, lag, target)
+            repo.claim_batch(session, batch.id, run.learner_fencing, lag, plan.target)
             taken.append((batch, lag))
-            groups += batch.n_groups
-            if groups >= max_groups:
+            spent += policy.cost(batch)
+            if spent >= plan.budget:
                 return taken, stale
 
 
 def _reject_stale(
-    session: Session, run_id: uuid.UUID, batch: RolloutBatch, staleness: int, target: int
+    session: Session,
+    run_id: uuid.UUID,
+    kind: WorkKind,
+    batch: RolloutBatch,
+    lag: int | None,
+    target: int | None,
 ) -> None:
-    detail = f"staleness {staleness} above max_staleness when trained into version {target}"
+    detail = f"staleness {lag} above max_staleness when trained into version {target}"
     repo.reject_batch(
         session,
         batch.id,
         "stale",
         detail,
         from_state="accepted",
-        staleness=staleness,
+        staleness=lag,
         target_version=target,
     )
-    TRAIN.requeue_batch(session, run_id, batch.id, "stale")
-
-
-def _claimed(
-    store: ObjectStore,
-    batch: RolloutBatch,
-    staleness: int,
-    target: int,
-    prompts: list[dict[str, Any]],
-    ttl_s: int,
-) -> ClaimedBatch:
-    return ClaimedBatch(
-        batch_id=batch.id,
-        lease_id=batch.lease_id,
-        worker_id=batch.worker_id,
-        adapter_version=batch.adapter_version,
-        staleness=staleness,
-        target_version=target,
-        bucket_key=batch.bucket_key,
-        sha256=batch.sha256,
-        size=batch.bytes,
-        url=store.presign_get(batch.bucket_key, ttl_s),
-        n_samples=batch.n_samples,
-        n_groups=batch.n_groups,
-        prompts=[PromptRowOut(**p) for p in prompts],
-    )
+    kind.requeue_batch(session, run_id, batch.id, "stale")
 
 
 def reject(
