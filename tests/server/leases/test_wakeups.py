@@ -156,16 +156,27 @@ def test_without_a_signal_nor_a_poll_the_wait_runs_out(
     lease_path: LeasePath, tmp_path: Path
 ) -> None:
     """The converse of the two above, so that they can fail: work written behind the server's
-    back, with the fallback poll longer than the wait (3 s here), is not found: 204."""
-    with _served(lease_path, tmp_path, **NO_POLL) as (app, base):
-        factory = app.state.sessionmaker
-        run_id, worker_id, token = _paused_run_and_waiting_worker(factory)
-        with ThreadPoolExecutor(1) as pool:
-            waiting = _wait_in_background(pool, base, token, wait_s=3.0)
-            _until(_waiting(factory, worker_id), "the acquire did not try")
-            with app.state.engine.begin() as conn:
-                conn.execute(update(Run).where(Run.id == run_id).values(status="running"))
-            answered = waiting.result(timeout=60)
+    back, with the fallback poll longer than the wait (3 s here), is not found: 204. The
+    server runs in a process of its own: in this one, a thread another test left (a server
+    stopping, a worker loop) may commit and signal, and an in-process signal wakes every
+    waiter, as it should."""
+    from server.app import create_app
+
+    app = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
+    factory = app.state.sessionmaker
+    run_id, worker_id, token = _paused_run_and_waiting_worker(factory)
+    env = {"ASYNCGRPO_LEASE_LONG_POLL_S": "30", "ASYNCGRPO_LONG_POLL_INTERVAL_S": "30"}
+    with (
+        serve_in_process(
+            lease_path.database_url, tmp_path / "bucket", tmp_path / "server.log", settings_env=env
+        ) as (base, _pid),
+        ThreadPoolExecutor(1) as pool,
+    ):
+        waiting = _wait_in_background(pool, base, token, wait_s=3.0)
+        _until(_waiting(factory, worker_id), "the acquire did not try")
+        with app.state.engine.begin() as conn:
+            conn.execute(update(Run).where(Run.id == run_id).values(status="running"))
+        answered = waiting.result(timeout=60)
     assert answered.status_code == 204, answered.text
 
 
