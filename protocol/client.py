@@ -20,6 +20,7 @@ import httpx
 from pydantic import BaseModel
 
 from protocol import schemas_learner as sl
+from protocol.capabilities import WorkerCapabilities
 from protocol.error_codes import LEASE_LOST
 from protocol.idempotency import IDEMPOTENCY_HEADER, new_key
 from protocol.retrying import Backoff
@@ -317,9 +318,11 @@ class AsyncGrpoClient:
         price_per_hour: float = 0.0,
         models: list[str] | None = None,
         environments: list[str] | None = None,
+        capabilities: WorkerCapabilities | None = None,
     ) -> dict[str, Any]:
         """201 with the worker id and the worker token (shown once). `environments`: what the
-        worker can run (None: single_turn only)."""
+        worker can run (None: single_turn only); `capabilities`: what its engine can load
+        (None: every run)."""
         body: dict[str, Any] = {
             "name": name,
             "gpu_type": gpu_type,
@@ -329,6 +332,8 @@ class AsyncGrpoClient:
         }
         if environments is not None:
             body["environments"] = environments
+        if capabilities is not None:
+            body["capabilities"] = capabilities.model_dump(mode="json")
         return dict(
             self._json("POST", "/api/v1/workers/register", json=body, token=registration_token)
         )
@@ -351,15 +356,19 @@ class AsyncGrpoClient:
         wait_s: float = 0.0,
         timeout_s: float = 30.0,
         environments: list[str] | None = None,
+        capabilities: WorkerCapabilities | None = None,
     ) -> tuple[Lease | None, dict[uuid.UUID, int]]:
         """A lease (or None when nothing is admissible after the long-poll, if any), and the
         current version of every running run of the worker's base models (the answer's
         X-Asyncgrpo-Versions header, on the 200 and on the 204)."""
-        body = LeaseAcquireRequest(models=models, wait_s=wait_s, environments=environments)
+        body = LeaseAcquireRequest(
+            models=models, wait_s=wait_s, environments=environments, capabilities=capabilities
+        )
         response = self.request(
             "POST",
             "/api/v1/leases/acquire",
-            json=_without_none(self._body(body), "environments"),  # a server before them
+            # a server from before them refuses fields it does not know
+            json=_without_none(self._body(body), "environments", "capabilities"),
             timeout_s=wait_s + timeout_s,
             idempotent=True,
         )

@@ -9,6 +9,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+# The largest LoRA rank a run may train and a worker may declare (protocol/capabilities.py).
+MAX_LORA_RANK = 1024
+
 
 def _fail(message: str) -> PydanticCustomError:
     return PydanticCustomError("config_rule", message)

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from protocol import datasets, rewards
-from protocol.config_base import Rule, _fail, _Strict
+from protocol.config_base import MAX_LORA_RANK, Rule, _fail, _Strict
 from protocol.environments import SINGLE_TURN, EnvironmentConfig
 from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, MAX_MODEL_NAME, free_json
 from protocol.tracking import TrackingConfig
@@ -38,7 +38,6 @@ MAX_ROW_BYTES = 1024 * KIB  # one dataset row as JSON
 MAX_INLINE_ROWS = datasets.MAX_JSONL_ROWS
 MAX_INLINE_BYTES = 1024 * KIB
 MAX_COLUMN_NAME = 200
-MAX_LORA_RANK = 1024
 MAX_LEARNER_PRICE_PER_HOUR = 10_000.0  # USD; far above any GPU box, far below float overflow
 _SAMPLED = "behaviour log-probs must describe the distribution actually sampled"
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from protocol.capabilities import WorkerCapabilities
+
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # Column ranges the database can store (BIGINT, INTEGER): larger numbers are 422, not a 500.
 BIGINT_MAX = 2**63 - 1
@@ -162,6 +164,11 @@ class LeaseAcquireRequest(_Request):
         description="The environments this worker can run now (replacing what it declared "
         "before); None: what it declared at registration (a worker that never declared any: "
         "single_turn).",
+    )
+    capabilities: WorkerCapabilities | None = Field(
+        None,
+        description="What its engine can load now (replacing what it declared before); None: "
+        "what it declared last (a worker that never declared any serves every run).",
     )
 
 

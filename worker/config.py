@@ -152,8 +152,10 @@ class WorkerSettings(BaseSettings):
         description="Where batch files are written before upload.",
         json_schema_extra={"shown_default": "<state_dir>/batches"},
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights dtype for generation."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Weights dtype for generation; auto: bfloat16 on a GPU that supports it, "
+        "float16 on an older GPU, float32 on the CPU.",
     )
     device: str = Field("cpu", description="torch device for the transformers backend.")
     num_threads: int | None = Field(

@@ -23,8 +23,10 @@ from protocol.client import AsyncGrpoClient
 from protocol.environments import EnvironmentAllowlist
 from protocol.retrying import Backoff
 from protocol.schemas import Lease, ReleaseReason
+from worker import capabilities
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, EngineFault
+from worker.capabilities import generation_dtype
 from worker.config import WorkerSettings
 from worker.credentials import Credentials
 from worker.engine import EngineFailing, EngineGuard, FaultWindow
@@ -87,6 +89,9 @@ class WorkerLoop:
         # What this worker can run (declared at registration and with every acquire).
         self.allowed = EnvironmentAllowlist.discover(settings.environment_modules)
         self.environments = self.allowed.names()
+        # What its engine can load (declared with every acquire, so a restart with another
+        # --vllm-max-lora-rank is seen at once).
+        self.capabilities = capabilities.declared(settings, generation_dtype(settings))
         self.rollouts = EnvironmentRollouts(
             backend, allowed=self.allowed, tool_memory_mb=settings.tool_memory_mb
         )
@@ -217,6 +222,7 @@ class WorkerLoop:
             wait_s=s.acquire_wait_s,
             timeout_s=s.http_timeout_s,
             environments=self.environments,
+            capabilities=self.capabilities,
         )
         return lease, versions, sent_at
 

@@ -26,10 +26,13 @@ log = logging.getLogger("worker")
 
 def make_backend(settings: WorkerSettings) -> Backend:
     """Import and start the configured engine (this is where torch / vLLM get imported)."""
+    from worker.capabilities import generation_dtype
+
+    dtype = generation_dtype(settings)
     if settings.backend == "vllm":
         from worker.backends.vllm import VllmBackend
 
-        return VllmBackend(settings.model, settings.vllm, dtype=settings.dtype)
+        return VllmBackend(settings.model, settings.vllm, dtype=dtype)
     if settings.backend == "simulated":
         from worker.backends.simulated import SimulatedBackend
 
@@ -38,7 +41,7 @@ def make_backend(settings: WorkerSettings) -> Backend:
 
     return TransformersBackend(
         settings.model,
-        dtype=settings.dtype,
+        dtype=dtype,
         device=settings.device,
         num_threads=settings.num_threads,
         max_batch_sequences=settings.max_batch_sequences,

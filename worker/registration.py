@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 from protocol.client import ApiError, AsyncGrpoClient
-from worker import credentials
+from worker import capabilities, credentials
 from worker.config import WorkerSettings
 from worker.retry import retry
 
@@ -53,6 +53,7 @@ def obtain_credentials(
                 price_per_hour=s.price_per_hour,
                 models=[s.model],
                 environments=environments,
+                capabilities=capabilities.declared(s),
             ),
             stop=stop,
             cap_s=s.retry_max_s,

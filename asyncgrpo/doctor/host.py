@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from learner.config import LearnerSettings
 from worker import credentials
+from worker.capabilities import generation_dtype
 from worker.config import WorkerSettings
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def for_worker(settings: WorkerSettings, run_id: str | None) -> Host:
         model=settings.model,
         backend=settings.backend,
         device=settings.device,
-        dtype=settings.dtype,
+        dtype=generation_dtype(settings),  # `auto` resolved as the worker resolves it
         gpu_memory_utilization=(
             settings.vllm.gpu_memory_utilization if settings.backend == "vllm" else None
         ),

@@ -114,7 +114,7 @@ def run_live(session: Session, run_id: uuid.UUID, silent_s: float) -> dict[str, 
     """Everything the run page's live fragment shows; a lease's worker with its derived state
     (server/workers/liveness.py, silent past `silent_s` = offline)."""
     run = runs.get_run(session, run_id)
-    detail = runs.detail(session, run)
+    detail = runs.detail(session, run, silent_s)
     now = db_time(session)
     waste, drift = drift_of(session, run, now)
     latest = stats.latest_learner_values(session, run_id) or {}

@@ -129,9 +129,15 @@ WORKERS_IDLE = Symptom(
         "the prompt ledger: nothing `queued` once every epoch's prompts are handed out",
         "a worker takes only leases of runs whose `base_model` it serves with a matching "
         "tokenizer, and of `environment.requires_trusted_worker` runs only when trusted",
+        "the run page's `no_worker_can_serve` alarm (the run's `serving` in the API): its LoRA "
+        "adapter is larger than any live worker's engine loads",
     ),
     changes=(
         Change("worker --model", "the run's `base_model`"),
+        Change(
+            "worker --vllm-max-lora-rank",
+            "at least the run's `lora.rank` (the vLLM engine's default is 16)",
+        ),
         Change(
             "max_staleness",
             "raise it (or `prompts_per_step`) for a larger admission "

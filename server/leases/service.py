@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from sqlalchemy.orm import Session
 
 from protocol import layout
+from protocol.capabilities import why_cannot_serve
 from protocol.environments import SINGLE_TURN, worker_can_run
 from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
@@ -60,7 +61,9 @@ async def acquire(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, 
     """One try: a grant from the fairest admissible run (or none), and whether the worker is
     active (an inactive one gets no lease however long it waits)."""
     db = caller.db
-    seen = await statements.seen_for_acquire(db, caller.digest, body.models, body.environments)
+    seen = await statements.seen_for_acquire(
+        db, caller.digest, body.models, body.environments, body.capabilities
+    )
     if seen is None:
         return await _not_seen(caller, body)
     runs = seen.runs
@@ -75,6 +78,8 @@ async def acquire(caller: Caller, body: LeaseAcquireRequest) -> tuple[Acquired, 
         config = await config_of_run(db, run.id)
         if not worker_can_run(config.environment, declared, seen.trusted):
             continue  # the run waits for a worker that can run its environment
+        if why_cannot_serve(config.lora, seen.capabilities) is not None:
+            continue  # nor can its engine load the run's adapter (the run says so: serving.py)
         lease = await _grant(caller, run, seen.worker_id, config)
         if lease is not None:
             return Acquired(lease, versions), True

@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
+from protocol.capabilities import WorkerCapabilities
 from protocol.schemas import LEASING_RUN_STATUSES
 from server.db_types import db_now, db_now_plus, postgres_text, psycopg_param
 from server.leases import queue
@@ -63,6 +64,7 @@ class Seen:
 
     worker_id: uuid.UUID
     environments: list[str] | None
+    capabilities: WorkerCapabilities | None
     trusted: bool
     any_expired: bool
     runs: list[CandidateRun]
@@ -94,10 +96,12 @@ _AUTHENTICATED_PG = postgres_text(
 # slower). Touching the worker first is safe here: the statement is its own transaction and
 # locks nothing else. The worker is waiting from this try until a grant clears it.
 _SEEN_PG = f"""
-UPDATE workers w SET {touch_sql("w", waiting=True, environments="%(environments)s")}
+UPDATE workers w SET {
+    touch_sql("w", waiting=True, environments="%(environments)s", capabilities="%(capabilities)s")
+}
 FROM tokens t
 WHERE {_AUTHENTICATED_PG} AND w.status = 'active' AND w.models @> %(asked)s
-RETURNING w.id AS worker_id, w.environments, w.trusted,
+RETURNING w.id AS worker_id, w.environments, w.capabilities, w.trusted,
     EXISTS (SELECT 1 FROM leases
             WHERE state = 'active' AND expires_at <= clock_timestamp()) AS any_expired,
     (SELECT coalesce(json_agg(json_build_object(
@@ -114,7 +118,7 @@ RETURNING w.id AS worker_id, w.environments, w.trusted,
 
 
 _ACTIVE_WORKER = (
-    select(Worker.id, Worker.models, Worker.environments, Worker.trusted)
+    select(Worker.id, Worker.models, Worker.environments, Worker.capabilities, Worker.trusted)
     .join(Token, Token.scope_id == Worker.id)
     .where(authenticated(bindparam("digest")), Worker.status == "active")
 )
@@ -128,6 +132,7 @@ _CANDIDATES = (
 class _SeenRow(NamedTuple):
     worker_id: uuid.UUID
     environments: list[str] | None
+    capabilities: dict[str, Any] | None
     trusted: bool
     any_expired: bool
     runs: list[dict[str, Any]]
@@ -137,29 +142,42 @@ def _seen_sqlite(session: Session, params: dict[str, Any]) -> list[_SeenRow]:
     found = session.execute(_ACTIVE_WORKER, {"digest": params["digest"]}).first()
     if found is None or not set(params["asked"]) <= set(found.models or ()):
         return []
-    environments = params["environments"]
-    touch(session, found.id, waiting=True, environments=environments)
+    environments, capabilities = params["environments"], params["capabilities"]
+    touch(session, found.id, waiting=True, environments=environments, capabilities=capabilities)
     models = list(found.models or ())
     runs = [r._asdict() for r in session.execute(_CANDIDATES, {"models": models})]
     declared = environments if environments is not None else found.environments
+    can_load = capabilities if capabilities is not None else found.capabilities
     expired = bool(session.execute(select(_ANY_EXPIRED)).scalar())
-    return [_SeenRow(found.id, declared, bool(found.trusted), expired, runs)]
+    return [_SeenRow(found.id, declared, can_load, bool(found.trusted), expired, runs)]
 
 
 _SEEN = Statement(_SEEN_PG, _seen_sqlite)
 
 
 async def seen_for_acquire(
-    db: WorkerDb, digest: str, asked: list[str] | None, environments: list[str] | None
+    db: WorkerDb,
+    digest: str,
+    asked: list[str] | None,
+    environments: list[str] | None,
+    capabilities: WorkerCapabilities | None = None,
 ) -> Seen | None:
-    """Mark the authenticated active worker seen and waiting (storing the environments it
-    declares now; None keeps them): its id, environments, trust, whether any lease has
-    expired, and the leasing runs of its registered models, fairest first. None, changing
-    nothing: no live token of an active worker, or it asked for a model it did not register."""
-    params: dict[str, Any] = {"digest": digest, "asked": asked or [], "environments": environments}
+    """Mark the authenticated active worker seen and waiting (storing the environments and
+    capabilities it declares now; None keeps them): its id, environments, capabilities, trust,
+    whether any lease has expired, and the leasing runs of its registered models, fairest
+    first. None, changing nothing: no live token of an active worker, or it asked for a model
+    it did not register."""
+    declared = None if capabilities is None else capabilities.model_dump()
+    params: dict[str, Any] = {
+        "digest": digest,
+        "asked": asked or [],
+        "environments": environments,
+        "capabilities": declared,
+    }
     if db.postgres:
         params["asked"] = Jsonb(params["asked"])
         params["environments"] = None if environments is None else Jsonb(environments)
+        params["capabilities"] = None if declared is None else Jsonb(declared)
     row = await db.first(_SEEN, params)
     if row is None:
         return None
@@ -167,7 +185,10 @@ async def seen_for_acquire(
         CandidateRun(**{**r, "id": uuid.UUID(str(r["id"])), "has_queued": bool(r["has_queued"])})
         for r in row.runs
     ]
-    return Seen(row.worker_id, row.environments, bool(row.trusted), bool(row.any_expired), runs)
+    can_load = None if row.capabilities is None else WorkerCapabilities(**row.capabilities)
+    return Seen(
+        row.worker_id, row.environments, can_load, bool(row.trusted), bool(row.any_expired), runs
+    )
 
 
 # -- a grant of training rows (the one-statement grant, or its steps) -------------------------

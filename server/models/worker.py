@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Uuid, false
 from sqlalchemy.orm import Mapped, mapped_column
@@ -24,6 +25,9 @@ class Worker(UUIDPk, CreatedAt, Base):
     environments: Mapped[list[str]] = mapped_column(
         JSONType, default=lambda: ["single_turn"], server_default='["single_turn"]'
     )
+    # What its engine can load (protocol/capabilities.py WorkerCapabilities, as a dict); NULL:
+    # never declared, it serves every run.
+    capabilities: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     # An admin's mark: grants of runs whose environment requires a trusted worker go only here.
     trusted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     status: Mapped[str] = mapped_column(String(16), default="active", index=True)

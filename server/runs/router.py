@@ -31,7 +31,8 @@ def create_run(
     config = service.with_checked_webhook(config, settings.outbound_policy())
     service.check_judge_urls(config, settings.outbound_policy())
     run, learner_token = service.create_run(session, config)
-    created = RunCreated(run=service.detail(session, run), learner_token=learner_token)
+    silent_s = settings.jobs.worker_silent_s
+    created = RunCreated(run=service.detail(session, run, silent_s), learner_token=learner_token)
     if run.status == "preparing":
         session.commit()  # the job must see the run
         wake(request.app.state, "datasets", "run_prep")
@@ -53,18 +54,26 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunDetail)
-def get_run(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> RunDetail:
-    """One run with its config and live figures."""
-    return service.detail(session, service.get_run(session, run_id))
+def get_run(
+    run_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+) -> RunDetail:
+    """One run with its config and live figures, and `serving` when no live worker can serve
+    it (no_worker_can_serve)."""
+    run = service.get_run(session, run_id)
+    return service.detail(session, run, settings.jobs.worker_silent_s)
 
 
 def _action(action: str):  # type: ignore[no-untyped-def]
     def handler(
-        run_id: uuid.UUID, session: SessionDep, _admin: AdminDep, body: RunAction | None = None
+        run_id: uuid.UUID,
+        session: SessionDep,
+        settings: SettingsDep,
+        _admin: AdminDep,
+        body: RunAction | None = None,
     ) -> RunDetail:
         reason = body.reason if body is not None else None
         run = lifecycle.admin_action(session, run_id, action, reason)
-        return service.detail(session, run)
+        return service.detail(session, run, settings.jobs.worker_silent_s)
 
     handler.__name__ = f"{action}_run"
     return handler

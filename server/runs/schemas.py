@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,11 +64,25 @@ class RunStats(BaseModel):
     spend: SpendOut = Field(description="Spend so far.")
 
 
+class ServingProblem(BaseModel):
+    """Why the live workers cannot serve a leasing run (server/runs/serving.py)."""
+
+    code: Literal["no_worker_can_serve"] = Field(description="What is wrong, for programs.")
+    reason: str = Field(description="Why, and the worker setting that would let one serve it.")
+    workers: int = Field(description="Live workers of its base model that cannot serve it.")
+
+
 class RunDetail(RunOut):
     """A run with its config and live stats."""
 
     config: dict[str, Any] = Field(description="The validated run config.")
     stats: RunStats = Field(description="Live stats.")
+    serving: ServingProblem | None = Field(
+        None,
+        description="Set while the run hands out leases and every live worker of its base model "
+        "that can run its environment declared an engine that cannot load its adapter "
+        "(no_worker_can_serve, with the reason); null otherwise.",
+    )
 
 
 class RunCreated(BaseModel):

@@ -30,6 +30,7 @@ from server.errors import NotFound, Unprocessable
 from server.models import Dataset, Run
 from server.runs import repository
 from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
+from server.runs.serving import serving_problem
 from server.tokens import service as tokens
 
 # Eval rows are stored by the evals feature (server/evals/service.py insert_eval_rows), above
@@ -334,7 +335,10 @@ def shown_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "alarms": {**config["alarms"], "webhook_url": redacted_url(url)}}
 
 
-def detail(session: Session, run: Run) -> RunDetail:
+def detail(session: Session, run: Run, silent_s: float) -> RunDetail:
+    """The run with its config, live stats, and whether its live workers can serve it (a
+    worker silent past `silent_s` is not live: settings.jobs.worker_silent_s)."""
     out = RunOut.model_validate(run)
     shown = shown_config(run.config)
-    return RunDetail(**out.model_dump(), config=shown, stats=stats(session, run))
+    problem = serving_problem(session, run, get_config(run), silent_s)
+    return RunDetail(**out.model_dump(), config=shown, stats=stats(session, run), serving=problem)

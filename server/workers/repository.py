@@ -79,17 +79,27 @@ def set_trusted(session: Session, worker_id: uuid.UUID, trusted: bool) -> bool:
 
 
 def touch_values(
-    *, seen: bool = True, waiting: bool | None = None, environments: Any = None, **counters: int
+    *,
+    seen: bool = True,
+    waiting: bool | None = None,
+    environments: Any = None,
+    capabilities: Any = None,
+    **counters: int,
 ) -> dict[str, Any]:
     """`touch`'s SET values: seen now, its counters raised; `waiting` (an acquire try): whether
     it was granted nothing, which starts (or keeps) its waiting_since, or a lease, which clears
-    it; `environments`: what it declares now (a value or an expression: NULL keeps them);
-    `seen` False: not the sighting (a grant, whose acquire try already marked it)."""
+    it; `environments` and `capabilities`: what it declares now (a value, or an expression
+    whose NULL keeps them); `seen` False: not the sighting (a grant, whose acquire try already
+    marked it)."""
     values: dict[str, Any] = {"last_seen_at": db_now()} if seen else {}
     if isinstance(environments, list):
         values["environments"] = environments
     elif environments is not None:
         values["environments"] = func.coalesce(environments, Worker.environments)
+    if isinstance(capabilities, dict):
+        values["capabilities"] = capabilities
+    elif capabilities is not None:
+        values["capabilities"] = func.coalesce(capabilities, Worker.capabilities)
     if waiting is not None:
         values["waiting_since"] = (
             func.coalesce(Worker.waiting_since, db_now()) if waiting else null()
@@ -105,11 +115,20 @@ def touch(
     *,
     waiting: bool | None = None,
     environments: list[str] | None = None,
+    capabilities: dict[str, Any] | None = None,
     **counters: int,
 ) -> None:
     """Mark the worker seen (every authenticated worker call), add to its counters (see
     touch_values)."""
-    session.execute(touch_update(worker_id, waiting=waiting, environments=environments, **counters))
+    session.execute(
+        touch_update(
+            worker_id,
+            waiting=waiting,
+            environments=environments,
+            capabilities=capabilities,
+            **counters,
+        )
+    )
 
 
 def touch_update(worker_id: Any, **touch: Any) -> Any:
@@ -136,15 +155,18 @@ def touch_sql(
     seen: bool = True,
     waiting: bool | None = None,
     environments: str | None = None,
+    capabilities: str | None = None,
     counters: tuple[str, ...] = (),
 ) -> str:
     """`touch`'s SET list in Postgres text, for the lease engine's one-statement units on
     Postgres (server/leases/statements.py) and the one-statement grant (server/leases/queue.py):
-    `target` names the workers row, `environments` is a SQL expression (NULL: keep them), each
-    counter one more."""
+    `target` names the workers row, `environments` and `capabilities` are SQL expressions
+    (NULL: keep them), each counter one more."""
     items = ["last_seen_at = clock_timestamp()"] if seen else []
     if environments is not None:
         items.append(f"environments = coalesce({environments}, {target}.environments)")
+    if capabilities is not None:
+        items.append(f"capabilities = coalesce({capabilities}, {target}.capabilities)")
     if waiting is not None:
         started = f"coalesce({target}.waiting_since, clock_timestamp())"
         items.append(f"waiting_since = {started if waiting else 'NULL'}")

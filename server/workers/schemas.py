@@ -5,6 +5,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.capabilities import WorkerCapabilities
 from protocol.schemas import (
     MAX_DECLARED_ENVIRONMENTS,
     MAX_WORKER_MODELS,
@@ -32,6 +33,11 @@ class WorkerRegister(BaseModel):
         description="Environments this worker can run (EnvironmentAllowlist.names()); a worker "
         "that sends none runs single_turn only.",
     )
+    capabilities: WorkerCapabilities | None = Field(
+        None,
+        description="What its engine can load (largest LoRA rank, target modules, dtype): it is "
+        "granted only runs it can serve; null: every run.",
+    )
 
 
 class WorkerRegistered(BaseModel):
@@ -50,6 +56,9 @@ class WorkerOut(BaseModel):
     effective_price_per_hour: float
     models: list[str]
     environments: list[str] = Field(description="The environments the worker declared.")
+    capabilities: WorkerCapabilities | None = Field(
+        None, description="What its engine can load, as it declared last; null: never declared."
+    )
     trusted: bool = Field(
         description="An admin's mark: only trusted workers get leases of runs whose "
         "environment requires_trusted_worker."

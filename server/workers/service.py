@@ -26,6 +26,7 @@ def register(session: Session, registration: Token, body: WorkerRegister) -> tup
         price_per_hour=body.price_per_hour,
         models=body.models,
         environments=body.environments,
+        capabilities=None if body.capabilities is None else body.capabilities.model_dump(),
         registration_token_id=registration.id,
     )
     minted = tokens.mint(session, "worker", name=body.name, scope_id=worker.id)

@@ -59,7 +59,7 @@ def test_deadline_counts_from_the_requests_not_the_slow_answers(
     settings = SimpleNamespace(model=MODEL, acquire_wait_s=0.0, http_timeout_s=30.0)
     acquire_sent = clock.now
     lease, _versions, sent_at = worker.loop.WorkerLoop._acquire(
-        SimpleNamespace(settings=settings, environments=None),  # type: ignore[arg-type]
+        SimpleNamespace(settings=settings, environments=None, capabilities=None),  # type: ignore[arg-type]
         client,
     )
     assert lease is not None and clock.now == acquire_sent + SLOW_S
