@@ -16,10 +16,9 @@ from typing import Any
 from asyncgrpo.cluster import ClusterConfig
 from asyncgrpo.live_run import QUICK_STOP_WORKER_ENV, LivePlan
 from asyncgrpo.local_config import LocalSettings
+from protocol.capabilities import VLLM_LORA_RANKS, vllm_max_lora_rank_for
 from protocol.run_config import RunConfig
 
-# The LoRA ranks vLLM's engine accepts as max_lora_rank (vllm/config/lora.py, MaxLoRARanks).
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 FIND_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 
 
@@ -80,10 +79,12 @@ def place(settings: LocalSettings, gpu_name: Callable[[], str | None] = cuda_gpu
 
 def vllm_lora_rank(rank: int) -> int:
     """The smallest max_lora_rank vLLM accepts that holds an adapter of `rank`."""
-    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
-    if not fits:
-        raise LocalError(f"lora.rank {rank} is above vLLM's largest max_lora_rank (512)")
-    return fits[0]
+    fits = vllm_max_lora_rank_for(rank)
+    if fits is None:
+        raise LocalError(
+            f"lora.rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})"
+        )
+    return fits
 
 
 def worker_env(settings: LocalSettings, placement: Placement, run: RunConfig) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from protocol.capabilities import WorkerCapabilities
+from protocol.capabilities import LoraShape, WorkerCapabilities
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # Column ranges the database can store (BIGINT, INTEGER): larger numbers are 422, not a 500.
@@ -234,6 +234,12 @@ class Lease(BaseModel):
         None,
         description="The run's environment (RunConfig.environment as JSON); None: single_turn.",
     )
+    lora: LoraShape | None = Field(
+        None,
+        description="The run's LoRA rank and target modules: a worker whose engine cannot load "
+        "such an adapter releases the lease `unservable` (protocol/capabilities.py); None: a "
+        "server from before it.",
+    )
 
 
 # Every acquire answer (200 and 204) carries the current version of each running run of the
@@ -396,12 +402,13 @@ class ReleaseRequest(FencedRequest):
 
     reason: ReleaseReason | None = Field(
         None,
-        description="Why: shutdown (preemption), unservable (model, tokenizer or environment "
-        "not served), adapter_invalid, engine_fault (the engine died generating it: counts an "
-        "attempt on its prompts) or prompt_too_long (a prompt leaves no room for a model turn "
-        "within environment.max_total_tokens: counts an attempt on the rows in prompt_row_ids, "
-        "or on all its prompts when none are named) or environment_error (the run's environment "
-        "failed rolling it out: counts an attempt on its prompts). Omitted: a plain release.",
+        description="Why: shutdown (preemption), unservable (model, tokenizer, environment or LoRA "
+        "adapter not served here), adapter_invalid, engine_fault (the engine died generating "
+        "it: counts an attempt on its prompts) or prompt_too_long (a prompt leaves no room "
+        "for a model turn within environment.max_total_tokens: counts an attempt on the rows "
+        "in prompt_row_ids, or on all its prompts when none are named) or environment_error "
+        "(the run's environment failed rolling it out: counts an attempt on its prompts). "
+        "Omitted: a plain release.",
     )
     prompt_row_ids: list[Annotated[int, Field(ge=0, le=BIGINT_MAX)]] | None = Field(
         None,

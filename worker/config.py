@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.capabilities import VLLM_LORA_RANKS, vllm_max_lora_rank_for
 from protocol.rewards import MODULE_PATH
 from protocol.settings_env import refuse_unknown_part_variables
 
@@ -39,8 +40,9 @@ class VllmSettings(BaseSettings):
     max_lora_rank: int = Field(
         16,
         gt=0,
-        description="Largest LoRA rank the engine accepts: at least the lora.rank of every run "
-        "the worker serves, or their adapters cannot be loaded (examples/runs/"
+        description="Largest LoRA rank the engine accepts, one of vLLM's "
+        f"({', '.join(map(str, VLLM_LORA_RANKS))}); declared to the server, which grants the "
+        "worker only runs whose lora.rank is at most this (examples/runs/"
         "gsm8k-qwen2.5-1.5b.json trains rank 32).",
     )
     max_loras: int = Field(2, gt=0, description="Adapters resident in one batch.")
@@ -52,6 +54,18 @@ class VllmSettings(BaseSettings):
     kv_cache_space_gb: int = Field(
         1, gt=0, description="VLLM_CPU_KVCACHE_SPACE in GiB (CPU build only)."
     )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_rank_vllm_accepts(cls, rank: int) -> int:
+        if rank not in (1, *VLLM_LORA_RANKS):
+            fits = vllm_max_lora_rank_for(rank)
+            ranks = ", ".join(map(str, VLLM_LORA_RANKS))
+            raise ValueError(
+                f"vLLM's engine accepts a max_lora_rank of 1 or {ranks}"
+                + (f" (for rank {rank}: {fits})" if fits is not None else "")
+            )
+        return rank
 
 
 class SimulatedSettings(BaseSettings):
@@ -154,8 +168,10 @@ class WorkerSettings(BaseSettings):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="Weights dtype for generation; auto: bfloat16 on a GPU that supports it, "
-        "float16 on an older GPU, float32 on the CPU.",
+        description="Weights dtype for generation. auto, resolved when the engine starts: "
+        "bfloat16 on a GPU that supports it, float16 on an older GPU, float32 on the CPU (the "
+        "GPU: vllm's when torch sees one, transformers' with --device cuda); the worker tells "
+        "the server the dtype it resolved.",
     )
     device: str = Field("cpu", description="torch device for the transformers backend.")
     num_threads: int | None = Field(

@@ -26,7 +26,6 @@ from protocol.schemas import Lease, ReleaseReason
 from worker import capabilities
 from worker.adapters import AdapterCache
 from worker.backends.base import Backend, EngineFault
-from worker.capabilities import generation_dtype
 from worker.config import WorkerSettings
 from worker.credentials import Credentials
 from worker.engine import EngineFailing, EngineGuard, FaultWindow
@@ -91,7 +90,7 @@ class WorkerLoop:
         self.environments = self.allowed.names()
         # What its engine can load (declared with every acquire, so a restart with another
         # --vllm-max-lora-rank is seen at once).
-        self.capabilities = capabilities.declared(settings, generation_dtype(settings))
+        self.capabilities = capabilities.declared(settings, capabilities.generation_dtype(settings))
         self.rollouts = EnvironmentRollouts(
             backend, allowed=self.allowed, tool_memory_mb=settings.tool_memory_mb
         )
@@ -231,6 +230,10 @@ class WorkerLoop:
         self._granted += 1
         held = self.held.add(lease, sent_at)
         refusal = self._refusal(lease)
+        if refusal is not None:
+            log.warning(
+                "lease %s of run %s refused here: %s", lease.lease_id, lease.run_id, refusal
+            )
         if refusal is not None or self.stop_event.is_set():
             assert self.work is not None
             record = LeaseRecord(lease.lease_id, lease.run_id, lease.adapter_version, Outcome.lost)
@@ -283,11 +286,15 @@ class WorkerLoop:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _refusal(self, lease: Lease) -> str | None:
-        """Why this worker cannot serve the lease (model or tokenizer mismatch), or None."""
+        """Why this worker cannot serve the lease (model or tokenizer mismatch, an adapter its
+        engine cannot load, an environment it cannot run), or None."""
         if lease.base_model != self.settings.model:
             return f"base model {lease.base_model!r} is not served here"
         if lease.tokenizer_fingerprint not in (None, self.fingerprint):
             return "tokenizer fingerprint mismatch"
+        adapter = capabilities.lease_refusal(lease, self.capabilities)
+        if adapter is not None:
+            return adapter
         if is_multi_turn(lease):
             try:
                 self.rollouts.environment(environment_of(lease))

@@ -20,7 +20,7 @@ from protocol.run_config import RunConfig
 from protocol.trajectories import StopReason
 from server.adapters import service as adapters
 from server.dashboard import repository as repo
-from server.dashboard.symptoms import BY_ALARM
+from server.dashboard.symptoms import BY_ALARM, NO_WORKER_CAN_SERVE
 from server.db import db_time
 from server.evals import repository as evals_repo
 from server.jobs import alarms, stats
@@ -138,6 +138,7 @@ def run_live(session: Session, run_id: uuid.UUID, silent_s: float) -> dict[str, 
         ],
         "events": repo.events(session, run_id, EVENTS_SHOWN),
         "environment_workers": environment_workers(session, run, now, silent_s),
+        "serving_advice": NO_WORKER_CAN_SERVE,
     }
 
 

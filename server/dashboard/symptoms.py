@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.capabilities import NO_WORKER_CAN_SERVE as NO_WORKER_CAN_SERVE_CODE
+
 
 @dataclass(frozen=True)
 class Change:
@@ -129,15 +131,11 @@ WORKERS_IDLE = Symptom(
         "the prompt ledger: nothing `queued` once every epoch's prompts are handed out",
         "a worker takes only leases of runs whose `base_model` it serves with a matching "
         "tokenizer, and of `environment.requires_trusted_worker` runs only when trusted",
-        "the run page's `no_worker_can_serve` alarm (the run's `serving` in the API): its LoRA "
-        "adapter is larger than any live worker's engine loads",
+        "the run page's `no_worker_can_serve` banner (`serving` of `GET /api/v1/runs/{id}`): "
+        "the live workers cannot load its adapter or run its environment (below)",
     ),
     changes=(
         Change("worker --model", "the run's `base_model`"),
-        Change(
-            "worker --vllm-max-lora-rank",
-            "at least the run's `lora.rank` (the vLLM engine's default is 16)",
-        ),
         Change(
             "max_staleness",
             "raise it (or `prompts_per_step`) for a larger admission "
@@ -148,6 +146,39 @@ WORKERS_IDLE = Symptom(
             "trust the worker (`POST /api/v1/workers/{id}/trust`), or set it false",
         ),
         Change("epochs", "more passes over the dataset when the ledger has run dry"),
+    ),
+)
+
+NO_WORKER_CAN_SERVE = Symptom(
+    key=NO_WORKER_CAN_SERVE_CODE,
+    title="No worker can serve the run",
+    meaning="The run hands out leases and its base model has live workers, but none of them "
+    "can serve it: their engines cannot load its LoRA adapter (a lora.rank above their "
+    "largest, or target modules they cannot wrap), or none can run its environment. It gets no "
+    "lease until such a worker calls; the reason names what to change.",
+    figures=(
+        "the run page's banner and `serving` of `GET /api/v1/runs/{id}`: the code "
+        "`no_worker_can_serve`, the reason, the live workers it counted",
+        "the workers page: each worker's declared capabilities (largest LoRA rank, dtype) and "
+        "environments (`capabilities`, `environments` of `GET /api/v1/workers`)",
+        "a worker's log: `refused here: adapter: …` when a lease of an adapter its engine "
+        "cannot load reached it anyway (released `unservable`)",
+    ),
+    changes=(
+        Change(
+            "worker --vllm-max-lora-rank",
+            "at least the run's `lora.rank`, as one of vLLM's ranks (its default is 16); the "
+            "worker declares it with its next acquire, token file and all",
+        ),
+        Change("lora.rank", "a new run with a rank the workers load (a run's rank never changes)"),
+        Change(
+            "worker --environment-modules",
+            "allow the run's environment where the workers run (or install its entry point)",
+        ),
+        Change(
+            "environment.requires_trusted_worker",
+            "trust a worker (`POST /api/v1/workers/{id}/trust`)",
+        ),
     ),
 )
 
@@ -185,6 +216,7 @@ SYMPTOMS: tuple[Symptom, ...] = (
     CLIP_FRACTION,
     VERSIONS_STALLED,
     WORKERS_IDLE,
+    NO_WORKER_CAN_SERVE,
     LEARNER_WAITING,
 )
 BY_ALARM = {s.alarm: s for s in SYMPTOMS if s.alarm is not None}

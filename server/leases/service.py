@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from sqlalchemy.orm import Session
 
 from protocol import layout
-from protocol.capabilities import why_cannot_serve
+from protocol.capabilities import LoraShape, why_cannot_serve
 from protocol.environments import SINGLE_TURN, worker_can_run
 from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
@@ -200,6 +200,7 @@ def lease_response(
         heartbeat_interval_s=config.heartbeat_interval_s,
         batch_key=layout.batch_key(run_id, lease_id, granted.fencing),
         environment=config.environment.model_dump(mode="json"),
+        lora=LoraShape(rank=config.lora.rank, target_modules=list(config.lora.target_modules)),
     )
 
 

@@ -68,7 +68,7 @@ class ServingProblem(BaseModel):
     """Why the live workers cannot serve a leasing run (server/runs/serving.py)."""
 
     code: Literal["no_worker_can_serve"] = Field(description="What is wrong, for programs.")
-    reason: str = Field(description="Why, and the worker setting that would let one serve it.")
+    reason: str = Field(description="Why, and the setting that would let a worker serve it.")
     workers: int = Field(description="Live workers of its base model that cannot serve it.")
 
 
@@ -79,9 +79,10 @@ class RunDetail(RunOut):
     stats: RunStats = Field(description="Live stats.")
     serving: ServingProblem | None = Field(
         None,
-        description="Set while the run hands out leases and every live worker of its base model "
-        "that can run its environment declared an engine that cannot load its adapter "
-        "(no_worker_can_serve, with the reason); null otherwise.",
+        description="Set while the run hands out leases, its base model has live workers and "
+        "none of them can serve it: none can run its environment, or none of those that can "
+        "has an engine that loads its LoRA adapter (no_worker_can_serve, with the reason and the "
+        "setting to change); null otherwise (server/runs/serving.py).",
     )
 
 

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, null, select, update
 from sqlalchemy.orm import Session
 
-from server.db_types import db_now
+from server.db_types import db_now, json_has
 from server.models import GpuPrice, Token, Worker
 from server.tokens.repository import Found, expired, revoked, usable
 
@@ -59,6 +59,18 @@ def get(session: Session, worker_id: uuid.UUID) -> Worker | None:
 
 def list_all(session: Session) -> list[Worker]:
     return list(session.execute(select(Worker).order_by(Worker.created_at)).scalars())
+
+
+def active_of_model(session: Session, base_model: str) -> list[Worker]:
+    """The active workers that registered `base_model` (whether each is online is
+    server/workers/liveness.py's to say)."""
+    return list(
+        session.execute(
+            select(Worker)
+            .where(Worker.status == "active", json_has(Worker.models, base_model))
+            .order_by(Worker.created_at)
+        ).scalars()
+    )
 
 
 def set_status(session: Session, worker_id: uuid.UUID, status: str, reason: str | None) -> bool:
