@@ -4,19 +4,26 @@ serve says why (`serving`: no_worker_can_serve); on both databases (Postgres and
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from markupsafe import escape
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from protocol.client import AsyncGrpoClient
 from server.models import Worker
 from server.tokens import service as tokens
 from tests.server.dashboard.test_pages import login
 from tests.server.leases.helpers import MODEL, make_run, make_worker
 from tests.server.leases.lease_paths import Answered
+from worker import capabilities as worker_caps
+from worker.config import WorkerSettings
+from worker.registration import obtain_credentials
 
 ACQUIRE = "/api/v1/leases/acquire"
 TOOLS = {"name": "tool_calls", "tools": ["calculator"], "max_turns": 2, "max_total_tokens": 512}
@@ -200,3 +207,50 @@ def test_bad_capabilities_are_refused_with_the_field(lease_client: TestClient, d
             errors = answer.json()
             assert errors["code"] == "validation_failed", errors
             assert [e["field"] for e in errors["errors"]] == [field], errors
+
+
+def test_the_workers_own_declarations_through_the_typed_client(
+    lease_client: TestClient, lease_app: FastAPI, db: Session, tmp_path: Path
+) -> None:
+    """The worker's registration (worker/registration.py) declares its vLLM engine's largest
+    rank; restarted with a larger --vllm-max-lora-rank and the same token file, its first
+    acquire declares the new one and is served."""
+    run = make_run(db, lora=RANK_32)
+    registration, admin = _tokens(db)
+    db.commit()
+
+    def settings(rank: int) -> WorkerSettings:
+        return WorkerSettings(
+            server_url="http://testserver",
+            registration_token=registration,
+            backend="vllm",
+            model=MODEL,
+            state_dir=tmp_path,
+            vllm={"max_lora_rank": rank},  # type: ignore[arg-type]
+        )
+
+    creds = obtain_credentials(
+        settings(16),
+        environments=["single_turn"],
+        stop=threading.Event(),
+        new_client=lambda token: AsyncGrpoClient(
+            "http://testserver", token, http=TestClient(lease_app)
+        ),
+    )
+    listed = lease_client.get("/api/v1/workers", headers=_h(admin)).json()
+    assert [w["capabilities"] for w in listed] == [
+        {"max_lora_rank": 16, "lora_target_modules": None, "dtype": None}
+    ]
+    client = AsyncGrpoClient("http://testserver", creds.token, http=lease_client)
+    small = worker_caps.declared(settings(16), "float32")
+    lease, _ = client.acquire_lease_and_versions(models=[MODEL], capabilities=small)
+    assert lease is None
+    assert _serving(lease_client, admin, run.id)["code"] == "no_worker_can_serve"
+    large = worker_caps.declared(settings(32), "bfloat16")
+    lease, _ = client.acquire_lease_and_versions(models=[MODEL], capabilities=large)
+    assert lease is not None and lease.lora is not None and lease.lora.rank == 32
+    assert worker_caps.lease_refusal(lease, large) is None
+    listed = lease_client.get("/api/v1/workers", headers=_h(admin)).json()
+    assert [w["capabilities"] for w in listed] == [
+        {"max_lora_rank": 32, "lora_target_modules": None, "dtype": "bfloat16"}
+    ]
