@@ -1,7 +1,8 @@
 """The commands the pages give run as given (issue 49): a shell block that creates a run from
 `examples/runs/<file>` starts its learner and workers with that file's `base_model` (another is
 refused, 409 `model_mismatch`), a vLLM worker for it accepts the run's LoRA rank
-(`--vllm-max-lora-rank`, default 16) and names its `--dtype`."""
+(`--vllm-max-lora-rank`, default 16) and generates in a GPU's dtype (`--dtype`, default
+`auto`)."""
 
 from __future__ import annotations
 
@@ -86,4 +87,6 @@ def test_a_block_starts_its_runs_learner_and_workers_as_the_run_needs(
         if _option(words, "--backend") == "vllm":
             default_rank = VllmSettings.model_fields["max_lora_rank"].default
             assert int(_option(words, "--vllm-max-lora-rank") or default_rank) >= rank, page
-            assert _option(words, "--dtype") is not None, (page, words)
+            # a GPU worker names its dtype unless the default picks the GPU's (auto)
+            dtype = _option(words, "--dtype") or WorkerSettings.model_fields["dtype"].default
+            assert dtype in ("auto", "bfloat16", "float16"), (page, words)
