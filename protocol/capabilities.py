@@ -7,7 +7,7 @@ says why (`no_worker_can_serve`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,6 +56,15 @@ class WorkerCapabilities(BaseModel):
     dtype: GenerationDtype | None = Field(
         None, description="The dtype its engine generates in (shown in the fleet); null: unknown."
     )
+
+
+def stored_capabilities(stored: dict[str, Any] | None) -> WorkerCapabilities | None:
+    """A worker row's stored capabilities (None: never declared); keys this version does not
+    know (a newer server's, before a downgrade) are left out rather than refused."""
+    if stored is None:
+        return None
+    known = WorkerCapabilities.model_fields
+    return WorkerCapabilities.model_validate({k: v for k, v in stored.items() if k in known})
 
 
 class LoraShape(BaseModel):

@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
-from protocol.capabilities import WorkerCapabilities
+from protocol.capabilities import WorkerCapabilities, stored_capabilities
 from protocol.schemas import LEASING_RUN_STATUSES
 from server.db_types import db_now, db_now_plus, postgres_text, psycopg_param
 from server.leases import queue
@@ -185,7 +185,7 @@ async def seen_for_acquire(
         CandidateRun(**{**r, "id": uuid.UUID(str(r["id"])), "has_queued": bool(r["has_queued"])})
         for r in row.runs
     ]
-    can_load = None if row.capabilities is None else WorkerCapabilities(**row.capabilities)
+    can_load = stored_capabilities(row.capabilities)
     return Seen(
         row.worker_id, row.environments, can_load, bool(row.trusted), bool(row.any_expired), runs
     )

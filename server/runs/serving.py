@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from protocol.capabilities import NO_WORKER_CAN_SERVE, WorkerCapabilities, why_none_can_serve
+from protocol.capabilities import (
+    NO_WORKER_CAN_SERVE,
+    WorkerCapabilities,
+    stored_capabilities,
+    why_none_can_serve,
+)
 from protocol.environments import SINGLE_TURN, EnvironmentConfig, declared_allows, worker_can_run
 from protocol.run_config import RunConfig
 from protocol.schemas import LEASING_RUN_STATUSES
@@ -31,8 +36,7 @@ def declared_environments(worker: Worker) -> list[str]:
 def declared_capabilities(worker: Worker) -> WorkerCapabilities | None:
     """What the worker declared its engine can load (None: never declared, it serves every
     run)."""
-    stored = worker.capabilities
-    return None if stored is None else WorkerCapabilities.model_validate(stored)
+    return stored_capabilities(worker.capabilities)
 
 
 def serving_problem(

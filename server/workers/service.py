@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from protocol.capabilities import stored_capabilities
 from protocol.error_codes import ErrorCode
 from server.db import db_time
 from server.errors import NotFound, Unauthorized
@@ -48,6 +49,7 @@ def to_out(worker: Worker, table: dict[str, float], now: datetime, silent_s: flo
             **{c: getattr(worker, c) for c in WorkerOut.model_fields if hasattr(worker, c)},
             "effective_price_per_hour": effective_price(worker, table),
             "state": worker_state(worker.status, worker.last_seen_at, now, silent_s),
+            "capabilities": stored_capabilities(worker.capabilities),
         }
     )
 

@@ -102,3 +102,11 @@ def test_a_lease_the_engine_cannot_load_is_refused_naming_the_setting() -> None:
         _lease(LoraShape(rank=1024, target_modules=["q"])), engine
     )
     assert above_vllm is not None and "train a smaller lora.rank" in above_vllm
+
+
+def test_stored_capabilities_leave_out_keys_this_version_does_not_know() -> None:
+    from protocol.capabilities import stored_capabilities
+
+    assert stored_capabilities(None) is None
+    stored = stored_capabilities({"max_lora_rank": 32, "dtype": "bfloat16", "vram_gib": 80})
+    assert stored == WorkerCapabilities(max_lora_rank=32, dtype="bfloat16")
