@@ -29,6 +29,8 @@ def make_backend(settings: WorkerSettings) -> Backend:
     from worker.capabilities import generation_dtype
 
     dtype = generation_dtype(settings)
+    if settings.dtype == "auto":
+        log.info("--dtype auto: generating in %s", dtype)
     if settings.backend == "vllm":
         from worker.backends.vllm import VllmBackend
 
