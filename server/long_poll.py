@@ -78,6 +78,9 @@ async def long_poll(
             if WAKEUPS.closing():
                 return result
             continue
-        woken = await _woken(token, min(interval_s, remaining))
-        if WAKEUPS.closing() or (not woken and time.monotonic() >= deadline):
+        pause_s = min(interval_s, remaining)
+        woken = await _woken(token, pause_s)
+        # A pause to the deadline that timed out ends the wait, whatever time.monotonic() says
+        # now: uvloop's timers run on the loop's cached clock and may fire a little early.
+        if WAKEUPS.closing() or (not woken and pause_s >= remaining):
             return result

@@ -157,9 +157,9 @@ def test_without_a_signal_nor_a_poll_the_wait_runs_out(
 ) -> None:
     """The converse of the two above, so that they can fail: work written behind the server's
     back, with the fallback poll longer than the wait (3 s here), is not found: 204. The
-    server runs in a process of its own: in this one, a thread another test left (a server
-    stopping, a worker loop) may commit and signal, and an in-process signal wakes every
-    waiter, as it should."""
+    server runs in a process of its own (uvloop, as deployed: its timers run on the loop's
+    cached clock, and a pause that ended a little early once made a second try here), and only
+    its own commits can signal it."""
     from server.app import create_app
 
     app = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
