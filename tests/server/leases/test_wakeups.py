@@ -68,6 +68,20 @@ def _served(lease_path: LeasePath, tmp_path: Path, **settings: Any) -> Iterator[
         yield app, base
 
 
+@contextmanager
+def _served_apart(lease_path: LeasePath, tmp_path: Path) -> Iterator[tuple[Any, str, int]]:
+    """The test's app (its database migrated) and `asyncgrpo server` on it in a process of its
+    own, polling only every 30 s: the app, the server's base URL and pid."""
+    from server.app import create_app
+
+    app = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
+    env = {"ASYNCGRPO_LEASE_LONG_POLL_S": "30", "ASYNCGRPO_LONG_POLL_INTERVAL_S": "30"}
+    with serve_in_process(
+        lease_path.database_url, tmp_path / "bucket", tmp_path / "server.log", settings_env=env
+    ) as (base, pid):
+        yield app, base, pid
+
+
 def _wait_in_background(
     pool: ThreadPoolExecutor, base: str, token: str, wait_s: float = WAIT_S
 ) -> Future[Any]:
@@ -160,18 +174,9 @@ def test_without_a_signal_nor_a_poll_the_wait_runs_out(
     server runs in a process of its own (uvloop, as deployed: its timers run on the loop's
     cached clock, and a pause that ended a little early once made a second try here), and only
     its own commits can signal it."""
-    from server.app import create_app
-
-    app = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
-    factory = app.state.sessionmaker
-    run_id, worker_id, token = _paused_run_and_waiting_worker(factory)
-    env = {"ASYNCGRPO_LEASE_LONG_POLL_S": "30", "ASYNCGRPO_LONG_POLL_INTERVAL_S": "30"}
-    with (
-        serve_in_process(
-            lease_path.database_url, tmp_path / "bucket", tmp_path / "server.log", settings_env=env
-        ) as (base, _pid),
-        ThreadPoolExecutor(1) as pool,
-    ):
+    with _served_apart(lease_path, tmp_path) as (app, base, _pid), ThreadPoolExecutor(1) as pool:
+        factory = app.state.sessionmaker
+        run_id, worker_id, token = _paused_run_and_waiting_worker(factory)
         waiting = _wait_in_background(pool, base, token, wait_s=3.0)
         _until(_waiting(factory, worker_id), "the acquire did not try")
         with app.state.engine.begin() as conn:
@@ -184,20 +189,11 @@ def test_without_a_signal_nor_a_poll_the_wait_runs_out(
 def test_shutdown_ends_a_waiting_acquire(lease_path: LeasePath, tmp_path: Path) -> None:
     """SIGTERM to `asyncgrpo server`: the waiting acquire answers 204 at once (not at the end
     of its 20 s wait) and the process exits."""
-    from server.app import create_app
-
-    app = create_app(lease_path.settings(tmp_path / "bucket"), migrate=True)
-    factory = app.state.sessionmaker
-    with factory() as db:
-        worker, token = make_worker(db)
-        db.commit()
-    env = {"ASYNCGRPO_LEASE_LONG_POLL_S": "30", "ASYNCGRPO_LONG_POLL_INTERVAL_S": "30"}
-    with (
-        serve_in_process(
-            lease_path.database_url, tmp_path / "bucket", tmp_path / "server.log", settings_env=env
-        ) as (base, pid),
-        ThreadPoolExecutor(1) as pool,
-    ):
+    with _served_apart(lease_path, tmp_path) as (app, base, pid), ThreadPoolExecutor(1) as pool:
+        factory = app.state.sessionmaker
+        with factory() as db:
+            worker, token = make_worker(db)
+            db.commit()
         waiting = _wait_in_background(pool, base, token)
         _until(_waiting(factory, worker.id), "the acquire did not try")
         started = time.monotonic()
