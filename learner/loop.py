@@ -109,7 +109,11 @@ class Session:
         self.dir = settings.work_dir / self.run_id / f"f{self.fencing}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.stopping = threading.Event()
-        self.retrier = Retrier(self._check_lease, cap_s=settings.transfer_retry_cap_s)
+        self.retrier = Retrier(
+            self._check_lease,
+            session_open=self._check_open,
+            cap_s=settings.transfer_retry_cap_s,
+        )
         self.building = attach.current_version + 1  # the version the next trained step joins
         self.frozen = FrozenWeights(self.config.max_staleness)
         # the reward processes start first: a reward that cannot be imported fails the run
@@ -234,6 +238,9 @@ class Session:
     def _check_lease(self) -> None:
         if self.heartbeat.lost.is_set():
             raise LeaseLost("heartbeat answered 409")
+        self._check_open()
+
+    def _check_open(self) -> None:
         if self.stopping.is_set():
             raise LeaseLost("the session is stopping")
 

@@ -136,9 +136,10 @@ class Publisher:
         # A 5xx (the server's own bucket check failing) or an answer lost past the client's
         # own retries is retried under the same key: a publish that landed gets its stored
         # answer, even the final one, after which the lease is gone (a new key would be refused
-        # the lease). Past the key's retention, version_not_next is reconciled (above).
+        # the lease), so the retry goes on after the heartbeat's 409 (Retrier.call_keyed).
+        # Past the key's retention, version_not_next is reconciled (above).
         key = new_key()
-        return self.retrier.call(
+        return self.retrier.call_keyed(
             f"publish of version {job.version}",
             lambda: self.client.publish_adapter(self.run_id, body, idempotency_key=key),
             transient_api,

@@ -60,17 +60,26 @@ def transient_api(exc: BaseException) -> bool:
 
 
 class Retrier:
-    """Retries a call while `transient(exc)` and the lease holds (`alive()` raises if not)."""
+    """Retries a call while `transient(exc)` and the lease holds (`alive()` raises if not).
+
+    A call under one idempotency key (`call_keyed`) is retried while the session is open
+    (`session_open()` raises once it stops), even after the heartbeat has seen the lease end:
+    its retry is safe then, since a call that landed gets its stored answer and one that did
+    not is refused under the lost fencing token. The final publish needs it: the run it
+    completes ends the lease, so the heartbeat can see the 409 before that publish's lost
+    answer is fetched again."""
 
     def __init__(
         self,
         alive: Callable[[], None],
         *,
+        session_open: Callable[[], None] | None = None,
         base_s: float = 0.5,
         cap_s: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.alive, self.base_s, self.cap_s, self.sleep = alive, base_s, cap_s, sleep
+        self.session_open = session_open or alive
         self.retries = 0  # total retries (for tests and logs)
 
     def backoff(self) -> Backoff:
@@ -87,13 +96,28 @@ class Retrier:
         log.warning("%s failed (%r); retrying in %.1f s", what, exc, delay)
 
     def call(self, what: str, fn: Callable[[], T], transient: Callable[[BaseException], bool]) -> T:
+        return self._retry(what, fn, transient, self.alive)
+
+    def call_keyed(
+        self, what: str, fn: Callable[[], T], transient: Callable[[BaseException], bool]
+    ) -> T:
+        """`fn` sends one idempotency key on every attempt: retried while the session is open."""
+        return self._retry(what, fn, transient, self.session_open)
+
+    def _retry(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        transient: Callable[[BaseException], bool],
+        before_attempt: Callable[[], None],
+    ) -> T:
         return retry_call(
             fn,
             transient=lambda exc: isinstance(exc, Exception) and transient(exc),
             base_s=self.base_s,
             cap_s=self.cap_s,
             sleep=self.sleep,
-            before_attempt=self.alive,
+            before_attempt=before_attempt,
             on_retry=lambda exc, delay: self._retrying(what, exc, delay),
         )
 

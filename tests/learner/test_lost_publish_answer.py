@@ -1,9 +1,10 @@
 """The learner process whose publishes of version 2 and of the final version land but whose
 answers are lost (past the client's own retries): the learner's retry of each publish, under
 the same Idempotency-Key, gets the stored answer (learner/publisher.py), even the final one's,
-after which the run is completed and the lease gone. It goes on under the same fencing token
-with the work it had not published yet and exits 0: one attachment, no lease loss, every
-version contiguous and every batch consumed into exactly one of them."""
+after which the run is completed and the lease gone; the final publish's retry comes after the
+heartbeat has seen that (learner/transfers.py, Retrier.call_keyed). It goes on under the same
+fencing token with the work it had not published yet and exits 0: one attachment, no lease
+loss, every version contiguous and every batch consumed into exactly one of them."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def test_a_lost_publish_answer_keeps_the_session_and_its_work(
         wait_log(log, "test: the answer to the publish of version 2 was lost", proc)
         wait_version(app, run.id, 2, proc, log)
         batches.append(real_batch(app, run.id, worker_id, 2, tok, tmp_path))
+        wait_log(log, "test: the heartbeat saw the lease end before the final answer", proc)
         wait_log(log, "test: the answer to the publish of version 4 was lost", proc)
         assert proc.wait(300) == 0, log.read_text()[-3000:]
     finally:

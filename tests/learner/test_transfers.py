@@ -14,11 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from learner import transfers
-from learner.transfers import BucketRefused, ObjectMissing, Retrier, upload_version_files
+from learner.transfers import (
+    BucketRefused,
+    ObjectMissing,
+    Retrier,
+    transient_api,
+    upload_version_files,
+)
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient
 from tests.e2e.tcp_proxy import TcpProxy
@@ -252,3 +259,35 @@ def test_a_put_that_landed_before_its_retry_is_sent_again(
             == paths[(f.kind, f.name)].read_bytes()
         )
     assert _publish(client, run_id, fencing, files, keys) == 1
+
+
+def test_a_keyed_call_goes_on_after_the_lease_ends_until_the_session_stops() -> None:
+    """A lost answer to a keyed call (the final publish, whose run completion ended the lease)
+    is fetched again after the heartbeat's 409; an unkeyed call stops there; a closed session
+    stops both."""
+    stopping = threading.Event()
+    attempts: list[int] = []
+
+    def lease_gone() -> None:
+        raise Gone("heartbeat answered 409")
+
+    def session_open() -> None:
+        if stopping.is_set():
+            raise Gone("the session is stopping")
+
+    def answer_lost_twice() -> str:
+        attempts.append(1)
+        if len(attempts) <= 2:
+            raise httpx.ReadTimeout("the answer was lost")
+        return "the stored answer"
+
+    retrier = Retrier(lease_gone, session_open=session_open, base_s=0.001, cap_s=0.002)
+    assert retrier.call_keyed("publish", answer_lost_twice, transient_api) == "the stored answer"
+    assert len(attempts) == 3
+    with pytest.raises(Gone, match="heartbeat"):
+        retrier.call("claim", answer_lost_twice, transient_api)
+    assert len(attempts) == 3  # not sent: the lease check comes before each attempt
+    stopping.set()
+    with pytest.raises(Gone, match="stopping"):
+        retrier.call_keyed("publish", answer_lost_twice, transient_api)
+    assert len(attempts) == 3
