@@ -148,6 +148,16 @@ def _reward_rows(table: Table, rewards: dict[int, float]) -> None:
     )
 
 
+def best_version_text(run: dict[str, Any]) -> str:
+    """e.g. "v8 (eval_accuracy 0.594)": the run's best version by its best metric."""
+    version, value = run.get("best_version"), run.get("best_value")
+    metric = run.get("best_metric", "best metric")
+    if version is None or value is None:
+        return f"none ranked yet ({metric})"
+    base = " — the base model" if version == 0 else ""
+    return f"v{version} ({metric} {value:.4g}){base}"
+
+
 def summary_table(snap: Snapshot, config: dict[str, Any], wall_s: float) -> Table:
     per_batch = int(config["group_size"]) * int(config["prompts_per_lease"])
     proxy = snap.metrics["proxy"]
@@ -156,6 +166,7 @@ def summary_table(snap: Snapshot, config: dict[str, Any], wall_s: float) -> Tabl
     table.add_column("value")
     table.add_row("run status", snap.status)
     table.add_row("versions published", str(snap.run["current_version"]))
+    table.add_row("best version", best_version_text(snap.run))
     _reward_rows(table, snap.reward_by_version())
     table.add_row("samples generated", str(proxy["samples_generated"]))
     table.add_row("samples accepted", str(proxy["batches_accepted"] * per_batch))

@@ -69,7 +69,13 @@ class SpotCheckFailed(Exception):
 
 
 class RunFinished(Exception):
-    """This learner stops: the run has ended (attach refused), or it failed."""
+    """This learner stops: the run has ended (attach refused), or it failed. `completed`: the
+    run ended as completed (early stopping ends a run while its learner trains): the learner
+    exits 0."""
+
+    def __init__(self, message: str, *, completed: bool = False) -> None:
+        super().__init__(message)
+        self.completed = completed
 
 
 def _download_files(retrier: Retrier, files: list[sl.StoredFile], folder: Path) -> Path:
@@ -565,7 +571,11 @@ class Learner:
                 if exc.code not in ATTACH_WAIT:
                     if exc.status_code >= 500:
                         raise
-                    raise RunFinished(str(exc.detail)) from exc
+                    body = exc.body if isinstance(exc.body, dict) else {}
+                    completed = (
+                        exc.code == ErrorCode.run_ended and body.get("status") == "completed"
+                    )
+                    raise RunFinished(str(exc.detail), completed=completed) from exc
                 if exc.code == ErrorCode.run_preparing:
                     log.info("the run is preparing its prompt rows; waiting")
                 else:

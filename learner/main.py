@@ -66,6 +66,9 @@ def _lead(settings: LearnerSettings, dp: DataParallel | None) -> int:
     try:
         learner.run()
     except RunFinished as exc:
+        if exc.completed:
+            logging.getLogger("learner").info("stopping: %s", exc)
+            return 0
         logging.getLogger("learner").warning("stopping: %s", exc)
         return 1
     finally:

@@ -600,6 +600,86 @@ def _http_url(url: str) -> bool:
     return parsed.scheme in ("http", "https") and bool(parsed.netloc)
 
 
+BestMetric = Literal["eval_accuracy", "eval_mean_reward", "eval_pass_at_n", "train_reward"]
+EVAL_METRICS: tuple[BestMetric, ...] = ("eval_accuracy", "eval_mean_reward", "eval_pass_at_n")
+MAX_WINDOW_VERSIONS = 1000
+
+
+class BestConfig(_Strict):
+    """Which version is the run's best, by which figure (docs/guides/best-version.md): kept by
+    retention and served as `/adapters/best`."""
+
+    metric: BestMetric | None = Field(
+        None,
+        description="The figure that ranks versions: eval_accuracy, eval_mean_reward or "
+        "eval_pass_at_n (each needs an eval block; a version is ranked when its eval is "
+        "done), or train_reward (the mean of the learner's reward_mean over the last "
+        "window_versions published versions, ranked at each publish). None: eval_accuracy when "
+        "the run has an eval block, else train_reward.",
+    )
+    direction: Literal["max", "min"] = Field(
+        "max", description="max: a higher figure is better; min: a lower one."
+    )
+    window_versions: int = Field(
+        4,
+        description="train_reward only: how many published versions its mean spans (a version "
+        "is ranked once that many are published).",
+    )
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "window_versions": (
+            lambda n: 1 <= n <= MAX_WINDOW_VERSIONS,
+            f"must be between 1 and {MAX_WINDOW_VERSIONS}",
+        ),
+    }
+
+
+class EarlyStopConfig(_Strict):
+    """Complete the run instead of training on once its best figure stops improving
+    (docs/guides/best-version.md); at least one rule must be set."""
+
+    patience: int | None = Field(
+        None,
+        description="Complete the run when this many versions have been ranked after the best "
+        "one without beating it (None: no such rule).",
+    )
+    max_drop: float | None = Field(
+        None,
+        description="Complete the run when a ranked version's figure is this much worse than "
+        "the best one's, in the figure's own units (None: no such rule).",
+    )
+    min_version: int = Field(
+        0, description="Neither rule stops the run before this version is ranked."
+    )
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "patience": (lambda n: 1 <= n <= INT_MAX, f"must be between 1 and {INT_MAX:,} when set"),
+        "max_drop": (lambda x: 0 < x < 1e12, "must be greater than 0 when set"),
+        "min_version": (lambda n: 0 <= n <= INT_MAX, f"must be between 0 and {INT_MAX:,}"),
+    }
+
+    @model_validator(mode="after")
+    def _a_rule(self) -> EarlyStopConfig:
+        if self.patience is None and self.max_drop is None:
+            raise _fail("early_stop needs patience or max_drop (or both)")
+        return self
+
+
+class RetentionConfig(_Strict):
+    """What retention keeps beyond invariant 13's versions (the window, the final and the best
+    version, the resume checkpoint)."""
+
+    keep_every: int | None = Field(
+        None,
+        description="Also keep every version that is a multiple of this (snapshots; None: "
+        "none beyond invariant 13).",
+    )
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "keep_every": (lambda n: 1 <= n <= INT_MAX, f"must be between 1 and {INT_MAX:,} when set"),
+    }
+
+
 class AlarmConfig(_Strict):
     """Drift-alarm thresholds and where to send alarms."""
 
@@ -641,6 +721,7 @@ def missing_reward_column(
     return None
 
 
+_SERVER_ONLY = ("best", "early_stop", "retention")
 _SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "lr_decay_steps", "min_lr_ratio")
 
 
@@ -688,6 +769,16 @@ class RunConfig(_Strict):
     alarms: AlarmConfig = Field(default_factory=AlarmConfig, description="Alarm thresholds.")
     eval: EvalConfig | None = Field(
         None, description="Held-out evaluation during training (None: no evaluation)."
+    )
+    best: BestConfig = Field(
+        default_factory=BestConfig,
+        description="The figure that ranks versions; the best one is kept and served.",
+    )
+    early_stop: EarlyStopConfig | None = Field(
+        None, description="Complete the run once its best figure stops improving (None: never)."
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, description="Versions kept beyond invariant 13's."
     )
     tracking: TrackingConfig | None = Field(
         None,
@@ -794,6 +885,28 @@ class RunConfig(_Strict):
         raise ValidationError.from_exception_data(type(self).__name__, [detail])
 
     @property
+    def best_metric(self) -> BestMetric:
+        """The figure that ranks versions (best.metric, or its default)."""
+        if self.best.metric is not None:
+            return self.best.metric
+        return "eval_accuracy" if self.eval is not None else "train_reward"
+
+    @model_validator(mode="after")
+    def _best_metric_is_measured(self) -> RunConfig:
+        metric = self.best.metric
+        if metric in EVAL_METRICS and self.eval is None:
+            detail = InitErrorDetails(
+                type=_fail(
+                    f"best.metric {metric!r} ranks versions by their eval: the run needs an "
+                    "eval block, or use train_reward"
+                ),
+                loc=("best", "metric"),
+                input=metric,
+            )
+            raise ValidationError.from_exception_data(type(self).__name__, [detail])
+        return self
+
+    @property
     def multi_turn(self) -> bool:
         """Trajectories (batch format 2) rather than single completions (format 1)."""
         return self.environment.name != SINGLE_TURN
@@ -845,6 +958,8 @@ class RunConfig(_Strict):
             dumped["eval"]["dataset"] = omit_rows(self.eval.dataset).model_dump(mode="json")
         if self.tracking is None:  # learners from before the field refuse it (extra="forbid")
             del dumped["tracking"]
+        for name in _SERVER_ONLY:  # rules of the server alone; older learners refuse them
+            del dumped[name]
         for name in _SCHEDULE_FIELDS:  # the same for the learning-rate schedule, when unused
             if getattr(self.grpo, name) == GrpoConfig.model_fields[name].default:
                 del dumped["grpo"][name]

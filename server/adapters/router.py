@@ -31,8 +31,9 @@ def get_adapter(
     version: Annotated[
         str,
         Path(
-            pattern=r"^([0-9]{1,9}|latest|final)$",  # \d would take other scripts' digits
-            description="A version number, `latest` or `final`.",
+            pattern=r"^([0-9]{1,9}|latest|final|best)$",  # \d would take other scripts' digits
+            description="A version number, `latest`, `final` or `best` (the best version by "
+            "the run's best metric, kept by retention).",
         ),
     ],
     session: SessionDep,

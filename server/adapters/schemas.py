@@ -30,6 +30,9 @@ class AdapterVersionOut(BaseModel):
     bytes: int = Field(description="Total bytes of the adapter files.")
     learner_step: int = Field(description="Learner optimizer step at publication.")
     final: bool = Field(description="The run's last version.")
+    best: bool = Field(
+        description="The run's best version so far by its best metric (kept by retention)."
+    )
     deleted: bool = Field(description="Its files were removed by retention.")
     created_at: datetime = Field(description="Publication time (database time).")
     metrics: dict[str, Any] = Field(description="Metrics the learner reported with it.")

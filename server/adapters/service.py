@@ -49,15 +49,35 @@ def _out_fields(row: AdapterVersion) -> dict[str, Any]:
 
 
 def list_versions(session: Session, run_id: uuid.UUID) -> list[AdapterVersionOut]:
-    runs.get_run(session, run_id)
+    best = runs.get_run(session, run_id).best_version
     return [
-        AdapterVersionOut(**_out_fields(row), files=_files(row))
+        AdapterVersionOut(**_out_fields(row), best=row.version == best, files=_files(row))
         for row in repository.list_versions(session, run_id)
     ]
 
 
+def _best(session: Session, run_id: uuid.UUID) -> str:
+    """The best version's number, as `_find` takes it (404 while none is ranked or while the
+    base model is the best)."""
+    run = runs.get_run(session, run_id)
+    metric = runs.get_config(run).best_metric
+    if run.best_version is None:
+        raise NotFound(
+            f"no version has been ranked by {metric} yet", code=ErrorCode.version_not_found
+        )
+    if run.best_version == 0:
+        raise NotFound(
+            f"the best version by {metric} is version 0, the base model ({run.best_value:.4g}); "
+            "it has no adapter files",
+            code=ErrorCode.version_not_found,
+        )
+    return str(run.best_version)
+
+
 def _find(session: Session, run_id: uuid.UUID, version: str) -> AdapterVersion:
-    """`version` is an integer, `latest` or `final` (the router checks the syntax)."""
+    """`version` is an integer, `latest`, `final` or `best` (the router checks the syntax)."""
+    if version == "best":
+        version = _best(session, run_id)
     if version == "latest":
         row = repository.latest(session, run_id)
         missing = "no adapter version has been published yet"
@@ -94,4 +114,9 @@ def get_version(
         )
         for f in _files(row)
     ]
-    return AdapterVersionDetail(**_out_fields(row), base_model=run.base_model, files=files)
+    return AdapterVersionDetail(
+        **_out_fields(row),
+        best=row.version == run.best_version,
+        base_model=run.base_model,
+        files=files,
+    )

@@ -31,7 +31,7 @@ from server.events.service import raise_event
 from server.leases import repository as leases_repo
 from server.leases.queue import Granted
 from server.models import EvalResult
-from server.runs import lifecycle
+from server.runs import best, lifecycle
 from server.runs import service as runs
 from server.runs.repository import next_fencing
 from server.wakeups import LEARNER, LEASES, after_commit
@@ -249,6 +249,7 @@ def maybe_finish(session: Session, run_id: uuid.UUID, version: int) -> bool:
         run_id=run_id,
         data={"version": version, "n_prompts": tally.scored, **values},
     )
+    best.rank(session, run_id, version, best.eval_figure(config, values), config)
     _complete_when_evaluated(session, run_id)
     return True
 

@@ -12,7 +12,7 @@ from server.events import repository, webhooks
 from server.models import Event
 
 # `info` events delivered to the run's webhook all the same: results a pipeline waits for.
-WEBHOOK_INFO_KINDS = frozenset({"eval.scored"})
+WEBHOOK_INFO_KINDS = frozenset({"eval.scored", "run.early_stop"})
 
 
 def raise_event(

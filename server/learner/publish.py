@@ -30,7 +30,7 @@ from server.learner import repository as repo
 from server.learner.service import authorize, fence, run_config
 from server.leases import queue
 from server.models import Token
-from server.runs import lifecycle
+from server.runs import best, lifecycle
 from server.wakeups import LEARNER, after_commit
 
 REQUIRED_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -213,6 +213,9 @@ def publish(
         lifecycle.complete(
             session, run_id, "final version published" if body.final else "max_versions reached"
         )
+        status = "completed"
+    figure = best.train_figure(session, run_id, body.version, config)
+    if best.rank(session, run_id, body.version, figure, config):
         status = "completed"
     raise_event(
         session,

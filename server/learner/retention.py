@@ -1,7 +1,8 @@
 """Retention of adapter and checkpoint objects (invariant 13): never delete versions
 ≥ current − max_staleness − 1, versions named by an active lease or an unconsumed batch, the
-final version, or the latest version that carries checkpoint files (versions between
-checkpoints carry none; attach resumes from that one). Everything older goes. Scheduled by the
+final version, the best version (server/runs/best.py), the latest version that carries
+checkpoint files (versions between checkpoints carry none; attach resumes from that one), or a
+multiple of the run's retention.keep_every. Everything older goes. Scheduled by the
 jobs."""
 
 from __future__ import annotations
@@ -26,10 +27,16 @@ def protected_versions(
     if run is None:
         raise NotFound("run not found", code=ErrorCode.run_not_found)
     # Invariant 13: every version inside the staleness window, and one more.
-    within = run_config(session, run_id).max_staleness + 1
+    config = run_config(session, run_id)
+    within = config.max_staleness + 1
     keep = {v.version for v in versions if staleness(run.current_version, v.version) <= within}
     keep |= {v.version for v in versions if v.final}
     keep |= repo.versions_in_use(session, run_id)
+    if run.best_version is not None:  # the best version by the run's best metric
+        keep.add(run.best_version)
+    every = config.retention.keep_every
+    if every is not None:
+        keep |= {v.version for v in versions if v.version % every == 0}
     # The resume checkpoint: the latest version with checkpoint files, not the latest version.
     with_checkpoint = [v.version for v in versions if v.checkpoint_files]
     if with_checkpoint:

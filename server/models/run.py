@@ -35,6 +35,10 @@ class Run(UUIDPk, CreatedAt, Base):
     last_version_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_lease_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     spent_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    # The best version so far by the run's best metric and its figure (server/runs/best.py);
+    # None until a version is ranked. Version 0 (the base model) can be it.
+    best_version: Mapped[int | None] = mapped_column(Integer)
+    best_value: Mapped[float | None] = mapped_column(Float)
     status_reason: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The stored dataset (uploaded or hf) the run's prompt rows come from; None for the

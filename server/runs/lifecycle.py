@@ -52,6 +52,9 @@ TRANSITIONS: dict[str, Transition] = {
     # the final version of a run with an eval block: training is over, its evals are not
     "evaluate": Transition("learner", LIVE - {"evaluating"}, "evaluating"),
     "complete": Transition("learner", LIVE, "completed"),
+    # the run's early_stop rule, read when one of the learner's calls ranks a version
+    # (server/runs/best.py): only a training run stops early
+    "early_stop": Transition("learner", frozenset({"running"}), "completed"),
     "fail": Transition("learner", LIVE, "failed"),
 }
 # Closing a run's ledger (its unfinished prompt rows dropped, its unconsumed batches rejected,
@@ -137,6 +140,15 @@ def complete(session: Session, run_id: uuid.UUID, reason: str) -> None:
     if not move(session, run_id, "complete", reason):
         raise Conflict("the run has already ended", code=ErrorCode.run_ended)
     _close_ledger(session, run_id, "run_completed", None)
+
+
+def stop_early(session: Session, run_id: uuid.UUID, reason: str) -> bool:
+    """A running run whose early_stop rule holds: completed and its ledger closed as `complete`
+    closes it. False when the run was no longer running (nothing changed)."""
+    if not move(session, run_id, "early_stop", reason):
+        return False
+    _close_ledger(session, run_id, "run_completed", None)
+    return True
 
 
 def finish_training(session: Session, run_id: uuid.UUID, reason: str) -> None:

@@ -33,6 +33,11 @@ class RunOut(BaseModel):
     base_model: str = Field(description="Base model.")
     priority: int = Field(description="Higher runs are leased first.")
     current_version: int = Field(description="Last published adapter version (0: base model).")
+    best_version: int | None = Field(
+        description="The best version so far by the run's best metric (0: the base model; "
+        "null until a version is ranked); served as /adapters/best."
+    )
+    best_value: float | None = Field(description="The best version's figure by that metric.")
     tokenizer_fingerprint: str | None = Field(description="Reported by the learner on attach.")
     groups_in_flight: int = Field(description="Groups leased, accepted or claimed, unconsumed.")
     spent_usd: float = Field(description="Spend attributed to the run so far.")
@@ -77,6 +82,9 @@ class RunDetail(RunOut):
 
     config: dict[str, Any] = Field(description="The validated run config.")
     stats: RunStats = Field(description="Live stats.")
+    best_metric: str = Field(
+        description="The figure that ranks versions (config best.metric, or its default)."
+    )
     serving: ServingProblem | None = Field(
         None,
         description="Set while the run hands out leases, its base model has live workers and "

@@ -340,5 +340,12 @@ def detail(session: Session, run: Run, silent_s: float) -> RunDetail:
     worker silent past `silent_s` is not live: settings.jobs.worker_silent_s)."""
     out = RunOut.model_validate(run)
     shown = shown_config(run.config)
-    problem = serving_problem(session, run, get_config(run), silent_s)
-    return RunDetail(**out.model_dump(), config=shown, stats=stats(session, run), serving=problem)
+    config = get_config(run)
+    problem = serving_problem(session, run, config, silent_s)
+    return RunDetail(
+        **out.model_dump(),
+        config=shown,
+        stats=stats(session, run),
+        serving=problem,
+        best_metric=config.best_metric,
+    )

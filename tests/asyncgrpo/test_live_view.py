@@ -61,3 +61,18 @@ def test_summary_shows_learning_time_and_the_final_adapter() -> None:
     assert "/d/bucket/runs/r/adapters/v000006/" in where
     assert "http://127.0.0.1:9/api/v1/runs/r/adapters/final" in where
     assert final_adapter_lines(None) == ["no final adapter (the run did not complete)"]
+
+
+@pytest.mark.parametrize(
+    ("best", "shown"),
+    [
+        ({"best_version": 4, "best_value": 0.59375}, "v4 (eval_accuracy 0.5938)"),
+        ({"best_version": 0, "best_value": 0.25}, "v0 (eval_accuracy 0.25) — the base model"),
+        ({"best_version": None, "best_value": None}, "none ranked yet (eval_accuracy)"),
+    ],
+)
+def test_the_summary_names_the_best_version(best: dict[str, Any], shown: str) -> None:
+    snap = _snapshot({1: 0.1, 2: 0.2})
+    snap.run.update(best, best_metric="eval_accuracy")
+    text = _render(summary_table(snap, demo_config(2), 10.0))
+    assert "best version" in text and shown in text

@@ -257,10 +257,17 @@ class E2E:
         return {o["Key"] for page in pages for o in page.get("Contents", [])}
 
     def logs(self, lines: int = 40) -> str:
+        """Each process's last lines, and its last traceback when the tail does not hold it (a
+        500 among a server's access lines is otherwise out of sight)."""
         out = []
         for proc in self.cluster.processes():
-            tail = "\n".join(proc.log_text().splitlines()[-lines:])
-            out.append(f"--- {proc.name} (rc={proc.returncode()}) ---\n{tail}")
+            text = proc.log_text().splitlines()
+            tail = text[-lines:]
+            out.append(f"--- {proc.name} (rc={proc.returncode()}) ---\n" + "\n".join(tail))
+            starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most")]
+            if starts and starts[-1] < len(text) - lines:
+                block = "\n".join(text[starts[-1] : starts[-1] + lines])
+                out.append(f"--- {proc.name}: its last traceback ---\n{block}")
         return "\n".join(out)
 
     def wait_for(self, what: str, predicate: Callable[[], Any], timeout_s: float) -> Any:

@@ -244,3 +244,34 @@ def test_a_paused_run_keeps_its_learner(live: LiveApp, tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
+
+
+def test_a_run_stopped_early_ends_its_learner_with_exit_0(live: LiveApp, tmp_path: Path) -> None:
+    """Early stopping completes a run while its learner trains (server/runs/best.py): the
+    learner meets the ended lease, is refused at re-attach with run_ended naming `completed`,
+    and exits 0 (a cancelled run still ends it with 1: test_a_paused_run_keeps_its_learner)."""
+    from lm.models import load_tokenizer
+    from server.runs import lifecycle
+
+    app = live.app
+    run = make_run(
+        app,
+        dataset={"kind": "jsonl", "rows": ROWS},
+        max_staleness=5,
+        lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        grpo={"spot_check_fraction": 0.0},
+        sampling={"max_new_tokens": 8},
+    )
+    worker_id, _ = make_worker(app)
+    real_batch(app, run.id, worker_id, 0, load_tokenizer("smollm2-135m-instruct"), tmp_path)
+    log = live.learner_log
+    proc = live.learner(run)
+    try:
+        wait_version(app, run.id, 1, proc, log)
+        with transaction(app.state.sessionmaker) as session:
+            assert lifecycle.stop_early(session, run.id, "early stop: test")
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    assert "stopping: run is completed" in log.read_text()
