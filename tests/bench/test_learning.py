@@ -6,6 +6,7 @@ from bench.learning import (
     EVAL_PROMPTS,
     TASKS,
     eval_figures,
+    goals_met,
     held_out_additions,
     word_problems_config,
 )
@@ -42,9 +43,30 @@ def test_eval_figures_compare_version_0_with_the_last_done_version() -> None:
         {"version": 16, "state": "done", "accuracy": 0.625},
         {"version": 20, "state": "pending", "accuracy": None},
     ]
-    figures = eval_figures(evals)
+    run = {"best_version": 16, "best_metric": "eval_accuracy", "status_reason": "final"}
+    figures = eval_figures(evals, run)
     assert figures["eval_accuracy_v0"] == 0.25
     assert figures["eval_last_version"] == 16
     assert figures["eval_gain"] == 0.375
-    assert eval_figures(evals[:1])["eval_gain"] is None
-    assert eval_figures([])["eval_accuracy_v0"] is None
+    assert (figures["best_version"], figures["eval_accuracy_best"]) == (16, 0.625)
+    assert figures["best_gain"] == 0.375 and not figures["stopped_early"]
+    assert eval_figures(evals[:1], {})["eval_gain"] is None
+    assert eval_figures([], {})["eval_accuracy_v0"] is None
+
+
+def _figures(best: float, last: float, stopped_early: bool = False) -> dict[str, object]:
+    evals = [
+        {"version": 0, "state": "done", "accuracy": 0.05},
+        {"version": 8, "state": "done", "accuracy": best},
+        {"version": 16, "state": "done", "accuracy": last},
+    ]
+    reason = "early stop: patience" if stopped_early else "final version published"
+    return eval_figures(evals, {"best_version": 8, "status_reason": reason})
+
+
+def test_the_goals_are_the_best_versions_gain_and_a_final_close_to_it() -> None:
+    assert goals_met(_figures(0.6, 0.55))[0]
+    assert not goals_met(_figures(0.3, 0.3))[0]  # the best gains 0.25 < 0.3
+    assert not goals_met(_figures(0.6, 0.2))[0]  # the last lost 0.4 to the best
+    assert goals_met(_figures(0.6, 0.2, stopped_early=True))[0]
+    assert not goals_met(eval_figures([], {}))[0]

@@ -386,7 +386,7 @@ def test_chat_prompts_and_reference_columns_accepted() -> None:
 
 def test_a_decaying_schedule_needs_an_end_after_the_warm_up() -> None:
     cfg = with_patch("grpo.lr_schedule", "cosine")
-    cfg["max_versions"] = None
+    cfg["max_versions"], cfg["grpo"]["lr_decay_steps"] = None, None
     [(field, message, _type)] = errors_of(cfg)
     assert field == "grpo.lr_decay_steps" and "set it, or set max_versions" in message
     cfg["max_versions"], cfg["weight_sync_steps"], cfg["grpo"]["warmup_steps"] = 3, 2, 6
@@ -410,10 +410,13 @@ def test_a_warm_up_alone_needs_no_end() -> None:
 def test_the_learner_view_omits_an_unused_schedule_and_keeps_a_used_one() -> None:
     from protocol.run_config import LearnerRunConfig
 
-    plain = RunConfig.model_validate(base()).for_learner()["grpo"]
+    unused = base()  # the example decays; here, every schedule field at its default
+    unused["grpo"].update(lr_schedule="constant", warmup_steps=0, lr_decay_steps=None)
+    unused["grpo"]["min_lr_ratio"] = 0.0
+    plain = RunConfig.model_validate(unused).for_learner()["grpo"]
     assert not {"lr_schedule", "warmup_steps", "lr_decay_steps", "min_lr_ratio"} & set(plain)
     cfg = with_patch("grpo.lr_schedule", "linear")
-    cfg["grpo"].update(warmup_steps=2, min_lr_ratio=0.1)
+    cfg["grpo"].update(warmup_steps=2, min_lr_ratio=0.1, lr_decay_steps=None)
     cfg["max_versions"] = 10
     view = RunConfig.model_validate(cfg).for_learner()
     assert view["grpo"]["lr_schedule"] == "linear" and view["grpo"]["warmup_steps"] == 2
