@@ -217,3 +217,64 @@ def run_spend(session: Session) -> list[Any]:
             )
         ).all()
     )
+
+
+def learner_means_by_version(
+    session: Session, run_ids: list[uuid.UUID], sums: dict[str, tuple[str, ...]]
+) -> dict[uuid.UUID, dict[str, dict[int, float]]]:
+    """Per run, for each named sum of learner metrics (e.g. clip: clip_low + clip_high), its
+    mean over each version's steps (the figure the run page's reward chart shows), computed in
+    the database; a version whose steps lack a term has no figure."""
+    if not run_ids:
+        return {}
+    names = list(sums)
+    means = []
+    for name in names:
+        terms = [MetricPoint.values[key].as_float() for key in sums[name]]
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        means.append(func.avg(total))
+    rows = (
+        session.connection()
+        .execute(
+            select(MetricPoint.run_id, MetricPoint.version, *means)
+            .where(
+                MetricPoint.run_id.in_(run_ids),
+                MetricPoint.source == "learner",
+                MetricPoint.version.is_not(None),
+            )
+            .group_by(MetricPoint.run_id, MetricPoint.version)
+        )
+        .all()
+    )
+    out: dict[uuid.UUID, dict[str, dict[int, float]]] = {
+        run_id: {name: {} for name in names} for run_id in run_ids
+    }
+    for run_id, version, *values in rows:
+        series = out[run_id]
+        for name, value in zip(names, values, strict=True):
+            if value is not None:
+                series[name][int(version)] = float(value)
+    return out
+
+
+def last_version_means(
+    session: Session, run_ids: list[uuid.UUID], key: str
+) -> dict[uuid.UUID, float]:
+    """The mean of a learner metric over the steps of each run's last charted version."""
+    if not run_ids:
+        return {}
+    last = (
+        select(MetricPoint.run_id, func.max(MetricPoint.version).label("version"))
+        .where(MetricPoint.run_id.in_(run_ids), MetricPoint.source == "learner")
+        .group_by(MetricPoint.run_id)
+        .subquery()
+    )
+    rows = session.connection().execute(
+        select(MetricPoint.run_id, func.avg(MetricPoint.values[key].as_float()))
+        .join(last, (last.c.run_id == MetricPoint.run_id) & (last.c.version == MetricPoint.version))
+        .where(MetricPoint.source == "learner")
+        .group_by(MetricPoint.run_id)
+    )
+    return {run_id: float(v) for run_id, v in rows if v is not None}

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -18,7 +19,7 @@ from protocol.run_config import RunConfig
 from protocol.schemas import INT_MAX
 from server.adapters import service as adapters
 from server.config import Settings
-from server.dashboard import costs, forms, planner, planner_form
+from server.dashboard import compare, costs, forms, planner, planner_form
 from server.dashboard import service as dash
 from server.dashboard.auth import (
     LOGIN_CSRF_COOKIE,
@@ -282,6 +283,37 @@ def _form_again(
     context["errors"] = result.errors
     context["checked_rewards"] = checked_rewards
     return render(request, "pages/run_new.html", 422, **context)
+
+
+CompareIds = Annotated[
+    list[str] | None,
+    Query(description=f"The runs to compare (1 to {compare.MAX_COMPARED} run ids)."),
+]
+
+
+def _compare_query(ids: list[uuid.UUID]) -> str:
+    return urlencode([("ids", str(i)) for i in ids])
+
+
+@router.get("/runs/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, session: SessionDep, _user: LoginDep, ids: CompareIds = None
+) -> HTMLResponse:
+    chosen = compare.parse_ids(ids or [])
+    query = _compare_query(chosen)
+    return render(
+        request,
+        "pages/compare.html",
+        page="runs",
+        rows=compare.table(session, chosen),
+        link=f"/runs/compare?{query}",
+        charts_url=f"/runs/compare/charts.json?{query}",
+    )
+
+
+@router.get("/runs/compare/charts.json")
+def compare_charts(session: SessionDep, _user: LoginDep, ids: CompareIds = None) -> JSONResponse:
+    return JSONResponse(compare.charts(session, compare.parse_ids(ids or [])))
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)

@@ -176,6 +176,53 @@ def stale_waste_series(session: Session, run_id: uuid.UUID, bucket_s: int) -> Wa
     return series
 
 
+@dataclass(frozen=True)
+class Samples:
+    """Samples generated and, of them, wasted by staleness (the figure's two terms)."""
+
+    generated: int = 0
+    wasted: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.wasted / self.generated if self.generated else 0.0
+
+
+def stale_samples_by_version(
+    session: Session, run_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, dict[int, Samples]]:
+    """The terms of stale_waste per run and adapter version (the version that generated the
+    samples): batches and stale-aborted leases by their adapter_version, in two statements."""
+    if not run_ids:
+        return {}
+    terms: dict[tuple[uuid.UUID, int], list[int]] = defaultdict(lambda: [0, 0])
+    connection = session.connection()
+    stale = func.coalesce(func.sum(RolloutBatch.n_samples).filter(_STALE_BATCH), 0)
+    for run_id, version, samples, rejected in connection.execute(
+        select(
+            RolloutBatch.run_id,
+            RolloutBatch.adapter_version,
+            func.coalesce(func.sum(RolloutBatch.n_samples), 0),
+            stale,
+        )
+        .where(RolloutBatch.run_id.in_(run_ids), _counted())
+        .group_by(RolloutBatch.run_id, RolloutBatch.adapter_version)
+    ):
+        terms[(run_id, version)][0] += int(samples)
+        terms[(run_id, version)][1] += int(rejected)
+    for run_id, version, samples in connection.execute(
+        select(Lease.run_id, Lease.adapter_version, func.sum(_LEASE_SAMPLES))
+        .where(Lease.run_id.in_(run_ids), Lease.state == "aborted", Lease.end_reason == STALE)
+        .group_by(Lease.run_id, Lease.adapter_version)
+    ):
+        terms[(run_id, version)][0] += int(samples or 0)
+        terms[(run_id, version)][1] += int(samples or 0)
+    out: dict[uuid.UUID, dict[int, Samples]] = defaultdict(dict)
+    for (run_id, version), (generated, wasted) in terms.items():
+        out[run_id][version] = Samples(generated, wasted)
+    return dict(out)
+
+
 def spend_kind() -> ColumnElement[str | None]:
     """The spend category of a lease's cost (over leases outer-joined to their batch): one of
     WASTED_SPEND_KINDS, STOPPED_RUN_SPEND, or None (the spend produced a usable batch, or the

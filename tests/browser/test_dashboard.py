@@ -245,7 +245,7 @@ def test_dashboard_in_chromium(server: tuple[str, Any], chromium: tuple[Any, lis
     run_id, learner_token = _create_run_through_form(page, base)
 
     page.goto(f"{base}/runs")
-    assert page.locator(f'tr[data-run="{run_id}"]').inner_text().startswith("browser-run")
+    assert page.locator(f'tr[data-run="{run_id}"]').inner_text().strip().startswith("browser-run")
     _shot(page, "04-runs")
 
     page.goto(f"{base}/workers")

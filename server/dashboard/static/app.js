@@ -87,11 +87,17 @@
     return scale;
   }
 
+  // The first colours by hand; beyond them (a compare view of up to 32 runs) hues spread by
+  // the golden angle, so that neighbours differ.
+  function color(i) {
+    return i < COLORS.length ? COLORS[i] : "hsl(" + Math.round((i * 137.508) % 360) + ", 70%, 38%)";
+  }
+
   function series(spec) {
     const labels = spec.labels;
     return [{ label: labels[0] }].concat(labels.slice(1).map(function (label, i) {
       const dashed = REFERENCE.test(label);
-      return { label: label, stroke: dashed ? "#c26a00" : COLORS[i % COLORS.length],
+      return { label: label, stroke: dashed ? "#c26a00" : color(i), spanGaps: true,
                width: dashed ? 1.5 : 2, dash: dashed ? [6, 4] : undefined,
                points: { show: spec.data[0].length < 40 } };
     }));
@@ -158,10 +164,43 @@
       .catch(function () { /* the next poll retries */ });
   }
 
+  // A table with data-sortable: a header button sorts its rows by the cells' data-sort
+  // values (data-sort-key "number": empty cells last; "text"), a second click reverses.
+  function sortBy(table, column, numeric, button) {
+    const body = table.tBodies[0];
+    const ascending = button.getAttribute("aria-sort") !== "ascending";
+    const rows = Array.prototype.slice.call(body.rows);
+    function key(row) {
+      const raw = row.cells[column].getAttribute("data-sort") || "";
+      return numeric ? (raw === "" ? null : parseFloat(raw)) : raw.toLowerCase();
+    }
+    rows.sort(function (a, b) {
+      const x = key(a), y = key(b);
+      if (x === y) { return 0; }
+      if (x === null) { return 1; }
+      if (y === null) { return -1; }
+      return (x < y ? -1 : 1) * (ascending ? 1 : -1);
+    });
+    rows.forEach(function (row) { body.appendChild(row); });
+    table.querySelectorAll("th button").forEach(function (b) { b.removeAttribute("aria-sort"); });
+    button.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+  }
+
+  function sortable(table) {
+    table.querySelectorAll("thead th button[data-sort-key]").forEach(function (button) {
+      const column = button.closest("th").cellIndex;
+      button.addEventListener("click", function () {
+        sortBy(table, column, button.dataset.sortKey === "number", button);
+      });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("table[data-sortable]").forEach(sortable);
     const root = document.querySelector("[data-charts-url]");
     if (!root || typeof uPlot === "undefined") { return; }
     refresh(root);
-    setInterval(function () { refresh(root); }, 2000);
+    const every = parseInt(root.dataset.refreshMs || "2000", 10);
+    setInterval(function () { refresh(root); }, every);
   });
 })();

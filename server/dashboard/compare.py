@@ -1,0 +1,143 @@
+"""The compare view (docs/guides/dashboard.md, "Comparing runs"): up to MAX_COMPARED runs side by
+side — per-version charts overlaid, one series per run, and a table of each run's figures. The
+figures come from their homes: the run's best version (server/runs/best.py), stale waste per
+version (server/runs/waste.py), the learner's per-version means as the run page charts them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from protocol.error_codes import ErrorCode
+from server.dashboard import repository as repo
+from server.errors import NotFound, Unprocessable
+from server.models import EvalResult, Run
+from server.runs import service as runs
+from server.runs.waste import Samples, stale_samples_by_version
+
+MAX_COMPARED = 32
+# The per-version learner figures charted: reward mean, and the clip fraction (low + high).
+SUMS = {"reward": ("reward_mean",), "clip": ("clip_low", "clip_high")}
+INT_X = {"x": "int"}
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    """One row of the compare table."""
+
+    run: Run
+    label: str
+    best_metric: str
+    last_reward: float | None
+    last_eval_accuracy: float | None
+    stale_waste: float
+    wall_s: float | None
+
+
+def parse_ids(raw: list[str]) -> list[uuid.UUID]:
+    """The run ids of `?ids=…` in their order, each once: 1 to MAX_COMPARED of them (422)."""
+    ids: list[uuid.UUID] = []
+    for value in raw:
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            try:
+                run_id = uuid.UUID(part.strip())
+            except ValueError:
+                raise Unprocessable(
+                    f"ids: {part.strip()[:80]!r} is not a run id",
+                    field="ids",
+                    code=ErrorCode.invalid_value,
+                ) from None
+            if run_id not in ids:
+                ids.append(run_id)
+    if not 1 <= len(ids) <= MAX_COMPARED:
+        raise Unprocessable(
+            f"ids: choose 1 to {MAX_COMPARED} runs to compare (got {len(ids)})",
+            field="ids",
+            code=ErrorCode.invalid_value,
+        )
+    return ids
+
+
+def _runs(session: Session, ids: list[uuid.UUID]) -> list[Run]:
+    found = {r.id: r for r in session.execute(select(Run).where(Run.id.in_(ids))).scalars()}
+    missing = [str(i) for i in ids if i not in found]
+    if missing:
+        raise NotFound(f"run {missing[0]} not found", code=ErrorCode.run_not_found)
+    return [found[i] for i in ids]
+
+
+def _eval_accuracy(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[int, float]]:
+    out: dict[uuid.UUID, dict[int, float]] = {i: {} for i in ids}
+    for run_id, version, accuracy in session.connection().execute(
+        select(EvalResult.run_id, EvalResult.version, EvalResult.accuracy).where(
+            EvalResult.run_id.in_(ids), EvalResult.state == "done"
+        )
+    ):
+        if accuracy is not None:
+            out[run_id][int(version)] = float(accuracy)
+    return out
+
+
+def _wall_s(run: Run) -> float | None:
+    """From the run's creation to its last published version."""
+    end: datetime | None = run.last_version_at
+    return (end - run.created_at).total_seconds() if end is not None else None
+
+
+def table(session: Session, ids: list[uuid.UUID]) -> list[ComparedRun]:
+    """The compare table's rows, in the order of `ids`."""
+    chosen = _runs(session, ids)
+    last_reward = repo.last_version_means(session, ids, "reward_mean")
+    evals = _eval_accuracy(session, ids)
+    waste = stale_samples_by_version(session, ids)
+    rows = []
+    for run in chosen:
+        accuracy = evals[run.id]
+        terms = waste.get(run.id, {}).values()
+        total = Samples(sum(t.generated for t in terms), sum(t.wasted for t in terms))
+        rows.append(
+            ComparedRun(
+                run=run,
+                label=run.name,
+                best_metric=runs.get_config(run).best_metric,
+                last_reward=last_reward.get(run.id),
+                last_eval_accuracy=accuracy[max(accuracy)] if accuracy else None,
+                stale_waste=total.ratio,
+                wall_s=_wall_s(run),
+            )
+        )
+    return rows
+
+
+def charts(session: Session, ids: list[uuid.UUID]) -> dict[str, Any]:
+    """The overlaid per-version charts (uPlot data), one series per run in the order of `ids`."""
+    chosen = _runs(session, ids)
+    labels = [run.name for run in chosen]
+    means = repo.learner_means_by_version(session, ids, SUMS)
+    evals = _eval_accuracy(session, ids)
+    waste = stale_samples_by_version(session, ids)
+    stale = {i: {v: t.ratio for v, t in waste.get(i, {}).items()} for i in ids}
+    return {
+        "reward": _chart(labels, [means[i]["reward"] for i in ids]),
+        "eval": _chart(labels, [evals[i] for i in ids]),
+        "stale": _chart(labels, [stale[i] for i in ids]),
+        "clip": _chart(labels, [means[i]["clip"] for i in ids]),
+    }
+
+
+def _chart(labels: list[str], series: list[dict[int, float]]) -> dict[str, Any]:
+    """uPlot data over the union of the versions; None where a run has no figure."""
+    versions = sorted(set().union(*series)) if series else []
+    return {
+        "labels": ["version", *labels],
+        "data": [versions, *([s.get(v) for v in versions] for s in series)],
+        "y": "zero",
+        **INT_X,
+    }
