@@ -204,6 +204,7 @@ class AdapterRef(BaseModel):
 # A training lease's batch is trained on; an eval lease's batch (pinned to the version under
 # evaluation, no behaviour log-probs) is only scored (docs/guides/evaluation.md).
 LeaseKind = Literal["train", "eval"]
+TRAIN_KIND: LeaseKind = "train"  # the kind's one spelling (server/leases/train.py TrainKind)
 
 
 class Lease(BaseModel):

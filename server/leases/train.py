@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, and_, case, null
 from sqlalchemy.orm import Session
 
 from protocol.run_config import RunConfig
+from protocol.schemas import TRAIN_KIND
 from protocol.staleness import outside_window
 from server.leases import fair_share, queue, statements
 from server.leases import repository as repo
@@ -30,7 +31,7 @@ def admission_bound(config: RunConfig) -> int:
 
 
 class TrainKind:
-    name = "train"
+    name = TRAIN_KIND
     trained = True
 
     def offered(self, config: RunConfig, run_status: str) -> bool:

@@ -14,7 +14,7 @@ from sqlalchemy import case, update
 from sqlalchemy.orm import Session
 
 from protocol.error_codes import ErrorCode
-from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES
+from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES, TRAIN_KIND
 from server.db_types import db_now
 from server.errors import Conflict, NotFound
 from server.events.service import raise_event
@@ -158,7 +158,7 @@ def finish_training(session: Session, run_id: uuid.UUID, reason: str) -> None:
     the eval ledger stays open until every due version is scored (then `complete`)."""
     if not move(session, run_id, "evaluate", reason):
         raise Conflict("the run has already ended", code=ErrorCode.run_ended)
-    _close_ledger(session, run_id, "run_completed", "train")
+    _close_ledger(session, run_id, "run_completed", TRAIN_KIND)
 
 
 def describe() -> str:
