@@ -310,15 +310,17 @@ def combination_refused(
     field: str,
     message: str,
     errors: list[dict[str, str]],
-    code: ErrorCode = ErrorCode.sweep_combination_invalid,
+    code: ErrorCode | None = None,
 ) -> Unprocessable:
-    """The 422 that names the combination (its index and overrides) and the field."""
+    """The 422 that names the combination (its index and overrides) and the field; its code
+    `sweep_combination_invalid`, or the refusal's own (`code`) when a run's creation refused
+    it after validation (a stored dataset that does not exist, a refused webhook URL)."""
     at = f"{field}: " if field else ""
     return Unprocessable(
         f"combination {index} ({label(overrides)}) is not a valid run config: {at}{message}; "
         "no run was created",
         field=field,
-        code=code,
+        code=code or ErrorCode.sweep_combination_invalid,
         combination=index,
         overrides=overrides,
         errors=errors,
