@@ -246,16 +246,21 @@ def _print_tables(out: dict[str, Any]) -> None:
         cells = [m[k] for k in ("weights", "lora_state", "activations", "logits", "total")]
         memory.add_row(layout, *(f"{c:.2f}" for c in cells), fits)
     console.print(memory)
+    if out["fleet"]:
+        _print_fleet(console, out["fleet"])
     sweep = out["sweep"]
     if sweep["runs"] > 1 or sweep["samples_per_run"]:
         _print_sweep(console, sweep)
-    if not out["fleet"]:
-        return
+
+
+def _print_fleet(console: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
     fleet = Table(title="Workers that keep one learner busy")
     for column in ("GPU", "$/h", "needed", "usable", "workers", "learner busy", "accepted/h"):
         fleet.add_column(column, justify="right")
     fleet.add_column("$ per 1,000 accepted", justify="right")
-    for r in out["fleet"]:
+    for r in rows:
         workers = f"{r['workers']}{' (bound)' if r['bound_limited'] else ''}"
         fleet.add_row(
             r["gpu"],

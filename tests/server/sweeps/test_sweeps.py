@@ -5,6 +5,7 @@ made in one transaction with their overrides, and an action moves each run by th
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,22 @@ def test_pause_resume_cancel_act_on_every_run(
     assert {r["code"] for r in again["runs"]} == {"invalid_transition"}
     listed = runs_client.get(URL, headers=admin).json()
     assert listed[0]["statuses"] == {"cancelled": 4}
+
+
+def test_the_guides_example_makes_its_four_runs(
+    runs_client: TestClient, admin: dict[str, str]
+) -> None:
+    """docs/guides/sweeps.md, "A 2 × 2 grid on the small model"."""
+    example = Path(__file__).resolve().parents[3] / "examples" / "sweeps" / "lr-rank-smollm2.json"
+    resp = runs_client.post(URL, json=json.loads(example.read_text()), headers=admin)
+    assert resp.status_code == 201, resp.text
+    runs = resp.json()["sweep"]["runs"]
+    assert [r["name"] for r in runs] == [
+        "lr-rank grpo.learning_rate=0.0002 lora.rank=8",
+        "lr-rank grpo.learning_rate=0.0002 lora.rank=32",
+        "lr-rank grpo.learning_rate=0.0005 lora.rank=8",
+        "lr-rank grpo.learning_rate=0.0005 lora.rank=32",
+    ]
+    listed = runs_client.get("/api/v1/runs", headers=admin).json()
+    assert {r["sweep_id"] for r in listed} == {resp.json()["sweep"]["id"]}
+    assert sorted(r["overrides"]["lora.rank"] for r in listed) == [8, 8, 32, 32]
