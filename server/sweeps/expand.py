@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from protocol.error_codes import ErrorCode
 from protocol.run_config import RunConfig
+from protocol.schemas import MAX_JSON_DEPTH
 from server.errors import Unprocessable
 
 MAX_NAME = 200  # RunConfig's name rule
@@ -65,6 +66,13 @@ def check_path(path: str, where: str) -> list[str]:
     """The path's segments; 422 `sweep_path_unknown` (at `where`) when it names no field of
     the run config. `name` is not a path: a sweep's runs are named after their overrides."""
     segments = path.split(".")
+    if len(segments) > MAX_JSON_DEPTH:
+        raise Unprocessable(
+            f"{where}: a path of {len(segments)} parts; a run config nests at most "
+            f"{MAX_JSON_DEPTH}",
+            field=where,
+            code=ErrorCode.sweep_path_unknown,
+        )
     if path == "name":
         raise Unprocessable(
             f"{where}: the runs' names are made from the sweep's name and their overrides; "

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from protocol.schemas import RunStatus
+from protocol.schemas import KIB, RunStatus, free_json
+
+# The body is free JSON until each combination is validated as a run config: bounded at the
+# edge (finite numbers, storable text, depth), as every free JSON field is (protocol/schemas.py).
+# The base may hold an inline dataset; the request body's own limit bounds it first.
+BaseConfig = Annotated[dict[str, Any], AfterValidator(free_json(64 * KIB * KIB))]
+Grid = Annotated[dict[str, Any], AfterValidator(free_json(KIB * KIB))]
+OverrideList = Annotated[list[Any], AfterValidator(free_json(KIB * KIB))]
 
 
 class SweepCreate(BaseModel):
@@ -22,17 +29,17 @@ class SweepCreate(BaseModel):
         description="The sweep's name; each run is named `<name> <path>=<value> ...` (cut to "
         "the 200 characters of a run name).",
     )
-    base: dict[str, Any] = Field(
+    base: BaseConfig = Field(
         description="The base run config (POST /api/v1/runs's body; its `name` is replaced by "
         "each run's). Every combination is this with its overrides applied."
     )
-    grid: dict[str, Any] | None = Field(
+    grid: Grid | None = Field(
         None,
         description="Field path -> list of values; the sweep makes every combination (the "
         'product, the last path varying fastest). Paths are dotted: `{"grpo.learning_rate": '
         '[1e-5, 3e-5], "lora.rank": [8, 32]}`.',
     )
-    overrides: list[Any] | None = Field(
+    overrides: OverrideList | None = Field(
         None,
         description="Instead of a grid, the combinations as a list of {field path: value} "
         "objects, one run each (`{}`: the base config itself).",
@@ -75,7 +82,7 @@ class SweepOut(BaseModel):
     id: uuid.UUID = Field(description="Sweep id.")
     name: str = Field(description="Sweep name.")
     n_runs: int = Field(description="Runs the sweep created.")
-    grid: dict[str, Any] | None = Field(description="The grid (null: a list of overrides).")
+    grid: Grid | None = Field(description="The grid (null: a list of overrides).")
     created_at: datetime = Field(description="Creation time (database time).")
     statuses: dict[str, int] = Field(description="Its runs by status.")
 

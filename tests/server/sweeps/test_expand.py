@@ -41,6 +41,7 @@ def test_real_config_paths_are_known(path: str) -> None:
         ("rewards.first.weight", "rewards has no 'first'"),
         ("grpo..beta", "grpo has no ''"),
         ("name", "cannot be swept"),
+        ("rewards.0.kwargs" + ".a" * 40, "nests at most 32"),
     ],
 )
 def test_unknown_paths_are_named(path: str, words: str) -> None:

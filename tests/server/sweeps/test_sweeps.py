@@ -339,3 +339,27 @@ def test_the_guides_example_makes_its_four_runs(
     listed = runs_client.get("/api/v1/runs", headers=admin).json()
     assert {r["sweep_id"] for r in listed} == {resp.json()["sweep"]["id"]}
     assert sorted(r["overrides"]["lora.rank"] for r in listed) == [8, 8, 32, 32]
+
+
+def test_unstorable_json_is_refused_at_the_edge(
+    runs_client: TestClient, admin: dict[str, str], db: Session
+) -> None:
+    """NaN and Infinity parse as JSON numbers but no database stores them (nor can an error
+    answer echo them): refused as any free JSON field is, before any combination is made."""
+    before = _counts(db)
+    headers = {**admin, "Content-Type": "application/json"}
+    base = json.dumps(example_config())
+    for grid, where in (
+        ('{"grpo.beta": [NaN]}', "grpo.beta[0]"),
+        ('{"rewards.0.kwargs.x": [Infinity]}', "rewards.0.kwargs.x[0]"),
+    ):
+        body = '{"name": "n", "base": ' + base + ', "grid": ' + grid + "}"
+        resp = runs_client.post(URL, content=body, headers=headers)
+        assert resp.status_code == 422, resp.text
+        error = resp.json()["errors"][0]
+        assert error["field"] == "grid" and f"(at {where})" in error["message"]
+    nan_seed = base.replace('"seed": 0', '"seed": NaN')
+    body = '{"name": "n", "base": ' + nan_seed + ', "grid": {"seed": [1]}}'
+    resp = runs_client.post(URL, content=body, headers=headers)
+    assert resp.status_code == 422 and resp.json()["errors"][0]["field"] == "base"
+    assert _counts(db) == before
