@@ -22,8 +22,12 @@ SERVER = typer.Option(
 )
 TOKEN = typer.Option(..., "--token", envvar="ASYNCGRPO_ADMIN_TOKEN", help="An admin token.")
 SWEEP_ID = typer.Argument(..., help="The sweep's id (asyncgrpo sweep list).")
-AS_JSON = typer.Option(False, "--json", help="Print the API's JSON answer instead of a table.")
-REASON = typer.Option(None, help="Why; shown as each moved run's status reason.")
+AS_JSON = typer.Option(
+    False, "--json", help="Print the API's JSON answer instead of a table.", show_default="table"
+)
+REASON = typer.Option(
+    None, help="Why; shown as each moved run's status reason.", show_default="none"
+)
 
 
 def _fail(message: str) -> NoReturn:
