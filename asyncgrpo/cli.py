@@ -15,6 +15,7 @@ from asyncgrpo.doctor.cli import doctor_app
 from asyncgrpo.help_layout import App
 from asyncgrpo.local_config import LocalSettings
 from asyncgrpo.settings_options import settings_command
+from asyncgrpo.sweep_cli import sweep_app
 from learner.config import LearnerSettings
 from worker.config import WorkerSettings
 
@@ -31,6 +32,7 @@ app.add_typer(admin_token_app, name="admin-token")
 app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(doctor_app, name="doctor")
+app.add_typer(sweep_app, name="sweep")
 app.command("plan")(plan_cli.plan)
 
 

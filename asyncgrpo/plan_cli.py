@@ -17,7 +17,9 @@ HELP_GPU = f"NAME:USD_PER_HOUR:TOKENS_PER_S, e.g. {WORKER_EXAMPLES[0]} ({EXAMPLE
 
 def plan(
     model: str = typer.Option(
-        "qwen2.5-7b", help="A preset (qwen2.5-7b, qwen2.5-1.5b, llama-2-7b) or a local config.json."
+        "qwen2.5-7b",
+        help="A preset (qwen2.5-7b, qwen2.5-1.5b, llama-2-7b, smollm2-135m) or a local "
+        "config.json.",
     ),
     rank: int = typer.Option(16, help="LoRA rank."),
     targets: str = typer.Option("all-linear", help="qv, attention or all-linear."),
@@ -61,6 +63,17 @@ def plan(
         help="Generated samples the learner accepts (not stale or dropped), 0-1.",
         show_default="1, or measured",
     ),
+    runs: int = typer.Option(
+        1,
+        help="Runs of a sweep (asyncgrpo sweep): what they cost with one learner each, and "
+        "how many one learner GPU could hold by memory and keep up with by tokens/s.",
+    ),
+    samples_per_run: float = typer.Option(
+        None,
+        help="Accepted samples each run of the sweep trains on (e.g. dataset rows × epochs × "
+        "group_size): the sweep's hours and total cost.",
+        show_default="none",
+    ),
     from_run: str = typer.Option(
         None,
         help="A run id: take tokens/s, completion length, accepted fraction, group size and "
@@ -79,7 +92,9 @@ def plan(
     bfloat16, FSDP sharding the decoder layers' base weights only, as the learner's --fsdp
     does); and, given --learner-gpu and --worker-gpu offers, the workers of each offer that
     keep one learner busy (capped by the admission bound) with the cost per 1,000 accepted
-    samples. Bad input exits 2 with the option and the reason.
+    samples. With --runs: what a sweep of that many runs costs with one learner per run, and
+    how many runs one learner GPU could hold by memory and keep up with by tokens/s. Bad input
+    exits 2 with the option and the reason.
     """
     from server.dashboard.fleet_plan import FleetInputs, Gpu, full_plan
     from server.dashboard.planner import load_shape, plan_shape
@@ -116,6 +131,8 @@ def plan(
             learner=learner,
             workers=workers,
             fleet=fleet,
+            runs=runs,
+            samples_per_run=samples_per_run,
         )
     except ValueError as exc:
         _fail(_as_option(str(exc)))
@@ -229,13 +246,21 @@ def _print_tables(out: dict[str, Any]) -> None:
         cells = [m[k] for k in ("weights", "lora_state", "activations", "logits", "total")]
         memory.add_row(layout, *(f"{c:.2f}" for c in cells), fits)
     console.print(memory)
-    if not out["fleet"]:
-        return
+    if out["fleet"]:
+        _print_fleet(console, out["fleet"])
+    sweep = out["sweep"]
+    if sweep["runs"] > 1 or sweep["samples_per_run"]:
+        _print_sweep(console, sweep)
+
+
+def _print_fleet(console: Any, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
     fleet = Table(title="Workers that keep one learner busy")
     for column in ("GPU", "$/h", "needed", "usable", "workers", "learner busy", "accepted/h"):
         fleet.add_column(column, justify="right")
     fleet.add_column("$ per 1,000 accepted", justify="right")
-    for r in out["fleet"]:
+    for r in rows:
         workers = f"{r['workers']}{' (bound)' if r['bound_limited'] else ''}"
         fleet.add_row(
             r["gpu"],
@@ -248,3 +273,45 @@ def _print_tables(out: dict[str, Any]) -> None:
             f"{r['cost_per_1000_accepted']:.3f}",
         )
     console.print(fleet)
+
+
+def _print_sweep(console: Any, sweep: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    held = sweep["runs_by_memory"]
+    console.print(
+        f"a sweep of {sweep['runs']} run(s): each run a learner holds adds "
+        f"{sweep['lora_state_gb']:.3f} GB of LoRA state; runs of this model one learner GPU "
+        "could hold by memory: "
+        + (
+            ", ".join(f"{layout} {n:,}" for layout, n in held.items())
+            if held
+            else "unknown (no memory figure for the learner's GPU type)"
+        )
+    )
+    if not sweep["rows"]:
+        return
+    samples = sweep["samples_per_run"]
+    table = Table(
+        title=f"A sweep of {sweep['runs']} run(s), one learner each"
+        + (f", {samples:,.0f} accepted samples per run" if samples else "")
+    )
+    for column in ("GPU", "learner GPUs", "workers", "$/h", "accepted/h", "hours", "$ total"):
+        table.add_column(column, justify="right")
+    table.add_column("runs a learner keeps up with", justify="right")
+    for r in sweep["rows"]:
+        table.add_row(
+            r["gpu"],
+            str(r["learner_gpus"]),
+            str(r["workers"]),
+            f"{r['cost_per_hour']:.2f}",
+            f"{r['accepted_per_hour']:,.0f}",
+            "—" if r["hours"] is None else f"{r['hours']:.2f}",
+            "—" if r["cost"] is None else f"{r['cost']:.2f}",
+            f"{r['runs_by_tokens']:.2f}",
+        )
+    console.print(table)
+    console.print(
+        "keeps up with: the learner's tokens/s ÷ the most one run's workers deliver under its "
+        "admission bound (below 1: one run alone can feed it more than it trains)"
+    )

@@ -266,6 +266,26 @@ class AsyncGrpoClient:
         """`version` is an integer, 'latest' or 'final'; files come with download URLs."""
         return dict(self._json("GET", f"/api/v1/runs/{run_id}/adapters/{version}"))
 
+    # -- admin: sweeps --------------------------------------------------------------------------
+
+    def create_sweep(self, body: dict[str, Any]) -> dict[str, Any]:
+        """201 with the sweep, its runs and each run's learner token (shown once); 422 naming
+        the combination and the field when any combination is refused (nothing is created)."""
+        return dict(self._json("POST", "/api/v1/sweeps", json=body))
+
+    def list_sweeps(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/api/v1/sweeps"))
+
+    def get_sweep(self, sweep_id: str) -> dict[str, Any]:
+        """The sweep and its runs: overrides, status, versions, reward, eval, waste, spend."""
+        return dict(self._json("GET", f"/api/v1/sweeps/{sweep_id}"))
+
+    def sweep_action(self, sweep_id: str, action: str, reason: str | None = None) -> dict[str, Any]:
+        """pause, resume or cancel every run of the sweep; each run's outcome (moved, or the
+        refusal's code when its status does not allow the action)."""
+        body = {"reason": reason} if reason else None
+        return dict(self._json("POST", f"/api/v1/sweeps/{sweep_id}/{action}", json=body))
+
     # -- admin: fleet ---------------------------------------------------------------------------
 
     def create_registration_token(

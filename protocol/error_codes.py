@@ -39,6 +39,12 @@ class ErrorCode(StrEnum):
     run_ended = "run_ended"  # the run is completed, cancelled or failed
     run_preparing = "run_preparing"  # its prompt rows are being prepared: attach again later
     invalid_transition = "invalid_transition"  # pause/resume/cancel… not allowed from its status
+    # -- sweeps (docs/guides/sweeps.md) ----------------------------------------------------------
+    sweep_not_found = "sweep_not_found"
+    sweep_invalid = "sweep_invalid"  # grid/overrides malformed: empty, not lists, duplicated
+    sweep_path_unknown = "sweep_path_unknown"  # an override's path names no run config field
+    sweep_combination_invalid = "sweep_combination_invalid"  # one combination fails validation
+    sweep_too_large = "sweep_too_large"  # more runs than `sweeps.max_runs`
     # -- the learner -----------------------------------------------------------------------------
     held_by_another_learner = "held_by_another_learner"  # stand by and attach again
     fingerprint_mismatch = "fingerprint_mismatch"
@@ -137,6 +143,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.token_not_found,
         ErrorCode.worker_not_found,
         ErrorCode.run_not_found,
+        ErrorCode.sweep_not_found,
         ErrorCode.lease_not_found,
         ErrorCode.batch_not_found,
         ErrorCode.batch_object_missing,
@@ -206,6 +213,10 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.webhook_url_refused,
         ErrorCode.judge_url_invalid,
         ErrorCode.judge_url_refused,
+        ErrorCode.sweep_invalid,
+        ErrorCode.sweep_path_unknown,
+        ErrorCode.sweep_combination_invalid,
+        ErrorCode.sweep_too_large,
     ),
     500: (ErrorCode.internal_error,),
     503: (ErrorCode.database_unavailable, ErrorCode.store_unavailable, ErrorCode.not_ready),
@@ -254,6 +265,20 @@ MEANING: dict[ErrorCode, str] = {
     ErrorCode.invalid_transition: (
         "pause, resume or cancel is not allowed from the run's status (`status`)"
     ),
+    ErrorCode.sweep_not_found: "no such sweep",
+    ErrorCode.sweep_invalid: (
+        "a sweep's `grid` or `overrides` is malformed: both or neither given, empty, a grid value "
+        "that is not a non-empty list, or two combinations alike (`field` names it)"
+    ),
+    ErrorCode.sweep_path_unknown: (
+        "a sweep's field path names no run config field (`field` names it; paths are dotted, "
+        "e.g. `grpo.learning_rate`)"
+    ),
+    ErrorCode.sweep_combination_invalid: (
+        "a combination of the sweep is not a valid run config: nothing was created "
+        "(`combination`, `overrides`, `field` and `errors` name it)"
+    ),
+    ErrorCode.sweep_too_large: "a sweep would create more runs than `sweeps.max_runs`",
     ErrorCode.held_by_another_learner: "another learner holds the run: stand by and attach again",
     ErrorCode.fingerprint_mismatch: "the learner's tokenizer differs from the run's",
     ErrorCode.model_mismatch: "the learner loaded another base model than the run's",

@@ -39,6 +39,7 @@ from server.metrics.router import router as metrics_router
 from server.runs.router import router as runs_router
 from server.security_headers import SecurityHeaders
 from server.storage_factory import make_store
+from server.sweeps.router import router as sweeps_router
 from server.tokens import service as tokens
 from server.tokens.router import router as tokens_router
 from server.versions.router import router as versions_router
@@ -154,6 +155,7 @@ def _include_routers(app: FastAPI) -> None:
         learner_evals_router,
         evals_router,
         runs_router,
+        sweeps_router,
         adapters_router,
         tokens_router,
         workers_router,

@@ -126,6 +126,19 @@ class DatasetSettings(BaseModel):
     )
 
 
+class SweepSettings(BaseModel):
+    """Sweeps: runs made at once from a base config and a grid (POST /api/v1/sweeps)."""
+
+    max_runs: int = Field(
+        64,
+        ge=1,
+        le=10_000,
+        description="The most runs one sweep may create: a grid whose product of value counts "
+        "(or a list of overrides) is longer is refused whole (422 sweep_too_large) before any "
+        "run is made.",
+    )
+
+
 DEFAULT_ON_DEMAND_PRICES = on_demand_prices()  # protocol/gpu_prices.py: each with its source
 
 
@@ -211,6 +224,9 @@ class Settings(BaseSettings):
     jobs: JobsSettings = Field(default_factory=JobsSettings, description="Background jobs.")
     datasets: DatasetSettings = Field(
         default_factory=DatasetSettings, description="Stored datasets: limits and loading."
+    )
+    sweeps: SweepSettings = Field(
+        default_factory=SweepSettings, description="Sweeps of runs (POST /api/v1/sweeps)."
     )
     dashboard: DashboardSettings = Field(
         default_factory=DashboardSettings, description="The browser dashboard."

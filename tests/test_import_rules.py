@@ -73,6 +73,7 @@ FEATURE_ORDER = [
     "events",
     "datasets",
     "runs",
+    "sweeps",
     "leases",
     "evals",
     "versions",

@@ -30,6 +30,19 @@ generated samples accepted (not stale, not dropped):
                     workers than the bound can keep full only share the same groups,
   workers         = min(needed, usable); accepted samples/h = 3600 · min(demand, workers · one),
   cost / 1,000 accepted = (workers · worker $/h + N · learner $/h per GPU) / accepted per h · 1000.
+
+A sweep of K runs (docs/guides/sweeps.md, "What a sweep costs"):
+- one learner per run: K learners of N GPUs and K times each offer's workers, so K times its
+  $/h and its accepted samples/h; given S accepted samples per run, each run takes
+  S / (accepted per h of one run) hours and the sweep K times that run's cost.
+- how many runs one learner could hold by memory (runs of one base model share its weights,
+  and a learner that trains them in turn one micro-batch's activations and logits): per layout,
+  floor((GPU memory − (total − LoRA state)) / LoRA state), each run adding its own fp32 LoRA
+  state; unknown without the learner GPU's memory.
+- how many it keeps up with by tokens/s: one run's workers deliver at most usable · a · W
+  accepted completion tokens/s (its admission bound caps the workers it can keep full); the
+  learner trains R, so R / (usable · a · W) runs (below 1: one run alone can feed it more than
+  it trains).
 """
 
 from __future__ import annotations
@@ -68,6 +81,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "learner_gpus": (1, 4096),
     "micro_batch_tokens": (1, 100_000_000),
     "accept_fraction": (0.001, 1),
+    "runs": (1, 10_000),
+    "samples_per_run": (1, 1e12),
 }
 
 
@@ -236,6 +251,75 @@ def fleet_row(worker: Gpu, learner: Gpu, f: FleetInputs) -> FleetRow:
 
 
 @dataclass(frozen=True)
+class SweepRow:
+    """One worker GPU offer for a sweep of `runs` runs, one learner each."""
+
+    gpu: str
+    runs: int
+    learner_gpus: int
+    workers: int
+    cost_per_hour: float
+    accepted_per_hour: float
+    hours: float | None  # to train samples_per_run accepted samples per run
+    cost: float | None
+    run_tokens_per_s: float  # the most accepted completion tokens/s one run's workers deliver
+    runs_by_tokens: float  # runs one learner keeps up with: R / run_tokens_per_s
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    runs: int
+    samples_per_run: float | None
+    lora_state_gb: float  # added by each run a learner holds
+    runs_by_memory: dict[str, int] | None  # per layout; None without the GPU's memory
+    rows: list[SweepRow]
+
+
+def sweep_plan(
+    runs: int,
+    samples_per_run: float | None,
+    memory: dict[str, Memory],
+    gpu_memory_gb: float | None,
+    learner: Gpu | None,
+    workers: list[Gpu],
+    rows: list[FleetRow],
+    f: FleetInputs,
+) -> SweepPlan:
+    """A sweep's cost with one learner per run, and the runs one learner could hold (module
+    docstring)."""
+    check_range("runs", runs)
+    if samples_per_run is not None:
+        check_range("samples_per_run", samples_per_run)
+    lora_gb = next(iter(memory.values())).lora_state
+    held = None
+    if gpu_memory_gb is not None:
+        held = {
+            layout: max(0, math.floor((gpu_memory_gb - (m.total - m.lora_state)) / m.lora_state))
+            for layout, m in memory.items()
+        }
+    out: list[SweepRow] = []
+    for worker, row in zip(workers, rows, strict=True):
+        assert learner is not None
+        run_rate = row.workers_usable * f.accept_fraction * worker.tokens_per_s
+        hours = None if samples_per_run is None else samples_per_run / row.accepted_per_hour
+        out.append(
+            SweepRow(
+                gpu=row.gpu,
+                runs=runs,
+                learner_gpus=runs * f.learner_gpus,
+                workers=runs * row.workers,
+                cost_per_hour=runs * row.cost_per_hour,
+                accepted_per_hour=runs * row.accepted_per_hour,
+                hours=hours,
+                cost=None if hours is None else runs * row.cost_per_hour * hours,
+                run_tokens_per_s=run_rate,
+                runs_by_tokens=learner.tokens_per_s / run_rate,
+            )
+        )
+    return SweepPlan(runs, samples_per_run, lora_gb, held, out)
+
+
+@dataclass(frozen=True)
 class FullPlan:
     model: str
     rank: int
@@ -245,6 +329,7 @@ class FullPlan:
     memory: dict[str, Memory]  # "single", "single+ckpt", "fsdp", "fsdp+ckpt"
     learner_gpu_memory_gb: float | None
     fleet: list[FleetRow]
+    sweep: SweepPlan
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,8 +344,11 @@ def full_plan(
     learner: Gpu | None,
     workers: list[Gpu],
     fleet: FleetInputs,
+    runs: int = 1,
+    samples_per_run: float | None = None,
 ) -> FullPlan:
-    """Memory of every layout and, given a learner and worker offers, one fleet row each."""
+    """Memory of every layout and, given a learner and worker offers, one fleet row each; and
+    a sweep of `runs` runs (sweep_plan)."""
     check_range("micro_batch_tokens", micro_batch_tokens)
     if targets not in TARGETS:
         raise ValueError(f"unknown target set {targets!r}")
@@ -276,6 +364,8 @@ def full_plan(
     if workers and learner is None:
         raise ValueError("worker GPUs need a learner GPU (its price and tokens/s)")
     rows = [fleet_row(w, learner, fleet) for w in workers] if learner is not None else []
+    gpu_gb = GPU_MEMORY_GB.get(learner.name.upper()) if learner else None
+    sweep = sweep_plan(runs, samples_per_run, memory, gpu_gb, learner, workers, rows, fleet)
     return FullPlan(
         model=shape.name,
         rank=rank,
@@ -283,6 +373,7 @@ def full_plan(
         learner_gpus=fleet.learner_gpus,
         micro_batch_tokens=micro_batch_tokens,
         memory=memory,
-        learner_gpu_memory_gb=GPU_MEMORY_GB.get(learner.name.upper()) if learner else None,
+        learner_gpu_memory_gb=gpu_gb,
         fleet=rows,
+        sweep=sweep,
     )

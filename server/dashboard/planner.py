@@ -86,6 +86,8 @@ PRESETS: dict[str, ModelShape] = {
     "llama-2-7b": ModelShape("Llama-2-7B", 32, 4096, 11008, 32, 32, 32000, False, False),
     "qwen2.5-7b": ModelShape("Qwen2.5-7B", 28, 3584, 18944, 28, 4, 152064, False, True),
     "qwen2.5-1.5b": ModelShape("Qwen2.5-1.5B", 28, 1536, 8960, 12, 2, 151936, True, True),
+    # the small model (the `smollm2-135m-instruct` alias, docs/guides/sweeps.md)
+    "smollm2-135m": ModelShape("SmolLM2-135M", 30, 576, 1536, 9, 3, 49152, True, False),
 }
 
 TARGETS: dict[str, tuple[str, ...]] = {

@@ -44,6 +44,8 @@ def plan_from_form(
     def number(name: str, kind: type[int] | type[float]) -> Any:
         return field_number(values, name, kind)
 
+    values.setdefault("runs", "1")  # a sweep's fields: one run, no sample count, unless given
+    values.setdefault("samples_per_run", "")
     offers = [w.strip() for w in values["worker_gpus"].split(",") if w.strip()]
     learner = values["learner_gpu"].strip()
     learner_rate = None
@@ -64,6 +66,8 @@ def plan_from_form(
             accept_fraction=number("accept_fraction", float),
             learner_gpus=number("learner_gpus", int),
         ),
+        runs=number("runs", int),
+        samples_per_run=number("samples_per_run", float) if values["samples_per_run"] else None,
     )
 
 

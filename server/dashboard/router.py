@@ -524,6 +524,8 @@ def planner_page(
     bound_groups: str = "16",
     worker_sequences: str = "256",
     accept_fraction: str = "1",
+    runs: str = "1",
+    samples_per_run: str = "",
     from_run: str = "",
     fill: str = "",
 ) -> HTMLResponse:

@@ -10,6 +10,7 @@ from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
 from server.models.run import DatasetRow, PromptRow, Run
 from server.models.session import DashboardSession
+from server.models.sweep import Sweep
 from server.models.telemetry import CostRecord, Event, MetricPoint
 from server.models.token import Token
 from server.models.worker import GpuPrice, Worker
@@ -37,6 +38,7 @@ __all__ = [
     "PromptRow",
     "RolloutBatch",
     "Run",
+    "Sweep",
     "Token",
     "Worker",
 ]

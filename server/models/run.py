@@ -51,6 +51,14 @@ class Run(UUIDPk, CreatedAt, Base):
     eval_dataset_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("datasets.id", ondelete="RESTRICT"), index=True
     )
+    # The sweep that made the run (server/sweeps/), the run's combination in it (its index,
+    # from 0, in the order the sweep expands) and the overrides of the sweep's base config that
+    # made its config ({field path: value}); None for a run made on its own.
+    sweep_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("sweeps.id", ondelete="RESTRICT"), index=True
+    )
+    sweep_index: Mapped[int | None] = mapped_column(Integer)
+    overrides: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
 class DatasetRow(Base):

@@ -45,6 +45,14 @@ class RunOut(BaseModel):
     updated_at: datetime | None = Field(description="Last state change (database time).")
     learner_attached_at: datetime | None = Field(description="Last learner attach.")
     last_version_at: datetime | None = Field(description="When the last version was published.")
+    sweep_id: uuid.UUID | None = Field(
+        None, description="The sweep that made the run (null: made on its own)."
+    )
+    overrides: dict[str, Any] | None = Field(
+        None,
+        description="The overrides of the sweep's base config that made this run's config "
+        "({field path: value}; null: not a sweep's run).",
+    )
 
 
 class SpendOut(BaseModel):

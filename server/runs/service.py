@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session, object_session
@@ -59,6 +60,19 @@ def store_eval_rows(
 
 
 # -- creation and config ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepTag:
+    """What a sweep's run stores of its sweep: the sweep, its combination's index and the
+    overrides ({field path: value}) that made its config."""
+
+    sweep_id: uuid.UUID
+    index: int
+    overrides: dict[str, Any]
+
+    def columns(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id, "sweep_index": self.index, "overrides": self.overrides}
 
 
 def dataset_rows(ds: GeneratorDataset | InlineDataset) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -124,8 +138,11 @@ def check_judge_urls(config: RunConfig, policy: OutboundPolicy) -> None:
             )
 
 
-def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
-    """Insert the run and mint its learner token (shown once). Generator and inline kinds:
+def create_run(
+    session: Session, config: RunConfig, *, sweep: SweepTag | None = None
+) -> tuple[Run, str]:
+    """Insert the run and mint its learner token (shown once); a sweep's run carries its tag
+    (server/sweeps/service.py). Generator and inline kinds:
     the run is pending with its dataset rows and every epoch's prompt rows (queued, queue_pos =
     epoch × N + row_index) inserted in bulk here. Stored kinds (uploaded, hf): the dataset is
     checked as far as it is known (422 otherwise) and the run is `preparing` until the run_prep
@@ -152,6 +169,7 @@ def create_run(session: Session, config: RunConfig) -> tuple[Run, str]:
         config=config.model_dump(mode="json"),
         dataset_id=dataset_id,
         eval_dataset_id=eval_dataset_id,
+        **({} if sweep is None else sweep.columns()),
     )
     if isinstance(ds, GeneratorDataset | InlineDataset):
         n_rows = repository.insert_dataset_rows(session, run.id, dataset_rows(ds))

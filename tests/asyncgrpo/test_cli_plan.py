@@ -43,6 +43,21 @@ def test_plan_json() -> None:
     assert out["learner_gpu_memory_gb"] == 80
 
 
+def test_plan_a_sweep() -> None:
+    """--runs: a sweep with one learner per run (test_sweep_plan.py works out the figures)."""
+    result = CliRunner().invoke(app, [*BASE, "--runs", "4", "--samples-per-run", "67500", "--json"])
+    assert result.exit_code == 0, result.output
+    sweep = json.loads(result.output)["sweep"]
+    l4 = next(r for r in sweep["rows"] if r["gpu"] == "L4")
+    assert (l4["learner_gpus"], l4["workers"], l4["hours"]) == (4, 16, pytest.approx(2.0))
+    assert l4["cost"] == pytest.approx(31.2) and sweep["runs_by_memory"]["single"] == 216
+    tables = CliRunner().invoke(app, [*BASE, "--runs", "4"])
+    assert "A sweep of 4 run(s), one learner each" in tables.output
+    assert "one learner GPU could hold by memory: single 216," in tables.output.replace("\n", " ")
+    refused = CliRunner().invoke(app, [*BASE, "--runs", "0"])
+    assert refused.exit_code == 2 and "--runs must be between 1 and 10,000" in refused.output
+
+
 def test_plan_tables() -> None:
     result = CliRunner().invoke(app, BASE)
     assert result.exit_code == 0, result.output

@@ -35,6 +35,15 @@ def test_planner_page_shows_memory_and_fleet(client: TestClient, admin_token: st
     # accepted/h · 1000 = 0.338 $.
     assert fleet["L4"][4] == "4" and fleet["L4"][7] == "0.338"
     assert "A10G" in fleet
+    # runs=1: the sweep table is one run's fleet; the memory table says the runs an H100 holds
+    sweep = {row[0]: row for row in _cells(page.text, "plan-sweep")}
+    assert sweep["L4"][1:4] == ["4", "4", "11.40"]
+    assert memory["single"][7] == "216"  # test_sweep_plan.py
+    four = client.get(QUERY + "&runs=4&samples_per_run=67500")
+    sweep = {row[0]: row for row in _cells(four.text, "plan-sweep")}
+    # 4 runs × (4 L4 · 0.35 + 4 H100 · 2.5) $/h; 67,500 samples at 33,750/h: 2 h, 91.20 $
+    assert sweep["L4"][1:7] == ["16", "16", "45.60", "135,000", "2.00", "91.20"]
+    assert sweep["L4"][7] == "1.00"
     fragment = client.get(QUERY, headers={"HX-Request": "true"})
     assert "<html" not in fragment.text and 'id="plan-fleet"' in fragment.text
 

@@ -1,0 +1,24 @@
+"""A sweep: runs made at once from one base config and a grid (or a list) of overrides
+(server/sweeps/service.py); each of its runs names it in `runs.sweep_id`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from server.db_types import JSONType
+from server.models.base import Base, CreatedAt, UUIDPk
+
+
+class Sweep(UUIDPk, CreatedAt, Base):
+    __tablename__ = "sweeps"
+
+    name: Mapped[str] = mapped_column(String(200))
+    # The base config as posted (its runs' configs are stored, validated, on each run);
+    # deferred: an inline dataset makes it large.
+    base_config: Mapped[dict[str, Any]] = mapped_column(JSONType, deferred=True)
+    # The grid as posted (field path -> values); None when the sweep listed its overrides.
+    grid: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    n_runs: Mapped[int] = mapped_column(Integer)

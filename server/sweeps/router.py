@@ -1,0 +1,95 @@
+"""Sweeps API (admin): create a sweep of runs from a base config and a grid (or a list of
+overrides), list and read sweeps with their runs, pause / resume / cancel every run of one."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
+
+from protocol.schemas import BIGINT_MAX
+from server.deps import AdminDep, SessionDep, SettingsDep
+from server.routing import TransactionalRoute
+from server.runs import lifecycle
+from server.sweeps import service
+from server.sweeps.schemas import (
+    SweepActionBody,
+    SweepActionResult,
+    SweepCreate,
+    SweepCreated,
+    SweepDetail,
+    SweepOut,
+)
+from server.wake import wake
+
+router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], route_class=TransactionalRoute)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=SweepCreated)
+def create_sweep(
+    body: SweepCreate,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    _admin: AdminDep,
+) -> SweepCreated:
+    """Create a sweep: every combination of the grid (or each listed override) applied to the
+    base config and validated before any run is made (422 naming the combination and the
+    field), then all its runs in one transaction, each named after its overrides; each run's
+    learner token is shown once, here. At most `sweeps.max_runs` runs (422 sweep_too_large)."""
+    created, preparing = service.create_sweep(
+        session, body, settings.sweeps.max_runs, settings.outbound_policy()
+    )
+    if preparing:
+        session.commit()  # the job must see the runs
+        wake(request.app.state, "datasets", "run_prep")
+    return created
+
+
+@router.get("", response_model=list[SweepOut])
+def list_sweeps(
+    session: SessionDep,
+    _admin: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
+    offset: Annotated[
+        int, Query(ge=0, le=BIGINT_MAX, description="Sweeps to skip (newest first).")
+    ] = 0,
+) -> list[SweepOut]:
+    """Sweeps, newest first, with their runs counted by status."""
+    return service.list_sweeps(session, limit, offset)
+
+
+@router.get("/{sweep_id}", response_model=SweepDetail)
+def get_sweep(sweep_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> SweepDetail:
+    """One sweep and its runs in order: overrides, status, current and best version, latest
+    reward, latest eval accuracy, stale waste and spend of each."""
+    return service.detail(session, service.get_sweep(session, sweep_id))
+
+
+def _action(action: str):  # type: ignore[no-untyped-def]
+    def handler(
+        sweep_id: uuid.UUID,
+        session: SessionDep,
+        _admin: AdminDep,
+        body: SweepActionBody | None = None,
+    ) -> SweepActionResult:
+        reason = body.reason if body is not None else None
+        return service.act(session, sweep_id, action, reason)
+
+    handler.__name__ = f"{action}_sweep"
+    return handler
+
+
+for _name in lifecycle.ADMIN_ACTIONS:
+    router.add_api_route(
+        f"/{{sweep_id}}/{_name}",
+        _action(_name),
+        methods=["POST"],
+        response_model=SweepActionResult,
+        summary=f"{_name.capitalize()} every run of a sweep",
+        description=f"{_name} applied to each run of the sweep by the run lifecycle (the "
+        "same rule as POST /api/v1/runs/{run_id}/" + _name + "). A run whose status does not "
+        "allow it is listed with `moved: false` and the refusal's code (invalid_transition), "
+        "unchanged; the others move. 200 either way; 404 for an unknown sweep.",
+    )
