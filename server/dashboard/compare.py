@@ -19,6 +19,8 @@ from server.errors import NotFound, Unprocessable
 from server.models import EvalResult, Run
 from server.runs import service as runs
 from server.runs.waste import Samples, stale_samples_by_version
+from server.sweeps import repository as sweeps_repo
+from server.sweeps.expand import label
 
 MAX_COMPARED = 32
 # The per-version learner figures charted: reward mean, and the clip fraction (low + high).
@@ -37,6 +39,44 @@ class ComparedRun:
     last_eval_accuracy: float | None
     stale_waste: float
     wall_s: float | None
+
+
+def chosen_ids(session: Session, raw: list[str], sweep: uuid.UUID | None) -> list[uuid.UUID]:
+    """The runs of `?sweep=…` (in their combination order) or of `?ids=…`, not both (422)."""
+    if sweep is None:
+        return parse_ids(raw)
+    if raw:
+        raise Unprocessable(
+            "ids: give either a sweep or run ids, not both",
+            field="ids",
+            code=ErrorCode.invalid_value,
+        )
+    if sweeps_repo.get(session, sweep) is None:
+        raise NotFound(f"sweep {sweep} not found", code=ErrorCode.sweep_not_found)
+    ids = sweeps_repo.run_ids_of(session, sweep)
+    if len(ids) > MAX_COMPARED:
+        raise Unprocessable(
+            f"sweep: it has {len(ids)} runs; compare at most {MAX_COMPARED} (choose them by ids)",
+            field="sweep",
+            code=ErrorCode.invalid_value,
+        )
+    return ids
+
+
+RECENT_SWEEPS = 20
+
+
+def recent_sweeps(session: Session) -> list[Any]:
+    """The latest sweeps, for the runs page's links to their comparison."""
+    return sweeps_repo.list_sweeps(session, RECENT_SWEEPS, 0)
+
+
+def label_of(run: Run) -> str:
+    """A sweep's run is named by its overrides, by path (the legend says which setting each
+    line is; Postgres keeps no key order in JSON); any other run by its name."""
+    if run.sweep_id is not None and run.overrides is not None:
+        return label(dict(sorted(run.overrides.items())))
+    return run.name
 
 
 def parse_ids(raw: list[str]) -> list[uuid.UUID]:
@@ -105,7 +145,7 @@ def table(session: Session, ids: list[uuid.UUID]) -> list[ComparedRun]:
         rows.append(
             ComparedRun(
                 run=run,
-                label=run.name,
+                label=label_of(run),
                 best_metric=runs.get_config(run).best_metric,
                 last_reward=last_reward.get(run.id),
                 last_eval_accuracy=accuracy[max(accuracy)] if accuracy else None,
@@ -119,7 +159,7 @@ def table(session: Session, ids: list[uuid.UUID]) -> list[ComparedRun]:
 def charts(session: Session, ids: list[uuid.UUID]) -> dict[str, Any]:
     """The overlaid per-version charts (uPlot data), one series per run in the order of `ids`."""
     chosen = _runs(session, ids)
-    labels = [run.name for run in chosen]
+    labels = [label_of(run) for run in chosen]
     means = repo.learner_means_by_version(session, ids, SUMS)
     evals = _eval_accuracy(session, ids)
     waste = stale_samples_by_version(session, ids)

@@ -164,7 +164,13 @@ def runs_page(
     status = _status(status)
     rows = dash.run_rows(session, status)
     return render(
-        request, "pages/runs.html", rows=rows, status=status, statuses=STATUSES, page="runs"
+        request,
+        "pages/runs.html",
+        rows=rows,
+        status=status,
+        statuses=STATUSES,
+        page="runs",
+        sweeps=compare.recent_sweeps(session),
     )
 
 
@@ -295,12 +301,21 @@ def _compare_query(ids: list[uuid.UUID]) -> str:
     return urlencode([("ids", str(i)) for i in ids])
 
 
+CompareSweep = Annotated[
+    uuid.UUID | None, Query(description="Compare the runs of this sweep (instead of ids).")
+]
+
+
 @router.get("/runs/compare", response_class=HTMLResponse)
 def compare_page(
-    request: Request, session: SessionDep, _user: LoginDep, ids: CompareIds = None
+    request: Request,
+    session: SessionDep,
+    _user: LoginDep,
+    ids: CompareIds = None,
+    sweep: CompareSweep = None,
 ) -> HTMLResponse:
-    chosen = compare.parse_ids(ids or [])
-    query = _compare_query(chosen)
+    chosen = compare.chosen_ids(session, ids or [], sweep)
+    query = f"sweep={sweep}" if sweep is not None else _compare_query(chosen)
     return render(
         request,
         "pages/compare.html",
@@ -312,8 +327,10 @@ def compare_page(
 
 
 @router.get("/runs/compare/charts.json")
-def compare_charts(session: SessionDep, _user: LoginDep, ids: CompareIds = None) -> JSONResponse:
-    return JSONResponse(compare.charts(session, compare.parse_ids(ids or [])))
+def compare_charts(
+    session: SessionDep, _user: LoginDep, ids: CompareIds = None, sweep: CompareSweep = None
+) -> JSONResponse:
+    return JSONResponse(compare.charts(session, compare.chosen_ids(session, ids or [], sweep)))
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)

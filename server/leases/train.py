@@ -31,7 +31,7 @@ def admission_bound(config: RunConfig) -> int:
 
 
 class TrainKind:
-    name = TRAIN_KIND
+    name: str = TRAIN_KIND
     trained = True
 
     def offered(self, config: RunConfig, run_status: str) -> bool:

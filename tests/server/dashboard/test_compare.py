@@ -137,3 +137,48 @@ def test_the_runs_page_offers_a_comparison(app: Any, client: TestClient, admin_t
     assert 'id="compare-form" method="get" action="/runs/compare"' in page
     assert f'name="ids" value="{a.id}" form="compare-form"' in page
     assert f'id="compare-{a.id}" hx-preserve' in page  # kept across the table's refresh
+
+
+def _sweep(client: TestClient, admin_token: str) -> dict[str, Any]:
+    from tests.server.sweeps.conftest import sweep_body
+
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    created = client.post("/api/v1/sweeps", json=sweep_body(), headers=headers)
+    assert created.status_code == 201, created.text
+    return dict(created.json()["sweep"])
+
+
+def test_a_sweep_is_compared_by_its_overrides(
+    app: Any, client: TestClient, admin_token: str
+) -> None:
+    sweep = _sweep(client, admin_token)
+    runs = sweep["runs"]
+    _learner_points(app, uuid.UUID(runs[3]["id"]), {1: [0.5]})
+    login(client, admin_token)
+    assert f'href="/runs/compare?sweep={sweep["id"]}"' in client.get("/runs").text
+    charts = client.get(f"/runs/compare/charts.json?sweep={sweep['id']}").json()
+    assert charts["reward"]["labels"] == [
+        "version",
+        "grpo.learning_rate=1e-05 lora.rank=8",
+        "grpo.learning_rate=1e-05 lora.rank=32",
+        "grpo.learning_rate=3e-05 lora.rank=8",
+        "grpo.learning_rate=3e-05 lora.rank=32",
+    ]  # the combination order; the overrides, not the ids nor the sweep's name
+    assert charts["reward"]["data"] == [[1], [None], [None], [None], [0.5]]
+    page = client.get(f"/runs/compare?sweep={sweep['id']}")
+    assert page.status_code == 200
+    assert f'href="/runs/compare?sweep={sweep["id"]}"' in page.text  # the link reproduces it
+    assert all(f'data-run="{r["id"]}"' in page.text for r in runs)
+
+
+def test_a_sweep_and_ids_together_or_an_unknown_sweep_are_refused(
+    app: Any, client: TestClient, admin_token: str
+) -> None:
+    sweep = _sweep(client, admin_token)
+    login(client, admin_token)
+    both = client.get(f"/runs/compare?sweep={sweep['id']}&ids={sweep['runs'][0]['id']}")
+    assert both.status_code == 422 and both.json()["code"] == "invalid_value"
+    unknown = client.get(f"/runs/compare?sweep={uuid.UUID(int=9)}")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "sweep_not_found"
+    bad = client.get("/runs/compare?sweep=nope")
+    assert bad.status_code == 422
