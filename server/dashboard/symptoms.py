@@ -118,7 +118,7 @@ ENTROPY_COLLAPSE = Symptom(
 
 NO_SIGNAL = Symptom(
     key="zero_advantage",
-    title="No signal: zero-advantage groups",
+    title="No signal in the groups",
     alarm="zero_advantage",
     meaning="In version after version nearly every group scored all its completions alike (all "
     "right or all wrong), so they have no advantage and train nothing. All wrong: the task is "

@@ -24,12 +24,59 @@ from tests.server.jobs.factories import new_run
 
 COLLAPSE = ("entropy", "zero_advantage")
 
-# The learner's figures per version of two healthy runs: bench.learning --task arithmetic (the
-# demo's recipe on 2-digit additions, cosine schedule) seeds 1 and 0, measured 2026-12-07 (both
-# met the learning goals). Seed 0's first versions had no signal at all (every group all
-# wrong: zero-advantage share 1.0, no entropy since nothing trained): left out here, that is
-# what the zero-advantage alarm is for.
+# The learner's figures per version (entropy, zero-advantage share) of healthy runs measured on
+# 2026-12-07: `asyncgrpo demo --seed 0` and `--seed 1` (12 versions, the demo's recipe), and
+# bench.learning --task arithmetic (the demo's recipe on 2-digit additions, cosine schedule,
+# 16 versions) seeds 1, 2 and 0 (all met their learning goals). Seed 0's first four versions
+# had no signal (every group all wrong: share 1.0 and no entropy, nothing trained): left out
+# here, that is what the zero-advantage alarm is for.
 HEALTHY = {
+    "demo seed 0": [
+        (2.043, 0.25),
+        (2.166, 0.125),
+        (1.782, 0.375),
+        (1.433, 0.0),
+        (1.223, 0.0),
+        (1.115, 0.125),
+        (0.815, 0.0),
+        (0.656, 0.125),
+        (0.638, 0.25),
+        (0.677, 0.25),
+        (0.459, 0.125),
+        (0.358, 0.75),
+    ],  # fmt: skip
+    "demo seed 1": [
+        (1.862, 0.5),
+        (2.098, 0.125),
+        (1.873, 0.375),
+        (1.313, 0.125),
+        (1.236, 0.0),
+        (0.956, 0.0),
+        (0.856, 0.125),
+        (0.854, 0.375),
+        (0.944, 0.5),
+        (0.725, 0.5),
+        (0.561, 0.75),
+        (0.488, 0.625),
+    ],  # fmt: skip
+    "seed 2": [
+        (1.486, 0.625),
+        (1.863, 0.875),
+        (2.125, 0.875),
+        (2.042, 0.75),
+        (1.773, 0.875),
+        (1.542, 0.375),
+        (1.344, 0.25),
+        (1.196, 0.375),
+        (0.921, 0.25),
+        (0.824, 0.25),
+        (0.810, 0.375),
+        (0.784, 0.25),
+        (0.794, 0.375),
+        (0.632, 0.25),
+        (0.648, 0.25),
+        (0.641, 0.125),
+    ],  # fmt: skip
     "seed 1": [
         (1.933, 0.875),
         (1.661, 0.75),
