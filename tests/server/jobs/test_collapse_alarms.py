@@ -244,3 +244,21 @@ def test_healthy_runs_stay_quiet(factory: sessionmaker[Session], name: str) -> N
             assert _collapse(evaluate_alarms(session)) == [], v
         for kind in COLLAPSE:
             assert _count(session, run.id, f"alarm.{kind}") == 0
+
+
+@pytest.mark.timeout(120)
+def test_the_floor_rule_alone(factory: sessionmaker[Session]) -> None:
+    """No drop rule: 0.5 -> 0.12 stays over the floor of 0.1 (76% down: quiet), 0.09 fires."""
+    with transaction(factory) as session:
+        run = new_run(session, alarms={"entropy_drop": None, "zero_advantage": None})
+        _version(session, run.id, 1, 0.5, 0.0)
+        _version(session, run.id, 2, 0.12, 0.0)
+        assert _collapse(evaluate_alarms(session)) == []
+        _version(session, run.id, 3, 0.09, 0.0)
+        assert _collapse(evaluate_alarms(session)) == [("entropy", "fired")]
+        event = session.execute(
+            select(Event).where(Event.run_id == run.id, Event.kind == "alarm.entropy")
+        ).scalar_one()
+        assert event.data["threshold"] == pytest.approx(0.1)
+        _version(session, run.id, 4, 0.1, 0.0)  # at the floor is not under it
+        assert _collapse(evaluate_alarms(session)) == [("entropy", "cleared")]
