@@ -690,6 +690,13 @@ class AlarmConfig(_Strict):
         "spot_check_mismatch": (lambda x: x > 0, "must be greater than 0"),
         "window_minutes": (lambda x: 0 < x <= 24 * 60, "must be in (0, 1440] minutes"),
         "webhook_url": (_http_url, "must be an http:// or https:// URL with a host"),
+        "entropy_floor": (lambda x: 0 < x <= 100, "must be in (0, 100] nats when set"),
+        "entropy_drop": (lambda x: 0 < x < 1, "must be a fraction in (0, 1) when set"),
+        "zero_advantage": (lambda x: 0 < x <= 1, "must be a fraction in (0, 1] when set"),
+        "zero_advantage_versions": (
+            lambda n: 1 <= n <= MAX_WINDOW_VERSIONS,
+            f"must be between 1 and {MAX_WINDOW_VERSIONS}",
+        ),
     }
 
     stale_waste: float = Field(0.2, description="Stale-waste fraction that raises the drift alarm.")
@@ -700,6 +707,25 @@ class AlarmConfig(_Strict):
     )
     window_minutes: float = Field(10.0, description="Sliding window for stale waste.")
     webhook_url: str | None = Field(None, description="POSTed a signed JSON event on alarms.")
+    entropy_floor: float | None = Field(
+        0.1,
+        description="Entropy alarm: the learner's entropy (nats per trained token, the mean over "
+        "the newest version's steps) under this (None: no floor).",
+    )
+    entropy_drop: float | None = Field(
+        0.9,
+        description="Entropy alarm: the newest version's entropy this fraction or more below the "
+        "run's first reported one (0.9: at most a tenth of it; None: no such rule).",
+    )
+    zero_advantage: float | None = Field(
+        0.8,
+        description="Zero-advantage alarm: the share of groups with no advantage (every "
+        "completion scored alike) at or above this in each of the newest "
+        "zero_advantage_versions versions (None: no such alarm).",
+    )
+    zero_advantage_versions: int = Field(
+        3, description="How many consecutive versions the zero-advantage share must stay high."
+    )
 
 
 def missing_reward_column(

@@ -47,6 +47,10 @@ PLAIN_FIELDS = (
     "alarms.clip_fraction",
     "alarms.window_minutes",
     "alarms.no_version_minutes",
+    "alarms.entropy_floor",
+    "alarms.entropy_drop",
+    "alarms.zero_advantage",
+    "alarms.zero_advantage_versions",
     "alarms.webhook_url",
 )
 # Fields RunConfig requires but the form lets stay empty: empty takes this default, as the page

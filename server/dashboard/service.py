@@ -1,5 +1,6 @@
 """What the run pages show, assembled from the services that own each figure:
-runs.service (status, live stats, spend), jobs.alarms/jobs.stats (stale waste, clip fraction —
+runs.service (status, live stats, spend), jobs.alarms/jobs.stats (stale waste, clip fraction,
+entropy, zero-advantage share —
 the alarm's own readings), learner.telemetry (proxy stats, staleness histogram),
 learner.ledger (the prompt ledger), adapters.service (versions). Series over time come from
 dashboard.repository, the one place they are computed; the drift banner's advice from
@@ -33,7 +34,7 @@ from server.runs.waste import stale_waste_series
 from server.workers import repository as workers_repo
 from server.workers.liveness import worker_state
 
-DRIFT_KINDS = ("stale_waste", "clip_fraction")
+DRIFT_KINDS = ("stale_waste", "clip_fraction", "entropy", "zero_advantage")
 SPARK_POINTS = 30
 LIVE_LEASES_SHOWN = 50
 EVENTS_SHOWN = 50

@@ -92,6 +92,53 @@ CLIP_FRACTION = Symptom(
     ),
 )
 
+ENTROPY_COLLAPSE = Symptom(
+    key="entropy",
+    title="Entropy collapsing",
+    alarm="entropy",
+    meaning="The policy is collapsing onto a few answers: the learner's entropy fell under its "
+    "floor or far below where it started. Its completions stop varying, groups stop teaching, "
+    "and the eval accuracy often falls after it peaked. A lower or decaying learning rate, or "
+    "keeping the best version and stopping early, limit the damage.",
+    figures=(
+        "the learner's `entropy` per version against `alarms.entropy_floor` and the run's first "
+        "version's entropy (`alarms.entropy_drop`)",
+        "the eval accuracy per version: a peak and then a fall (the run's best version)",
+        "the zero-advantage share: rising as every completion of a group becomes the same",
+        "the gradient norm and the importance ratio max: spikes on the steps before it",
+    ),
+    changes=(
+        Change("grpo.learning_rate", "lower it: smaller steps collapse later, or not at all"),
+        Change("grpo.lr_schedule", "`cosine` or `linear`: decay the rate as the run goes on"),
+        Change("sampling.temperature", "raise it a little: more varied completions to learn from"),
+        Change("early_stop.patience", "stop the run once its best figure stops improving"),
+        Change("best.metric", "rank versions by eval accuracy and take `/adapters/best`"),
+    ),
+)
+
+NO_SIGNAL = Symptom(
+    key="zero_advantage",
+    title="No signal in the groups",
+    alarm="zero_advantage",
+    meaning="In version after version nearly every group scored all its completions alike (all "
+    "right or all wrong), so they have no advantage and train nothing. All wrong: the task is "
+    "too hard for the model or the reward never matches; all right: it is learnt, or the policy "
+    "has collapsed onto one answer.",
+    figures=(
+        "the learner's `zero_advantage_fraction` per version against `alarms.zero_advantage` "
+        "(over `alarms.zero_advantage_versions` versions)",
+        "the reward mean per version: near 0 (all wrong) or near 1 (all right)",
+        "the learner's entropy: falling with it when the policy collapses",
+    ),
+    changes=(
+        Change("group_size", "raise it: a larger group is less often all alike"),
+        Change("sampling.temperature", "raise it: more varied completions within a group"),
+        Change("dataset", "harder or easier prompts, to the model's level"),
+        Change("rewards", "a reward with partial credit gives a group varied scores"),
+        Change("early_stop.patience", "stop the run when it has nothing left to learn"),
+    ),
+)
+
 VERSIONS_STALLED = Symptom(
     key="versions_stalled",
     title="Versions not advancing",
@@ -214,6 +261,8 @@ LEARNER_WAITING = Symptom(
 SYMPTOMS: tuple[Symptom, ...] = (
     STALE_WASTE,
     CLIP_FRACTION,
+    ENTROPY_COLLAPSE,
+    NO_SIGNAL,
     VERSIONS_STALLED,
     WORKERS_IDLE,
     NO_WORKER_CAN_SERVE,

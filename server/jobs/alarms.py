@@ -1,4 +1,5 @@
-"""Alarm evaluation: stale waste, clip fraction, no new version, worker quarantine.
+"""Alarm evaluation: stale waste, clip fraction, entropy collapse, zero-advantage share, no new
+version, worker quarantine.
 
 An alarm raises one Event (and webhook) when its figure crosses the threshold and one
 `.cleared` Event when it falls back, never one per evaluation: the raised state per subject
@@ -15,6 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from protocol.run_config import AlarmConfig
 from server.db import db_time
 from server.db_types import db_now
 from server.events.service import raise_event
@@ -130,6 +132,7 @@ def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
             f"clip fraction {clip or 0.0:.3f} at or above {limit:.3f}",
         )
     )
+    out.extend(collapse_readings(session, run.id, alarms))
     since = run.last_version_at or run.learner_attached_at or run.created_at
     idle_min = (now - since).total_seconds() / 60 if since else 0.0
     limit = alarms.no_version_minutes
@@ -142,6 +145,60 @@ def run_readings(session: Session, run: Run, now: datetime) -> list[Reading]:
             f"no new adapter version for {idle_min:.1f} min (threshold {limit:g} min)",
         )
     )
+    return out
+
+
+def collapse_readings(session: Session, run_id: uuid.UUID, alarms: AlarmConfig) -> list[Reading]:
+    """The collapse alarms (docs/guides/dashboard.md, "Collapse alarms"), each left out when its
+    thresholds are all None. Entropy: the newest version's mean entropy under `entropy_floor`,
+    or `entropy_drop` or more below the first version's. Zero advantage: the share of groups
+    with no advantage at or above `zero_advantage` in each of the newest
+    `zero_advantage_versions` versions; its value is the lowest of them."""
+    out: list[Reading] = []
+    floor, drop = alarms.entropy_floor, alarms.entropy_drop
+    if floor is not None or drop is not None:
+        newest = stats.version_means(session, run_id, "entropy", limit=1)
+        first = stats.version_means(session, run_id, "entropy", limit=1, newest=False)
+        lines = [] if floor is None else [floor]
+        if drop is not None and first:
+            lines.append(first[0][1] * (1.0 - drop))
+        value = newest[0][1] if newest else 0.0
+        under_floor = bool(newest) and floor is not None and value < floor
+        dropped = bool(newest and first) and drop is not None and value <= lines[-1]
+        why = []
+        if under_floor:
+            why.append(f"under the floor {floor:.3f}")
+        if dropped and first:
+            fell = 1.0 - value / first[0][1] if first[0][1] > 0 else 0.0
+            why.append(
+                f"{fell:.0%} below its start {first[0][1]:.3f} at version {first[0][0]} "
+                f"(alarm at {drop:.0%})"
+            )
+        at = f" at version {newest[0][0]}" if newest else ""
+        out.append(
+            Reading(
+                "entropy",
+                value,
+                max(lines) if lines else 0.0,
+                under_floor or dropped,
+                f"entropy {value:.3f}{at} " + " and ".join(why) + ": the policy is collapsing",
+            )
+        )
+    limit, n = alarms.zero_advantage, alarms.zero_advantage_versions
+    if limit is not None:
+        shares = stats.version_means(session, run_id, "zero_advantage_fraction", limit=n)
+        lowest = min((share for _v, share in shares), default=0.0)
+        listed = ", ".join(f"v{v} {share:.2f}" for v, share in reversed(shares))
+        out.append(
+            Reading(
+                "zero_advantage",
+                lowest,
+                limit,
+                len(shares) == n and lowest >= limit,
+                f"zero-advantage share at or above {limit:.2f} for {n} versions ({listed}): "
+                "nearly every group scored all right or all wrong, no signal to learn from",
+            )
+        )
     return out
 
 
