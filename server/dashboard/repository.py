@@ -235,27 +235,24 @@ def learner_means_by_version(
         for term in terms[1:]:
             total = total + term
         means.append(func.avg(total))
-    rows = (
-        session.connection()
-        .execute(
-            select(MetricPoint.run_id, MetricPoint.version, *means)
+    connection = session.connection()
+    out: dict[uuid.UUID, dict[str, dict[int, float]]] = {}
+    for run_id in run_ids:  # one statement per run: no run id to parse on each of its rows
+        rows = connection.execute(
+            select(MetricPoint.version, *means)
             .where(
-                MetricPoint.run_id.in_(run_ids),
+                MetricPoint.run_id == run_id,
                 MetricPoint.source == "learner",
                 MetricPoint.version.is_not(None),
             )
-            .group_by(MetricPoint.run_id, MetricPoint.version)
-        )
-        .all()
-    )
-    out: dict[uuid.UUID, dict[str, dict[int, float]]] = {
-        run_id: {name: {} for name in names} for run_id in run_ids
-    }
-    for run_id, version, *values in rows:
-        series = out[run_id]
-        for name, value in zip(names, values, strict=True):
-            if value is not None:
-                series[name][int(version)] = float(value)
+            .group_by(MetricPoint.version)
+        ).all()
+        series: dict[str, dict[int, float]] = {name: {} for name in names}
+        out[run_id] = series
+        for version, *values in rows:
+            for name, value in zip(names, values, strict=True):
+                if value is not None:
+                    series[name][int(version)] = float(value)
     return out
 
 
