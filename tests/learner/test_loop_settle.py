@@ -40,7 +40,12 @@ def _session(publish: Any) -> Any:
         evals=None,
         last_publish_s=0.0,
     )
-    for name in ("_lease_ended_by_the_server", "_publish_that_ended_the_run", "_wait_evaluated"):
+    for name in (
+        "_lease_ended_by_the_server",
+        "_publish_that_ended_the_run",
+        "_wait_evaluated",
+        "_check_open",
+    ):
         setattr(session, name, getattr(Session, name).__get__(session))
     session.saw_409 = threading.Event()  # the main thread's lease check has raised
 
