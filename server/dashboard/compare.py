@@ -1,7 +1,8 @@
 """The compare view (docs/guides/dashboard.md, "Comparing runs"): up to MAX_COMPARED runs side by
 side — per-version charts overlaid, one series per run, and a table of each run's figures. The
 figures come from their homes: the run's best version (server/runs/best.py), stale waste per
-version (server/runs/waste.py), the learner's per-version means as the run page charts them."""
+version (server/runs/waste.py), the learner's per-version means and the eval results by version
+(server/runs/figures.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from protocol.error_codes import ErrorCode
-from server.dashboard import repository as repo
 from server.errors import NotFound, Unprocessable
-from server.models import EvalResult, Run
+from server.models import Run
+from server.runs import figures
 from server.runs import service as runs
 from server.runs.waste import Samples, stale_samples_by_version
 from server.sweeps import repository as sweeps_repo
@@ -81,24 +82,24 @@ def label_of(run: Run) -> str:
 
 def parse_ids(raw: list[str]) -> list[uuid.UUID]:
     """The run ids of `?ids=…` in their order, each once: 1 to MAX_COMPARED of them (422)."""
-    ids: list[uuid.UUID] = []
-    for value in raw:
-        for part in value.split(","):
-            if not part.strip():
-                continue
-            try:
-                run_id = uuid.UUID(part.strip())
-            except ValueError:
-                raise Unprocessable(
-                    f"ids: {part.strip()[:80]!r} is not a run id",
-                    field="ids",
-                    code=ErrorCode.invalid_value,
-                ) from None
-            if run_id not in ids:
-                ids.append(run_id)
+    seen: dict[uuid.UUID, None] = {}
+    parts = (part.strip() for value in raw for part in value.split(","))
+    for part in parts:
+        if not part:
+            continue
+        try:
+            seen[uuid.UUID(part)] = None
+        except ValueError:
+            raise Unprocessable(
+                f"ids: {part[:80]!r} is not a run id", field="ids", code=ErrorCode.invalid_value
+            ) from None
+        if len(seen) > MAX_COMPARED:
+            break
+    ids = list(seen)
     if not 1 <= len(ids) <= MAX_COMPARED:
+        got = "none" if not ids else f"more than {MAX_COMPARED}"
         raise Unprocessable(
-            f"ids: choose 1 to {MAX_COMPARED} runs to compare (got {len(ids)})",
+            f"ids: choose 1 to {MAX_COMPARED} runs to compare (got {got})",
             field="ids",
             code=ErrorCode.invalid_value,
         )
@@ -113,18 +114,6 @@ def _runs(session: Session, ids: list[uuid.UUID]) -> list[Run]:
     return [found[i] for i in ids]
 
 
-def _eval_accuracy(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[int, float]]:
-    out: dict[uuid.UUID, dict[int, float]] = {i: {} for i in ids}
-    for run_id, version, accuracy in session.connection().execute(
-        select(EvalResult.run_id, EvalResult.version, EvalResult.accuracy).where(
-            EvalResult.run_id.in_(ids), EvalResult.state == "done"
-        )
-    ):
-        if accuracy is not None:
-            out[run_id][int(version)] = float(accuracy)
-    return out
-
-
 def _wall_s(run: Run) -> float | None:
     """From the run's creation to its last published version."""
     end: datetime | None = run.last_version_at
@@ -134,12 +123,12 @@ def _wall_s(run: Run) -> float | None:
 def table(session: Session, ids: list[uuid.UUID]) -> list[ComparedRun]:
     """The compare table's rows, in the order of `ids`."""
     chosen = _runs(session, ids)
-    last_reward = repo.last_version_means(session, ids, "reward_mean")
-    evals = _eval_accuracy(session, ids)
+    last_reward = figures.last_version_means(session, ids, "reward_mean")
+    evals = figures.eval_accuracy_by_version(session, ids)
     waste = stale_samples_by_version(session, ids)
     rows = []
     for run in chosen:
-        accuracy = evals[run.id]
+        latest = figures.latest_eval(evals[run.id])
         terms = waste.get(run.id, {}).values()
         total = Samples(sum(t.generated for t in terms), sum(t.wasted for t in terms))
         rows.append(
@@ -148,7 +137,7 @@ def table(session: Session, ids: list[uuid.UUID]) -> list[ComparedRun]:
                 label=label_of(run),
                 best_metric=runs.get_config(run).best_metric,
                 last_reward=last_reward.get(run.id),
-                last_eval_accuracy=accuracy[max(accuracy)] if accuracy else None,
+                last_eval_accuracy=latest[1] if latest is not None else None,
                 stale_waste=total.ratio,
                 wall_s=_wall_s(run),
             )
@@ -160,13 +149,14 @@ def charts(session: Session, ids: list[uuid.UUID]) -> dict[str, Any]:
     """The overlaid per-version charts (uPlot data), one series per run in the order of `ids`."""
     chosen = _runs(session, ids)
     labels = [label_of(run) for run in chosen]
-    means = repo.learner_means_by_version(session, ids, SUMS)
-    evals = _eval_accuracy(session, ids)
+    means = figures.means_by_version(session, ids, SUMS)
+    evals = figures.eval_accuracy_by_version(session, ids)
+    accuracy = {i: {v: a for v, a in evals[i].items() if a is not None} for i in ids}
     waste = stale_samples_by_version(session, ids)
     stale = {i: {v: t.ratio for v, t in waste.get(i, {}).items()} for i in ids}
     return {
         "reward": _chart(labels, [means[i]["reward"] for i in ids]),
-        "eval": _chart(labels, [evals[i] for i in ids]),
+        "eval": _chart(labels, [accuracy[i] for i in ids]),
         "stale": _chart(labels, [stale[i] for i in ids]),
         "clip": _chart(labels, [means[i]["clip"] for i in ids]),
     }

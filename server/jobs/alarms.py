@@ -22,6 +22,7 @@ from server.db_types import db_now
 from server.events.service import raise_event
 from server.jobs import stats
 from server.models import AlarmState, Run, Worker
+from server.runs import figures
 from server.runs.service import config_of
 from server.runs.waste import stale_waste
 
@@ -157,8 +158,8 @@ def collapse_readings(session: Session, run_id: uuid.UUID, alarms: AlarmConfig) 
     out: list[Reading] = []
     floor, drop = alarms.entropy_floor, alarms.entropy_drop
     if floor is not None or drop is not None:
-        newest = stats.version_means(session, run_id, "entropy", limit=1)
-        first = stats.version_means(session, run_id, "entropy", limit=1, newest=False)
+        newest = figures.version_means(session, run_id, "entropy", limit=1)
+        first = figures.version_means(session, run_id, "entropy", limit=1, newest=False)
         lines = [] if floor is None else [floor]
         if drop is not None and first:
             lines.append(first[0][1] * (1.0 - drop))
@@ -186,7 +187,7 @@ def collapse_readings(session: Session, run_id: uuid.UUID, alarms: AlarmConfig) 
         )
     limit, n = alarms.zero_advantage, alarms.zero_advantage_versions
     if limit is not None:
-        shares = stats.version_means(session, run_id, "zero_advantage_fraction", limit=n)
+        shares = figures.version_means(session, run_id, "zero_advantage_fraction", limit=n)
         lowest = min((share for _v, share in shares), default=0.0)
         listed = ", ".join(f"v{v} {share:.2f}" for v, share in reversed(shares))
         out.append(

@@ -1,6 +1,6 @@
-"""Figures the alarms and the Prometheus endpoint share: clip fraction, the learner's figures per
-version (entropy, zero-advantage share), staleness, rejections by reason (stale waste has its own
-home, server/runs/waste.py). Windows are in database time."""
+"""Figures the alarms and the Prometheus endpoint share: clip fraction, staleness, rejections by
+reason (stale waste has its own home, server/runs/waste.py; the learner's figures per version
+theirs, server/runs/figures.py). Windows are in database time."""
 
 from __future__ import annotations
 
@@ -35,30 +35,6 @@ def latest_learner_values(session: Session, run_id: uuid.UUID) -> dict[str, Any]
 def latest_clip_fraction(session: Session, run_id: uuid.UUID) -> float | None:
     values = latest_learner_values(session, run_id)
     return clip_fraction_of(values) if values is not None else None
-
-
-def version_means(
-    session: Session, run_id: uuid.UUID, key: str, *, limit: int, newest: bool = True
-) -> list[tuple[int, float]]:
-    """(version, mean of the learner metric `key` over the version's steps that report it) for
-    the run's newest `limit` versions that have the figure, newest first (`newest=False`: the
-    oldest, oldest first). A step without the figure (entropy: a step that trained no token)
-    counts for nothing; a version none of whose steps has it is left out."""
-    mean = func.avg(MetricPoint.values[key].as_float())
-    order = MetricPoint.version.desc() if newest else MetricPoint.version.asc()
-    rows = session.execute(
-        select(MetricPoint.version, mean)
-        .where(
-            MetricPoint.run_id == run_id,
-            MetricPoint.source == "learner",
-            MetricPoint.version.is_not(None),
-        )
-        .group_by(MetricPoint.version)
-        .having(mean.is_not(None))
-        .order_by(order)
-        .limit(limit)
-    ).all()
-    return [(int(r[0]), float(r[1])) for r in rows]
 
 
 def rejections_by_reason(session: Session) -> list[tuple[uuid.UUID, str, int, int]]:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from server.models import EvalResult, MetricPoint, Run, Sweep
+from server.models import Run, Sweep
 
 
 def insert_sweep(session: Session, **fields: Any) -> Sweep:
@@ -52,51 +52,3 @@ def statuses(session: Session, sweep_ids: list[uuid.UUID]) -> dict[uuid.UUID, di
         if sweep_id is not None:
             out[sweep_id][str(status)] = int(count)
     return out
-
-
-def last_rewards(session: Session, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, float]:
-    """The latest learner reward_mean per run (by step)."""
-    if not run_ids:
-        return {}
-    ranked = (
-        select(
-            MetricPoint.run_id,
-            MetricPoint.values,
-            func.row_number()
-            .over(
-                partition_by=MetricPoint.run_id,
-                order_by=(MetricPoint.step.desc(), MetricPoint.id.desc()),
-            )
-            .label("rn"),
-        )
-        .where(MetricPoint.run_id.in_(run_ids), MetricPoint.source == "learner")
-        .subquery()
-    )
-    rows = session.execute(select(ranked.c.run_id, ranked.c["values"]).where(ranked.c.rn == 1))
-    out: dict[uuid.UUID, float] = {}
-    for run_id, values in rows:
-        value = (values or {}).get("reward_mean")
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[run_id] = float(value)
-    return out
-
-
-def latest_evals(
-    session: Session, run_ids: list[uuid.UUID]
-) -> dict[uuid.UUID, tuple[int, float | None]]:
-    """(version, accuracy) of each run's latest evaluated version."""
-    if not run_ids:
-        return {}
-    latest = (
-        select(EvalResult.run_id, func.max(EvalResult.version).label("version"))
-        .where(EvalResult.state == "done", EvalResult.run_id.in_(run_ids))
-        .group_by(EvalResult.run_id)
-        .subquery()
-    )
-    rows = session.execute(
-        select(EvalResult.run_id, EvalResult.version, EvalResult.accuracy).join(
-            latest,
-            (latest.c.run_id == EvalResult.run_id) & (latest.c.version == EvalResult.version),
-        )
-    ).all()
-    return {run_id: (int(version), accuracy) for run_id, version, accuracy in rows}

@@ -66,7 +66,10 @@ class SweepRun(BaseModel):
     best_version: int | None = Field(description="The best version by the run's best metric.")
     best_value: float | None = Field(description="The best version's figure.")
     last_reward: float | None = Field(
-        description="The learner's latest reward_mean (null before its first step)."
+        description=(
+            "The mean of the learner's reward_mean over its last version's steps, as the"
+            " compare view shows it (null before its first step)."
+        )
     )
     eval_version: int | None = Field(description="The latest evaluated version (null: none).")
     eval_accuracy: float | None = Field(description="That version's eval accuracy.")

@@ -17,7 +17,7 @@ from protocol.error_codes import ErrorCode
 from protocol.outbound import OutboundPolicy
 from server.errors import Conflict, NotFound, Unprocessable
 from server.models import Run, Sweep
-from server.runs import lifecycle
+from server.runs import figures, lifecycle
 from server.runs import service as runs
 from server.runs.waste import stale_waste
 from server.sweeps import expand, repository
@@ -110,13 +110,13 @@ def detail(session: Session, sweep: Sweep) -> SweepDetail:
     accuracy, stale waste (whole run) and spend."""
     members = repository.runs_of(session, sweep.id)
     ids = [r.id for r in members]
-    rewards = repository.last_rewards(session, ids)
-    evals = repository.latest_evals(session, ids)
+    rewards = figures.last_version_means(session, ids, "reward_mean")
+    evals = figures.eval_accuracy_by_version(session, ids)
     statuses: dict[str, int] = {}
     rows: list[SweepRun] = []
     for run in members:
         statuses[run.status] = statuses.get(run.status, 0) + 1
-        version, accuracy = evals.get(run.id, (None, None))
+        version, accuracy = figures.latest_eval(evals[run.id]) or (None, None)
         rows.append(
             SweepRun(
                 id=run.id,

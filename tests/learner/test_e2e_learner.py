@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -18,7 +21,7 @@ from server.models import AdapterVersion, Event, PromptRow, RolloutBatch, Run
 from tests.harness.batches import real_batch
 from tests.harness.live_app import LiveApp, wait_version
 from tests.harness.runs import plus_rows
-from tests.server.learner.support import make_run, make_worker
+from tests.server.learner.support import RunHandle, make_run, make_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 ROWS = plus_rows(6)
@@ -213,29 +216,42 @@ def test_a_reward_that_cannot_be_imported_fails_the_run(
         assert list(kinds) == ["run.failed"]
 
 
-def test_a_paused_run_keeps_its_learner(live: LiveApp, tmp_path: Path) -> None:
-    """Pausing stops the workers, not the learner (docs/architecture/run-lifecycle.md, "Run
-    lifecycle"): it publishes from batches it can still claim and waits for more; a cancel then ends
-    it."""
+def _training(
+    live: LiveApp, tmp_path: Path
+) -> tuple[RunHandle, uuid.UUID, Any, subprocess.Popen[bytes]]:
+    """A run with one batch, and its learner once it has published version 1: (run, the worker
+    that wrote the batch, the tokenizer, the learner process)."""
     from lm.models import load_tokenizer
-    from server.runs import lifecycle
 
-    app = live.app
     run = make_run(
-        app,
+        live.app,
         dataset={"kind": "jsonl", "rows": ROWS},
         max_staleness=5,
         lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
         grpo={"spot_check_fraction": 0.0},
         sampling={"max_new_tokens": 8},
     )
-    worker_id, _ = make_worker(app)
+    worker_id, _ = make_worker(live.app)
     tok = load_tokenizer("smollm2-135m-instruct")
-    real_batch(app, run.id, worker_id, 0, tok, tmp_path)
-    log = live.learner_log
+    real_batch(live.app, run.id, worker_id, 0, tok, tmp_path)
     proc = live.learner(run)
     try:
-        wait_version(app, run.id, 1, proc, log)
+        wait_version(live.app, run.id, 1, proc, live.learner_log)
+    except BaseException:
+        proc.send_signal(signal.SIGKILL)
+        raise
+    return run, worker_id, tok, proc
+
+
+def test_a_paused_run_keeps_its_learner(live: LiveApp, tmp_path: Path) -> None:
+    """Pausing stops the workers, not the learner (docs/architecture/run-lifecycle.md, "Run
+    lifecycle"): it publishes from batches it can still claim and waits for more; a cancel then ends
+    it."""
+    from server.runs import lifecycle
+
+    app, log = live.app, live.learner_log
+    run, worker_id, tok, proc = _training(live, tmp_path)
+    try:
         with transaction(app.state.sessionmaker) as session:
             lifecycle.admin_action(session, run.id, "pause", "test")
         real_batch(app, run.id, worker_id, 1, tok, tmp_path)
@@ -254,25 +270,12 @@ def test_a_run_stopped_early_ends_its_learner_with_exit_0(live: LiveApp, tmp_pat
     """Early stopping completes a run while its learner trains (server/runs/best.py): the
     learner meets the ended lease, is refused at re-attach with run_ended naming `completed`,
     and exits 0 (a cancelled run still ends it with 1: test_a_paused_run_keeps_its_learner)."""
-    from lm.models import load_tokenizer
     from server.runs import lifecycle
 
-    app = live.app
-    run = make_run(
-        app,
-        dataset={"kind": "jsonl", "rows": ROWS},
-        max_staleness=5,
-        lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        grpo={"spot_check_fraction": 0.0},
-        sampling={"max_new_tokens": 8},
-    )
-    worker_id, _ = make_worker(app)
-    real_batch(app, run.id, worker_id, 0, load_tokenizer("smollm2-135m-instruct"), tmp_path)
     log = live.learner_log
-    proc = live.learner(run)
+    run, _, _, proc = _training(live, tmp_path)
     try:
-        wait_version(app, run.id, 1, proc, log)
-        with transaction(app.state.sessionmaker) as session:
+        with transaction(live.app.state.sessionmaker) as session:
             assert lifecycle.stop_early(session, run.id, "early stop: test")
         assert proc.wait(120) == 0, log.read_text()[-3000:]
     finally:

@@ -182,3 +182,16 @@ def test_a_sweep_and_ids_together_or_an_unknown_sweep_are_refused(
     assert unknown.status_code == 404 and unknown.json()["code"] == "sweep_not_found"
     bad = client.get("/runs/compare?sweep=nope")
     assert bad.status_code == 422
+
+
+def test_parse_ids_stops_past_its_bound() -> None:
+    from server.dashboard.compare import MAX_COMPARED, parse_ids
+    from server.errors import Unprocessable
+
+    many = ",".join(str(uuid.UUID(int=i + 1)) for i in range(20_000))
+    with pytest.raises(Unprocessable, match=f"more than {MAX_COMPARED}"):
+        parse_ids([many + ",not-a-uuid"])  # refused for the count, before the bad id is read
+    with pytest.raises(Unprocessable, match="got none"):
+        parse_ids([" , ,"])
+    twice = [str(uuid.UUID(int=2)), f"{uuid.UUID(int=1)},{uuid.UUID(int=2)}"]
+    assert parse_ids(twice) == [uuid.UUID(int=2), uuid.UUID(int=1)]
