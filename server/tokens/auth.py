@@ -39,7 +39,14 @@ def require_admin(session: SessionDep, credentials: AdminCredentials) -> Token:
 
 
 def require_learner(session: SessionDep, credentials: LearnerCredentials) -> Token:
-    return _principal(session, credentials, "learner")
+    """A run's learner token, or a pool learner's token (its reach, the runs it holds, is
+    checked per run: server/learner/service.py `authorize`)."""
+    return _principal(session, credentials, *LEARNER_KINDS)
+
+
+def require_pool_learner(session: SessionDep, credentials: LearnerCredentials) -> Token:
+    """A pool learner's token (server/learners/): read under the learner scheme."""
+    return _principal(session, credentials, "pool_learner")
 
 
 def require_registration(session: SessionDep, credentials: RegistrationCredentials) -> Token:
@@ -47,6 +54,7 @@ def require_registration(session: SessionDep, credentials: RegistrationCredentia
 
 
 ALL_KINDS = ("admin", "registration", "worker", "learner")
+LEARNER_KINDS = ("learner", "pool_learner")
 
 
 def require_any_token(
@@ -64,4 +72,5 @@ def require_any_token(
 AdminDep = Annotated[Token, Depends(require_admin)]
 AnyTokenDep = Annotated[Token, Depends(require_any_token)]
 LearnerDep = Annotated[Token, Depends(require_learner)]
+PoolLearnerDep = Annotated[Token, Depends(require_pool_learner)]
 RegistrationDep = Annotated[Token, Depends(require_registration)]
