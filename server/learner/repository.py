@@ -87,9 +87,15 @@ def pool_hold_free() -> ColumnElement[bool]:
 
 
 def held_by_pool(pool_learner_id: uuid.UUID) -> ColumnElement[bool]:
-    """The pool learner holds the run now: its take's hold or its learner lease is live."""
+    """The pool learner holds the run now: its take's hold or its learner lease is live, and
+    the run has not ended (an ended run frees its slot at once)."""
+    return and_(Run.pool_learner_id == pool_learner_id, pool_live())
+
+
+def pool_live() -> ColumnElement[bool]:
+    """The run's pool learner (if any) holds it now (see held_by_pool)."""
     return and_(
-        Run.pool_learner_id == pool_learner_id,
+        Run.status.not_in(TERMINAL_RUN_STATUSES),
         or_(Run.learner_expires_at > db_now(), Run.pool_held_until > db_now()),
     )
 

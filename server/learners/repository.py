@@ -12,7 +12,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now, db_now_plus
-from server.learner.repository import held_by_pool, learner_fits, lease_free, pool_hold_free
+from server.learner.repository import (
+    held_by_pool,
+    learner_fits,
+    lease_free,
+    pool_hold_free,
+    pool_live,
+)
 from server.models import PoolLearner, Run
 
 # A run that needs a learner: prepared and attachable (pending), or leasing or paused with no
@@ -61,10 +67,7 @@ def held_by_each(session: Session) -> dict[uuid.UUID, list[uuid.UUID]]:
     """Every pool learner's held runs, in one read."""
     rows = session.execute(
         select(Run.pool_learner_id, Run.id)
-        .where(
-            Run.pool_learner_id.is_not(None),
-            (Run.learner_expires_at > db_now()) | (Run.pool_held_until > db_now()),
-        )
+        .where(Run.pool_learner_id.is_not(None), pool_live())
         .order_by(Run.created_at, Run.id)
     ).all()
     out: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)

@@ -16,6 +16,7 @@ from server.request_deps import (
     AdminCredentials,
     Credentials,
     LearnerCredentials,
+    PoolLearnerCredentials,
     RegistrationCredentials,
     SessionDep,
     WorkerCredentials,
@@ -34,6 +35,10 @@ def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token
     return released(session, tokens.authenticate(session, bearer_token(credentials), kinds))
 
 
+# A run's learner calls take either: a run's own token, or a pool learner's on the runs it holds.
+LEARNER_KINDS = ("learner", "pool_learner")
+
+
 def require_admin(session: SessionDep, credentials: AdminCredentials) -> Token:
     return _principal(session, credentials, "admin")
 
@@ -44,8 +49,9 @@ def require_learner(session: SessionDep, credentials: LearnerCredentials) -> Tok
     return _principal(session, credentials, *LEARNER_KINDS)
 
 
-def require_pool_learner(session: SessionDep, credentials: LearnerCredentials) -> Token:
-    """A pool learner's token (server/learners/): read under the learner scheme."""
+def require_pool_learner(session: SessionDep, credentials: PoolLearnerCredentials) -> Token:
+    """A pool learner's token (server/learners/: its own calls). On the learner calls of a run
+    it is read under the learner scheme (`require_learner`)."""
     return _principal(session, credentials, "pool_learner")
 
 
@@ -54,7 +60,6 @@ def require_registration(session: SessionDep, credentials: RegistrationCredentia
 
 
 ALL_KINDS = ("admin", "registration", "worker", "learner")
-LEARNER_KINDS = ("learner", "pool_learner")
 
 
 def require_any_token(

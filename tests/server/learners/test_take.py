@@ -115,3 +115,15 @@ def test_terminal_and_preparing_runs_are_not_taken(runs_app, runs_client) -> Non
         session.execute(update(Run).where(Run.id == preparing.id).values(status="preparing"))
     _, pool = register(runs_client, runs_app)
     assert take(runs_client, pool, 4)["runs"] == []
+
+
+def test_an_ended_run_frees_its_slot(runs_app, runs_client) -> None:
+    first, second = make_run(runs_app), make_run(runs_app)
+    _, pool = register(runs_client, runs_app, max_runs=1)
+    held = taken_ids(take(runs_client, pool, 1))
+    assert len(held) == 1
+    with transaction(runs_app.state.sessionmaker) as session:
+        session.execute(update(Run).where(Run.id == held[0]).values(status="completed"))
+    answer = take(runs_client, pool, 1)
+    assert taken_ids(answer) == [({first.id, second.id} - set(held)).pop()]
+    assert answer["held"] == [str(taken_ids(answer)[0])]
