@@ -47,6 +47,8 @@ class ErrorCode(StrEnum):
     sweep_too_large = "sweep_too_large"  # more runs than `sweeps.max_runs`
     # -- the learner -----------------------------------------------------------------------------
     held_by_another_learner = "held_by_another_learner"  # stand by and attach again
+    run_not_held = "run_not_held"  # a pool learner's token on a run it does not hold
+    pool_learner_not_found = "pool_learner_not_found"
     fingerprint_mismatch = "fingerprint_mismatch"
     model_mismatch = "model_mismatch"
     rewards_missing = "rewards_missing"
@@ -134,6 +136,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
     ),
     403: (
         ErrorCode.token_kind_forbidden,
+        ErrorCode.run_not_held,
         ErrorCode.csrf_failed,
         ErrorCode.signature_invalid,
         ErrorCode.length_mismatch,
@@ -143,6 +146,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.token_not_found,
         ErrorCode.worker_not_found,
         ErrorCode.run_not_found,
+        ErrorCode.pool_learner_not_found,
         ErrorCode.sweep_not_found,
         ErrorCode.lease_not_found,
         ErrorCode.batch_not_found,
@@ -280,6 +284,11 @@ MEANING: dict[ErrorCode, str] = {
     ),
     ErrorCode.sweep_too_large: "a sweep would create more runs than `sweeps.max_runs`",
     ErrorCode.held_by_another_learner: "another learner holds the run: stand by and attach again",
+    ErrorCode.run_not_held: (
+        "a pool learner's token reaches only the runs it holds (take them first: "
+        "`POST /api/v1/learners/take`)"
+    ),
+    ErrorCode.pool_learner_not_found: "no such pool learner",
     ErrorCode.fingerprint_mismatch: "the learner's tokenizer differs from the run's",
     ErrorCode.model_mismatch: "the learner loaded another base model than the run's",
     ErrorCode.rewards_missing: "the learner's host cannot load a reward of the run (the run fails)",

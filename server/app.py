@@ -32,6 +32,7 @@ from server.health import router as health_router
 from server.jobs.inprocess import start_if_inprocess
 from server.learner.eval_router import router as learner_evals_router
 from server.learner.router import router as learner_router
+from server.learners.router import router as learners_router
 from server.leases.router import router as leases_router
 from server.leases.units import WorkerCalls, WorkerDb
 from server.limits import BodySizeLimit
@@ -153,6 +154,7 @@ def _include_routers(app: FastAPI) -> None:
         versions_router,
         learner_router,
         learner_evals_router,
+        learners_router,
         evals_router,
         runs_router,
         sweeps_router,

@@ -28,14 +28,15 @@ def _bearer_scheme(kind: str) -> HTTPBearer:
     (`AdminToken`, ...), so the document says which token an operation takes; the token is
     checked by the guard (server/tokens/auth.py) or the worker call (server/workers/auth.py)."""
     return HTTPBearer(
-        scheme_name=f"{kind.capitalize()}Token",
+        scheme_name="".join(part.capitalize() for part in kind.split("_")) + "Token",
         description=f"a {kind} token, sent as `Authorization: Bearer <token>`",
         auto_error=False,
     )
 
 
 BEARER_SCHEMES = {
-    kind: _bearer_scheme(kind) for kind in ("admin", "registration", "worker", "learner")
+    kind: _bearer_scheme(kind)
+    for kind in ("admin", "registration", "worker", "learner", "pool_learner")
 }
 
 
@@ -66,6 +67,7 @@ AdminCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["admin"])]
 RegistrationCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["registration"])]
 WorkerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["worker"])]
 LearnerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["learner"])]
+PoolLearnerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["pool_learner"])]
 
 
 def released(session: Session, principal: T) -> T:

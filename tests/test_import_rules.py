@@ -78,6 +78,7 @@ FEATURE_ORDER = [
     "evals",
     "versions",
     "learner",
+    "learners",
     "wiring",
     "adapters",
     "blobs",

@@ -47,10 +47,23 @@ class WorkerCost:
 
 
 @dataclass(frozen=True)
+class PoolLearnerCost:
+    """A pool learner's spend: its time on the runs it held, and idle (holding none)."""
+
+    id: uuid.UUID
+    name: str
+    gpu: str
+    hours: float
+    usd: float
+    usd_on_runs: float
+
+
+@dataclass(frozen=True)
 class CostPage:
     runs: list[RunCost]
     workers: list[WorkerCost]
-    learner_usd: float
+    learner_usd: float  # per-run learners and pool learners
+    pool_learners: list[PoolLearnerCost]
     total_usd: float
     wasted_usd: dict[str, float]  # by WASTED_SPEND_KINDS
     stopped_run_usd: float
@@ -123,12 +136,21 @@ def cost_page(session: Session, prices: dict[str, float]) -> CostPage:
                 od,
             )
         )
-    _, learner_usd = repo.learner_spend(session)
+    pool_learners = [
+        PoolLearnerCost(
+            pid, name, gpu_type or "—", float(seconds or 0.0) / 3600, float(usd or 0.0),
+            float(on_runs or 0.0),
+        )
+        for pid, name, gpu_type, seconds, usd, on_runs in repo.spend_by_pool_learner(session)
+    ]  # fmt: skip
+    _, per_run_learner_usd = repo.learner_spend(session)
+    learner_usd = per_run_learner_usd + sum(p.usd for p in pool_learners)
     ordered = sorted(runs.values(), key=lambda r: r.spent_usd, reverse=True)
     return CostPage(
         runs=ordered,
         workers=workers,
         learner_usd=learner_usd,
+        pool_learners=pool_learners,
         total_usd=sum(w.usd for w in workers) + learner_usd,
         wasted_usd=wasted,
         stopped_run_usd=stopped,

@@ -17,6 +17,7 @@ from server.models import (
     Event,
     Lease,
     MetricPoint,
+    PoolLearner,
     RolloutBatch,
     Run,
     Worker,
@@ -159,6 +160,27 @@ def spend_by_worker(session: Session) -> list[Any]:
             .join(Worker, Worker.id == CostRecord.worker_id)
             .where(CostRecord.kind == "worker")
             .group_by(Worker.id, Worker.name, Worker.gpu_type, Worker.gpu_count)
+            .order_by(func.sum(CostRecord.usd).desc())
+        ).all()
+    )
+
+
+def spend_by_pool_learner(session: Session) -> list[Any]:
+    """(pool learner id, name, gpu_type, seconds, usd, usd on runs) per pool learner."""
+    on_runs = func.sum(CostRecord.usd).filter(CostRecord.run_id.is_not(None))
+    return list(
+        session.execute(
+            select(
+                PoolLearner.id,
+                PoolLearner.name,
+                PoolLearner.gpu_type,
+                func.sum(CostRecord.seconds),
+                func.sum(CostRecord.usd),
+                func.coalesce(on_runs, 0.0),
+            )
+            .join(PoolLearner, PoolLearner.id == CostRecord.pool_learner_id)
+            .where(CostRecord.kind == "pool_learner")
+            .group_by(PoolLearner.id, PoolLearner.name, PoolLearner.gpu_type)
             .order_by(func.sum(CostRecord.usd).desc())
         ).all()
     )

@@ -42,6 +42,7 @@ from server.errors import (
     Unprocessable,
 )
 from server.learner import trajectories
+from server.learners import service as pool_learners
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -506,6 +507,33 @@ def create_registration_token(
         public_url=settings.public_url,
         **_workers_context(request, session),
     )
+
+
+# -- pool learners ---------------------------------------------------------------------------
+
+
+def _learners_context(session: SessionDep) -> dict[str, Any]:
+    return {"learners": pool_learners.list_learners(session)}
+
+
+@router.get("/learners", response_class=HTMLResponse)
+def learners_page(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
+    return render(request, "pages/learners.html", page="learners", **_learners_context(session))
+
+
+@router.get("/learners/table", response_class=HTMLResponse)
+def learners_table(request: Request, session: SessionDep, _user: LoginDep) -> HTMLResponse:
+    return render(request, "components/_learners_table.html", **_learners_context(session))
+
+
+@router.post("/learners/{learner_id}/revoke", response_class=HTMLResponse)
+def revoke_learner(
+    request: Request, learner_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+) -> Response:
+    pool_learners.revoke(session, learner_id)
+    if not request.headers.get("HX-Request"):
+        return RedirectResponse("/learners", status_code=303)
+    return render(request, "components/_learners_table.html", **_learners_context(session))
 
 
 # -- cost and planner ------------------------------------------------------------------------

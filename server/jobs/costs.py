@@ -5,7 +5,11 @@ per GPU type, then its self-reported price) are attributed to the run whose leas
 during each part of the interval; time without a lease goes to the pool (run_id None). A
 worker whose last_seen_at is older than `silent_s` is silent: it accrues up to its last contact
 and no further, and the gap before it is seen again is never charged. A run's learner accrues
-the run's learner_price_per_hour while its learner lease is live. Every accrual advances a
+the run's learner_price_per_hour while its learner lease is live (a per-run learner only). A
+pool learner's alive-seconds × the price it reported at registration are split, by the same
+rule (`attribute`), over the runs whose learner lease it holds during each part of the
+interval (docs/guides/pool-learners.md, "Cost"); time holding none goes to the pool. Every
+accrual advances a
 per-subject mark with a compare-and-set, so a repeated or concurrent accrual charges nothing
 twice.
 """
@@ -22,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.db import db_time
-from server.models import CostMark, CostRecord, Lease, Run, Worker
+from server.models import CostMark, CostRecord, Lease, PoolLearner, Run, Worker
 from server.runs.service import config_of
 from server.workers.liveness import is_silent
 from server.workers.repository import price_table
@@ -31,9 +35,10 @@ from server.workers.service import effective_price
 
 @dataclass(frozen=True)
 class Span:
-    """A lease's holding interval, for attribution."""
+    """A lease's holding interval, for attribution (a worker lease, or a run's learner lease held
+    by a pool learner: lease_id None)."""
 
-    lease_id: uuid.UUID
+    lease_id: uuid.UUID | None
     run_id: uuid.UUID
     start: datetime
     end: datetime
@@ -102,12 +107,14 @@ def _charge(
     price_per_hour: float,
     start: datetime,
     end: datetime,
+    pool_learner_id: uuid.UUID | None = None,
 ) -> float:
     usd = seconds * price_per_hour / 3600.0
     session.add(
         CostRecord(
             run_id=run_id,
             worker_id=worker_id,
+            pool_learner_id=pool_learner_id,
             lease_id=lease_id,
             kind=kind,
             seconds=seconds,
@@ -186,7 +193,11 @@ def accrue_learners(session: Session) -> float:
     marks = _marks(session, "learner")
     total = 0.0
     runs = session.execute(
-        select(Run).where(Run.learner_attached_at.is_not(None), Run.learner_expires_at.is_not(None))
+        select(Run).where(
+            Run.learner_attached_at.is_not(None),
+            Run.learner_expires_at.is_not(None),
+            Run.pool_learner_id.is_(None),  # a pool learner's time: accrue_pool_learners
+        )
     ).scalars()
     for run in runs:
         assert run.learner_attached_at is not None and run.learner_expires_at is not None
@@ -215,6 +226,72 @@ def accrue_learners(session: Session) -> float:
     return total
 
 
+def _learner_lease_spans(
+    session: Session, pool_learner_id: uuid.UUID, start: datetime, end: datetime
+) -> list[Span]:
+    """The learner leases of the runs the pool learner holds, within [start, end)."""
+    runs = session.execute(
+        select(Run.id, Run.learner_attached_at, Run.learner_expires_at).where(
+            Run.pool_learner_id == pool_learner_id,
+            Run.learner_attached_at.is_not(None),
+            Run.learner_expires_at.is_not(None),
+        )
+    ).all()
+    spans = []
+    for run_id, attached, expires in runs:
+        assert attached is not None and expires is not None
+        begin, stop = max(attached, start), min(expires, end)
+        if stop > begin:
+            spans.append(Span(None, run_id, begin, stop))
+    return spans
+
+
+def accrue_pool_learners(session: Session, *, silent_s: float) -> float:
+    """Accrue every pool learner's alive time since its mark (silence as for workers, none after
+    its revocation), split over the learner leases it held (`attribute`); returns the USD."""
+    now = db_time(session)
+    marks = _marks(session, "pool_learner")
+    total = 0.0
+    learners = session.execute(select(PoolLearner).where(PoolLearner.last_seen_at.is_not(None)))
+    for learner in learners.scalars():
+        assert learner.last_seen_at is not None
+        mark = marks.get(learner.id)
+        silent = is_silent(learner.last_seen_at, now, silent_s) or learner.revoked_at is not None
+        start = mark.marked_at if mark else learner.created_at
+        end = learner.last_seen_at if silent else now
+        if mark is not None and mark.silent:
+            start = max(start, end)
+        end = max(end, start)
+        if mark is not None and end == mark.marked_at and silent == mark.silent:
+            continue
+        old = mark.marked_at if mark else None
+        if not _advance_mark(session, "pool_learner", learner.id, old, end, silent=silent):
+            continue
+        if end <= start:
+            continue
+        for (run_id, _lease), seconds in attribute(
+            start, end, _learner_lease_spans(session, learner.id, start, end)
+        ).items():
+            total += _charge(
+                session,
+                kind="pool_learner",
+                run_id=run_id,
+                worker_id=None,
+                lease_id=None,
+                seconds=seconds,
+                price_per_hour=learner.price_per_hour or 0.0,
+                start=start,
+                end=end,
+                pool_learner_id=learner.id,
+            )
+    return total
+
+
 def accrue_costs(session: Session, *, silent_s: float = 60.0) -> float:
-    """The cost job: workers and learners. Returns the USD charged in this pass."""
-    return accrue_workers(session, silent_s=silent_s) + accrue_learners(session)
+    """The cost job: workers, per-run learners and pool learners. Returns the USD charged in
+    this pass."""
+    return (
+        accrue_workers(session, silent_s=silent_s)
+        + accrue_learners(session)
+        + accrue_pool_learners(session, silent_s=silent_s)
+    )

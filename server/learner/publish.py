@@ -171,7 +171,7 @@ def publish(
     run_id: uuid.UUID,
     body: PublishRequest,
 ) -> PublishResponse:
-    authorize(token, run_id)
+    authorize(session, token, run_id)
     missing = [n for n in REQUIRED_ADAPTER_FILES if n not in {f.name for f in body.files}]
     if missing:
         raise Unprocessable(

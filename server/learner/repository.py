@@ -21,6 +21,7 @@ from server.models import (
     DatasetRow,
     Lease,
     MetricPoint,
+    PoolLearner,
     PromptRow,
     RolloutBatch,
     Run,
@@ -64,11 +65,76 @@ def lease_free() -> ColumnElement[bool]:
     return or_(Run.learner_expires_at.is_(None), Run.learner_expires_at <= db_now())
 
 
-def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) -> FencedRun | None:
+def fingerprint_fits(fingerprint: str) -> ColumnElement[bool]:
+    """The run's tokenizer fingerprint is unset (fixed by the first attach) or this one."""
+    return or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint)
+
+
+def learner_fits(model: str, fingerprint: str) -> ColumnElement[bool]:
+    """A learner that loaded `model` with a tokenizer of `fingerprint` can train the run: the
+    one rule of attach (its model check, `service._refuse_another_model`, and its
+    compare-and-set's fingerprint_fits) and of a pool learner's take (server/learners/)."""
+    return and_(Run.base_model == model, fingerprint_fits(fingerprint))
+
+
+def pool_hold_free() -> ColumnElement[bool]:
+    """No pool learner's take holds the run before its attach (none, or its hold lapsed)."""
+    return or_(
+        Run.pool_learner_id.is_(None),
+        Run.pool_held_until.is_(None),
+        Run.pool_held_until <= db_now(),
+    )
+
+
+def held_by_pool(pool_learner_id: uuid.UUID) -> ColumnElement[bool]:
+    """The pool learner holds the run now: its take's hold or its learner lease is live, and
+    the run has not ended (an ended run frees its slot at once)."""
+    return and_(Run.pool_learner_id == pool_learner_id, pool_live())
+
+
+def pool_live() -> ColumnElement[bool]:
+    """The run's pool learner (if any) holds it now (see held_by_pool)."""
+    return and_(
+        Run.status.not_in(TERMINAL_RUN_STATUSES),
+        or_(Run.learner_expires_at > db_now(), Run.pool_held_until > db_now()),
+    )
+
+
+def pool_holder(session: Session, run_id: uuid.UUID) -> tuple[bool, uuid.UUID | None]:
+    """(whether the run exists, its pool learner or None)."""
+    row = session.execute(select(Run.pool_learner_id).where(Run.id == run_id)).first()
+    return (False, None) if row is None else (True, row[0])
+
+
+def touch_pool_learner(session: Session, pool_learner_id: uuid.UUID) -> None:
+    """The pool learner was seen now (database time): on a take and a held run's heartbeat."""
+    session.execute(
+        update(PoolLearner)
+        .where(PoolLearner.id == pool_learner_id)
+        .values(last_seen_at=db_now())
+        .execution_options(**_NO_SYNC)
+    )
+
+
+def attach(
+    session: Session,
+    run_id: uuid.UUID,
+    fingerprint: str,
+    ttl_s: float,
+    *,
+    pool_learner_id: uuid.UUID | None = None,
+) -> FencedRun | None:
     """Take the learner lease if none is live: a strictly higher fencing token from
     Run.fencing_seq, the lease's expiry in database time, the tokenizer fingerprint stored (or
-    matched). None when refused; nothing changed then. (The status moves in
-    server/runs/lifecycle.py.)"""
+    matched). A pool learner attaches only to a run it holds (`pool_learner_id`); a run's own
+    learner only while no pool learner's take holds it, and then the run is no pool learner's.
+    None when refused; nothing changed then. (The status moves in server/runs/lifecycle.py.)"""
+    pool: list[ColumnElement[bool]]
+    if pool_learner_id is None:
+        pool = [pool_hold_free()]
+        cleared: dict[str, Any] = {"pool_learner_id": None, "pool_held_until": None}
+    else:
+        pool, cleared = [Run.pool_learner_id == pool_learner_id], {}
     row = session.execute(
         update(Run)
         .where(
@@ -76,7 +142,8 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
             Run.status.not_in(TERMINAL_RUN_STATUSES),
             Run.status != "preparing",
             lease_free(),
-            or_(Run.tokenizer_fingerprint.is_(None), Run.tokenizer_fingerprint == fingerprint),
+            fingerprint_fits(fingerprint),
+            *pool,
         )
         .values(
             fencing_seq=NEXT_FENCING,
@@ -85,6 +152,7 @@ def attach(session: Session, run_id: uuid.UUID, fingerprint: str, ttl_s: float) 
             learner_attached_at=db_now(),
             tokenizer_fingerprint=fingerprint,
             updated_at=db_now(),
+            **cleared,
         )
         .returning(*_FENCED_COLUMNS)
         .execution_options(**_NO_SYNC)

@@ -29,7 +29,7 @@ from protocol.schemas_learner import (
 )
 from protocol.storage import ObjectStore
 from server.config import Settings
-from server.errors import Conflict, FencingLost, NotFound
+from server.errors import Conflict, FencingLost, Forbidden, NotFound
 from server.evals import service as evals
 from server.events.service import raise_event
 from server.learner import claims
@@ -54,10 +54,27 @@ def run_config(session: Session, run_id: uuid.UUID) -> RunConfig:
     return runs_service.get_config(run)
 
 
-def authorize(token: Token, run_id: uuid.UUID) -> None:
-    """A learner token acts only on its own run (others look absent)."""
+def authorize(session: Session, token: Token, run_id: uuid.UUID) -> None:
+    """The one check of a learner credential's reach (invariant 10): a run's learner token acts
+    only on its own run (others look absent); a pool learner's token only on the runs whose
+    `pool_learner_id` is it (others: 403 `run_not_held`; docs/guides/pool-learners.md)."""
+    if token.kind == "pool_learner":
+        exists, holder = repo.pool_holder(session, run_id)
+        if not exists:
+            raise NotFound("run not found", code=ErrorCode.run_not_found)
+        if holder is None or holder != token.scope_id:
+            raise Forbidden(
+                "this pool learner does not hold the run: take it first",
+                code=ErrorCode.run_not_held,
+            )
+        return
     if token.scope_id != run_id:
         raise NotFound("run not found", code=ErrorCode.run_not_found)
+
+
+def pool_learner_of(token: Token) -> uuid.UUID | None:
+    """The pool learner behind a token (None for a run's own learner token)."""
+    return token.scope_id if token.kind == "pool_learner" else None
 
 
 def fence(
@@ -70,7 +87,7 @@ def fence(
     live_run: bool = True,
 ) -> repo.FencedRun:
     """Authorize, then the fenced compare-and-set (extends the learner lease); 409 if lost."""
-    authorize(token, run_id)
+    authorize(session, token, run_id)
     run = repo.fence(session, run_id, fencing, settings.learner_lease_ttl_s, live_run=live_run)
     if run is None:
         raise FencingLost(
@@ -88,12 +105,14 @@ def attach(
     run_id: uuid.UUID,
     body: AttachRequest,
 ) -> AttachResponse:
-    authorize(token, run_id)
+    authorize(session, token, run_id)
     _refuse_another_model(session, run_id, body.model)
     if body.reward_names is not None:
         _refuse_missing_rewards(session, run_id, body.reward_names)
     ttl = settings.learner_lease_ttl_s
-    run = repo.attach(session, run_id, body.tokenizer_fingerprint, ttl)
+    run = repo.attach(
+        session, run_id, body.tokenizer_fingerprint, ttl, pool_learner_id=pool_learner_of(token)
+    )
     if run is None:
         raise _attach_refusal(session, run_id, body.tokenizer_fingerprint)
     lifecycle.move(session, run_id, "attach", "learner attached")
@@ -246,6 +265,9 @@ def heartbeat(
     session: Session, settings: Settings, token: Token, run_id: uuid.UUID, body: HeartbeatRequest
 ) -> HeartbeatResponse:
     run = fence(session, settings, token, run_id, body.fencing)
+    pool_learner = pool_learner_of(token)
+    if pool_learner is not None:
+        repo.touch_pool_learner(session, pool_learner)
     return HeartbeatResponse(current_version=run.current_version, status=run.status)
 
 

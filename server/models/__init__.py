@@ -8,6 +8,7 @@ from server.models.idempotency import IdempotencyWatermark, IdempotentAnswer
 from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
+from server.models.pool_learner import PoolLearner
 from server.models.run import DatasetRow, PromptRow, Run
 from server.models.session import DashboardSession
 from server.models.sweep import Sweep
@@ -35,6 +36,7 @@ __all__ = [
     "Installation",
     "Lease",
     "MetricPoint",
+    "PoolLearner",
     "PromptRow",
     "RolloutBatch",
     "Run",

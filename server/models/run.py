@@ -59,6 +59,12 @@ class Run(UUIDPk, CreatedAt, Base):
     )
     sweep_index: Mapped[int | None] = mapped_column(Integer)
     overrides: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # The pool learner that holds the run (server/learners/), None for a per-run learner; and
+    # until when its take holds the run before it attaches (a take's hold, database time).
+    pool_learner_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("pool_learners.id", ondelete="SET NULL"), index=True
+    )
+    pool_held_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class DatasetRow(Base):

@@ -52,7 +52,9 @@ class CostRecord(CreatedAt, Base):
     run_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     worker_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     lease_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
-    kind: Mapped[str] = mapped_column(String(16))  # worker | learner
+    # A pool learner's time (kind pool_learner; None for the other kinds).
+    pool_learner_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    kind: Mapped[str] = mapped_column(String(16))  # worker | learner | pool_learner
     seconds: Mapped[float] = mapped_column(Float)
     usd: Mapped[float] = mapped_column(Float)
     period_start: Mapped[datetime] = mapped_column(UTCDateTime)

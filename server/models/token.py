@@ -15,11 +15,12 @@ class Token(UUIDPk, CreatedAt, Base):
 
     __tablename__ = "tokens"
 
-    kind: Mapped[str] = mapped_column(String(16))  # admin | registration | worker | learner
+    kind: Mapped[str] = mapped_column(String(16))  # admin|registration|worker|learner|pool_learner
     digest: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(24))  # shown in listings, e.g. agr_wkr_ab12
     name: Mapped[str | None] = mapped_column(String(200))
-    # learner: the run id; worker: the worker id; registration/admin: None
+    # learner: the run id; worker: the worker id; pool_learner: the pool learner id;
+    # registration/admin: None
     scope_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, index=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     max_uses: Mapped[int | None] = mapped_column(Integer)

@@ -16,6 +16,7 @@ from server.request_deps import (
     AdminCredentials,
     Credentials,
     LearnerCredentials,
+    PoolLearnerCredentials,
     RegistrationCredentials,
     SessionDep,
     WorkerCredentials,
@@ -34,12 +35,24 @@ def _principal(session: Session, credentials: Credentials, *kinds: str) -> Token
     return released(session, tokens.authenticate(session, bearer_token(credentials), kinds))
 
 
+# A run's learner calls take either: a run's own token, or a pool learner's on the runs it holds.
+LEARNER_KINDS = ("learner", "pool_learner")
+
+
 def require_admin(session: SessionDep, credentials: AdminCredentials) -> Token:
     return _principal(session, credentials, "admin")
 
 
 def require_learner(session: SessionDep, credentials: LearnerCredentials) -> Token:
-    return _principal(session, credentials, "learner")
+    """A run's learner token, or a pool learner's token (its reach, the runs it holds, is
+    checked per run: server/learner/service.py `authorize`)."""
+    return _principal(session, credentials, *LEARNER_KINDS)
+
+
+def require_pool_learner(session: SessionDep, credentials: PoolLearnerCredentials) -> Token:
+    """A pool learner's token (server/learners/: its own calls). On the learner calls of a run
+    it is read under the learner scheme (`require_learner`)."""
+    return _principal(session, credentials, "pool_learner")
 
 
 def require_registration(session: SessionDep, credentials: RegistrationCredentials) -> Token:
@@ -64,4 +77,5 @@ def require_any_token(
 AdminDep = Annotated[Token, Depends(require_admin)]
 AnyTokenDep = Annotated[Token, Depends(require_any_token)]
 LearnerDep = Annotated[Token, Depends(require_learner)]
+PoolLearnerDep = Annotated[Token, Depends(require_pool_learner)]
 RegistrationDep = Annotated[Token, Depends(require_registration)]

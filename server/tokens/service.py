@@ -23,6 +23,7 @@ PREFIXES = {
     "registration": "agr_reg_",
     "worker": "agr_wkr_",
     "learner": "agr_lrn_",
+    "pool_learner": "agr_pln_",
 }
 KIND_BY_PREFIX = {prefix: kind for kind, prefix in PREFIXES.items()}
 

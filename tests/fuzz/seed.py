@@ -2,7 +2,8 @@
 
 `seed(app)` leaves behind: an admin token; the `arithmetic` example run (created with
 POST /api/v1/runs, its learner attached so it is `running`) and its learner token; a
-registration token; a registered worker and its token; one accepted batch (lease acquired,
+registration token; a registered worker and its token; a registered pool learner's token (its
+model is no run's, so the fuzzer's takes leave the runs alone); one accepted batch (lease acquired,
 object uploaded through the presigned /blobs URL, lease completed) and one active lease.
 A second run and a second worker are there for the fuzzer's destructive calls
 (pause/resume/cancel, revoke), so that those do not end the live objects early.
@@ -30,6 +31,7 @@ class Seeded:
     admin: str
     learner: str
     registration: str
+    pool_learner: str
     worker: str
     run_id: uuid.UUID
     victim_run_id: uuid.UUID
@@ -84,6 +86,15 @@ def seed(app: Any) -> Seeded:
         )["token"]
         worker_id, worker = _register(client, reg, "fuzz-worker")
         victim_worker_id, _ = _register(client, reg, "fuzz-victim")
+        pool = {
+            "name": "fuzz-pool",
+            "model": "fuzz/no-such-model",
+            "tokenizer_fingerprint": "fuzz-pool-fp",
+            "max_runs": 2,
+        }
+        pool_learner = _ok(
+            client.post("/api/v1/learners/register", json=pool, headers=_bearer(reg)), 201
+        )["learner_token"]
         attach = {"tokenizer_fingerprint": FINGERPRINT, "name": "fuzz-learner"}
         _ok(
             client.post(
@@ -96,6 +107,7 @@ def seed(app: Any) -> Seeded:
         admin=admin,
         learner=learner,
         registration=reg,
+        pool_learner=pool_learner,
         worker=worker,
         run_id=run_id,
         victim_run_id=victim_run_id,

@@ -1,0 +1,136 @@
+"""Pool learners (docs/guides/pool-learners.md): registration with a registration token, the
+take (one compare-and-set per run, never more than `max_runs` held), the admin's list and
+revoke. What a pool learner's token may call on a run it holds is the learner feature's one
+check (server/learner/service.py `authorize`)."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from protocol.error_codes import ErrorCode
+from server.config import Settings
+from server.errors import NotFound, Unauthorized, Unprocessable
+from server.learners import repository as repo
+from server.learners.schemas import (
+    LearnerRegister,
+    LearnerRegistered,
+    PoolLearnerOut,
+    TakenRun,
+    TakeRequest,
+    TakeResponse,
+)
+from server.models import PoolLearner, Run, Token
+from server.tokens import service as tokens
+
+# How many candidates a take reads per run it may still take: the rest lost races.
+_CANDIDATES_PER_SLOT = 4
+
+
+def register(session: Session, registration: Token, body: LearnerRegister) -> LearnerRegistered:
+    """One use of the registration token counted; the pool learner's row and its
+    `pool_learner` token (scope_id = its id), whose plaintext is shown only here."""
+    tokens.consume_registration(session, registration)
+    learner = repo.insert(
+        session,
+        name=body.name,
+        model=body.model,
+        tokenizer_fingerprint=body.tokenizer_fingerprint,
+        max_runs=body.max_runs,
+        memory_budget_gb=body.memory_budget_gb,
+        gpu_type=body.gpu_type,
+        price_per_hour=body.price_per_hour,
+    )
+    minted = tokens.mint(session, "pool_learner", name=body.name, scope_id=learner.id)
+    learner.token_id = minted.token.id
+    session.flush()
+    return LearnerRegistered(learner_id=learner.id, learner_token=minted.plaintext)
+
+
+def take(session: Session, settings: Settings, token: Token, body: TakeRequest) -> TakeResponse:
+    """Assign up to `body.max` runs that need a learner and that it fits, each by its own
+    compare-and-set, never more than its `max_runs` held at once (the runs it already holds
+    counted). Answers at once: an empty list when none is takeable."""
+    assert token.scope_id is not None
+    learner = repo.lock_live(session, token.scope_id)
+    if learner is None:
+        raise Unauthorized("pool learner revoked", code=ErrorCode.token_revoked)
+    if body.max > learner.max_runs:
+        raise Unprocessable(
+            f"max {body.max} is over this pool learner's max_runs ({learner.max_runs})",
+            errors=[
+                {
+                    "field": "max",
+                    "message": f"at most max_runs ({learner.max_runs})",
+                    "type": "value",
+                }
+            ],
+            code=ErrorCode.invalid_value,
+        )
+    held = repo.held_runs(session, learner.id)
+    room = min(body.max, learner.max_runs - len(held))
+    hold_s = settings.learner_lease_ttl_s
+    got: list[uuid.UUID] = []
+    if room > 0:
+        for run_id in repo.candidates(session, learner, room * _CANDIDATES_PER_SLOT):
+            if run_id not in held and repo.take_one(session, learner, run_id, hold_s):
+                got.append(run_id)
+                if len(got) == room:
+                    break
+    repo.touch(session, learner.id)
+    return TakeResponse(
+        runs=[_taken(run) for run in repo.taken(session, got)],
+        held=[*held, *got],
+        hold_s=hold_s,
+    )
+
+
+def _taken(run: Run) -> TakenRun:
+    return TakenRun(
+        run_id=run.id,
+        name=run.name,
+        status=run.status,
+        base_model=run.base_model,
+        tokenizer_fingerprint=run.tokenizer_fingerprint,
+        current_version=run.current_version,
+        attach_path=f"/api/v1/runs/{run.id}/learner/attach",
+    )
+
+
+def to_out(learner: PoolLearner, held: list[uuid.UUID]) -> PoolLearnerOut:
+    return PoolLearnerOut(
+        id=learner.id,
+        name=learner.name,
+        model=learner.model,
+        tokenizer_fingerprint=learner.tokenizer_fingerprint,
+        max_runs=learner.max_runs,
+        memory_budget_gb=learner.memory_budget_gb,
+        gpu_type=learner.gpu_type,
+        price_per_hour=learner.price_per_hour,
+        project_id=learner.project_id,
+        runs_held=held,
+        created_at=learner.created_at,
+        last_seen_at=learner.last_seen_at,
+        revoked_at=learner.revoked_at,
+        revoked=learner.revoked_at is not None,
+    )
+
+
+def list_learners(session: Session) -> list[PoolLearnerOut]:
+    """Every pool learner with the runs it holds now (the API's list and the Learners page)."""
+    held = repo.held_by_each(session)
+    return [to_out(learner, held.get(learner.id, [])) for learner in repo.list_all(session)]
+
+
+def revoke(session: Session, learner_id: uuid.UUID) -> PoolLearnerOut:
+    """Revoke the pool learner (idempotent): its token (its next call answers 401), and its
+    held runs become takeable at once (their learner leases end)."""
+    learner = repo.get(session, learner_id)
+    if learner is None:
+        raise NotFound(f"no pool learner {learner_id}", code=ErrorCode.pool_learner_not_found)
+    repo.revoke(session, learner_id)
+    tokens.revoke_scope(session, "pool_learner", learner_id)
+    repo.release_runs(session, learner_id)
+    session.refresh(learner)
+    return to_out(learner, [])
