@@ -147,6 +147,34 @@ def _lease_spans(
     return spans
 
 
+def _alive_window(
+    session: Session,
+    kind: str,
+    subject_id: uuid.UUID,
+    marks: dict[uuid.UUID, CostMark],
+    created_at: datetime,
+    last_seen_at: datetime,
+    now: datetime,
+    silent: bool,
+) -> tuple[datetime, datetime] | None:
+    """The next [start, end) of a worker's or pool learner's alive time to charge, its mark
+    advanced to `end` by compare-and-set; None when nothing is to be charged (no time passed,
+    or a concurrent accrual advanced the mark first). A silent subject accrues up to its last
+    contact; the gap before it is seen again is never charged."""
+    mark = marks.get(subject_id)
+    start = mark.marked_at if mark else created_at
+    end = last_seen_at if silent else now
+    if mark is not None and mark.silent:
+        start = max(start, end)  # back from (or still in) silence: the gap is not charged
+    end = max(end, start)
+    if mark is not None and end == mark.marked_at and silent == mark.silent:
+        return None
+    old = mark.marked_at if mark else None
+    if not _advance_mark(session, kind, subject_id, old, end, silent=silent):
+        return None
+    return (start, end) if end > start else None
+
+
 def accrue_workers(session: Session, *, silent_s: float) -> float:
     """Accrue every worker's alive time since its mark; returns the USD charged."""
     now = db_time(session)
@@ -155,20 +183,13 @@ def accrue_workers(session: Session, *, silent_s: float) -> float:
     total = 0.0
     for worker in session.execute(select(Worker).where(Worker.last_seen_at.is_not(None))).scalars():
         assert worker.last_seen_at is not None
-        mark = marks.get(worker.id)
         silent = is_silent(worker.last_seen_at, now, silent_s)
-        start = mark.marked_at if mark else worker.created_at
-        end = worker.last_seen_at if silent else now
-        if mark is not None and mark.silent:
-            start = max(start, end)  # back from (or still in) silence: the gap is not charged
-        end = max(end, start)
-        if mark is not None and end == mark.marked_at and silent == mark.silent:
+        window = _alive_window(
+            session, "worker", worker.id, marks, worker.created_at, worker.last_seen_at, now, silent
+        )
+        if window is None:
             continue
-        old = mark.marked_at if mark else None
-        if not _advance_mark(session, "worker", worker.id, old, end, silent=silent):
-            continue
-        if end <= start:
-            continue
+        start, end = window
         price = effective_price(worker, table)
         for (run_id, lease_id), seconds in attribute(
             start, end, _lease_spans(session, worker.id, start, end)
@@ -255,20 +276,20 @@ def accrue_pool_learners(session: Session, *, silent_s: float) -> float:
     learners = session.execute(select(PoolLearner).where(PoolLearner.last_seen_at.is_not(None)))
     for learner in learners.scalars():
         assert learner.last_seen_at is not None
-        mark = marks.get(learner.id)
         silent = is_silent(learner.last_seen_at, now, silent_s) or learner.revoked_at is not None
-        start = mark.marked_at if mark else learner.created_at
-        end = learner.last_seen_at if silent else now
-        if mark is not None and mark.silent:
-            start = max(start, end)
-        end = max(end, start)
-        if mark is not None and end == mark.marked_at and silent == mark.silent:
+        window = _alive_window(
+            session,
+            "pool_learner",
+            learner.id,
+            marks,
+            learner.created_at,
+            learner.last_seen_at,
+            now,
+            silent,
+        )
+        if window is None:
             continue
-        old = mark.marked_at if mark else None
-        if not _advance_mark(session, "pool_learner", learner.id, old, end, silent=silent):
-            continue
-        if end <= start:
-            continue
+        start, end = window
         for (run_id, _lease), seconds in attribute(
             start, end, _learner_lease_spans(session, learner.id, start, end)
         ).items():

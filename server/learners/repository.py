@@ -122,15 +122,6 @@ def taken(session: Session, run_ids: list[uuid.UUID]) -> list[Run]:
     return [by_id[i] for i in run_ids]
 
 
-def touch(session: Session, learner_id: uuid.UUID) -> None:
-    session.execute(
-        update(PoolLearner)
-        .where(PoolLearner.id == learner_id)
-        .values(last_seen_at=db_now())
-        .execution_options(**_NO_SYNC)
-    )
-
-
 def revoke(session: Session, learner_id: uuid.UUID) -> bool:
     """Mark it revoked (False when it already was)."""
     row = session.execute(

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from protocol.error_codes import ErrorCode
 from server.config import Settings
 from server.errors import NotFound, Unauthorized, Unprocessable
+from server.learner import repository as learner_repo
 from server.learners import repository as repo
 from server.learners.schemas import (
     LearnerRegister,
@@ -78,7 +79,7 @@ def take(session: Session, settings: Settings, token: Token, body: TakeRequest) 
                 got.append(run_id)
                 if len(got) == room:
                     break
-    repo.touch(session, learner.id)
+    learner_repo.touch_pool_learner(session, learner.id)
     return TakeResponse(
         runs=[_taken(run) for run in repo.taken(session, got)],
         held=[*held, *got],
