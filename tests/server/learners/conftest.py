@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from server.db import transaction
+from server.db import db_time, transaction
 from server.db_types import db_now_plus
-from server.models import Run
+from server.models import PoolLearner, Run
 from tests.conftest import mint_token
 from tests.harness.batches import FP
 from tests.server.runs.conftest import admin, db, runs_app, runs_client
@@ -77,4 +78,22 @@ def lapse(app: Any, run_id: uuid.UUID) -> None:
             update(Run)
             .where(Run.id == run_id)
             .values(learner_expires_at=db_now_plus(-1.0), pool_held_until=db_now_plus(-1.0))
+        )
+
+
+def backdate(
+    app: Any, learner_id: uuid.UUID, run_ids: list[uuid.UUID], seconds: float, **run: Any
+) -> None:
+    """The pool learner registered, and its held runs' learner leases taken, at one instant
+    `seconds` ago (database time), the pool learner seen now; `run` sets more run columns."""
+    with transaction(app.state.sessionmaker) as session:
+        now = db_time(session)
+        began = now - timedelta(seconds=seconds)
+        session.execute(
+            update(PoolLearner)
+            .where(PoolLearner.id == learner_id)
+            .values(created_at=began, last_seen_at=now)
+        )
+        session.execute(
+            update(Run).where(Run.id.in_(run_ids)).values(learner_attached_at=began, **run)
         )

@@ -3,18 +3,14 @@ beside the workers on the Cost page."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from sqlalchemy import update
 
-from server.db import db_time, transaction
+from server.db import transaction
 from server.jobs.costs import accrue_costs
-from server.models import PoolLearner, Run
 from tests.conftest import mint_token
 from tests.server.dashboard.test_pages import login
 from tests.server.learner.support import make_run, run_row
-from tests.server.learners.conftest import attach, register, take, taken_ids
+from tests.server.learners.conftest import attach, backdate, register, take, taken_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,15 +45,7 @@ def test_the_cost_page_shows_pool_learners_beside_workers(runs_app, runs_client)
     learner_id, pool = register(runs_client, runs_app, name="gpu-box-2", price_per_hour=36.0)
     assert taken_ids(take(runs_client, pool, 1)) == [run.id]
     assert attach(runs_client, pool, run.id).status_code == 200
-    with transaction(runs_app.state.sessionmaker) as session:
-        now = db_time(session)
-        began = now - timedelta(seconds=100)
-        session.execute(
-            update(PoolLearner)
-            .where(PoolLearner.id == learner_id)
-            .values(created_at=began, last_seen_at=now)
-        )
-        session.execute(update(Run).where(Run.id == run.id).values(learner_attached_at=began))
+    backdate(runs_app, learner_id, [run.id], 100.0)
     with transaction(runs_app.state.sessionmaker) as session:
         assert accrue_costs(session, silent_s=60.0) > 0.9  # 100 s at 36 USD/h: 1 USD
     login(runs_client, mint_token(runs_app, "admin", name="page"))

@@ -4,16 +4,15 @@ not charged for a pool learner's time."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
-from server.db import db_time, transaction
+from server.db import transaction
+from server.db_types import db_now_plus
 from server.jobs.costs import accrue_costs
-from server.models import CostRecord, PoolLearner, Run
+from server.models import CostRecord, Run
 from tests.server.learner.support import make_run
-from tests.server.learners.conftest import attach, register, take, taken_ids
+from tests.server.learners.conftest import attach, backdate, register, take, taken_ids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,19 +23,7 @@ def test_pool_learner_time_is_split_over_its_two_held_runs(runs_app, runs_client
     assert set(taken_ids(take(runs_client, pool, 2))) == {r.id for r in runs}
     for run in runs:
         assert attach(runs_client, pool, run.id).status_code == 200
-    with transaction(runs_app.state.sessionmaker) as session:
-        now = db_time(session)
-        began = now - timedelta(seconds=100)
-        session.execute(
-            update(PoolLearner)
-            .where(PoolLearner.id == learner_id)
-            .values(created_at=began, last_seen_at=now)
-        )
-        session.execute(
-            update(Run)
-            .where(Run.id.in_([r.id for r in runs]))
-            .values(learner_attached_at=began, learner_expires_at=now + timedelta(seconds=900))
-        )
+    backdate(runs_app, learner_id, [r.id for r in runs], 100.0, learner_expires_at=db_now_plus(900))
     with transaction(runs_app.state.sessionmaker) as session:
         charged = accrue_costs(session, silent_s=60.0)
         records = list(session.execute(select(CostRecord)).scalars())
@@ -49,6 +36,8 @@ def test_pool_learner_time_is_split_over_its_two_held_runs(runs_app, runs_client
     assert charged == pytest.approx(first.usd + second.usd)
     assert [r for r in records if r.kind == "learner"] == []  # not the run's learner price
     with transaction(runs_app.state.sessionmaker) as session:
-        assert accrue_costs(session, silent_s=60.0) >= 0.0  # a later pass charges only new time
+        again = accrue_costs(session, silent_s=60.0)
+    assert 0.0 <= again < first.usd  # a later pass charges only the seconds since the first
+    with transaction(runs_app.state.sessionmaker) as session:
         spent = session.execute(select(Run.spent_usd).where(Run.id == runs[0].id)).scalar_one()
     assert spent >= first.usd
