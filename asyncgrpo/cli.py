@@ -371,6 +371,9 @@ def registration_token_revoke(
 @settings_command(LearnerSettings, on_error=_fail)
 def learner(settings: LearnerSettings) -> None:
     """Run the run's learner: attach (standby while another holds it), train, publish.
+    Without --run it is a pool learner: it registers once (--registration-token; its token
+    kept in --credentials-file) and trains the runs it takes, one at a time
+    (docs/guides/pool-learners.md).
     Under `torchrun --nproc-per-node N` (or accelerate launch) rank 0 is the learner and the
     other ranks train their share of each step (docs/guides/data-parallel.md).
     Every option is also an environment variable: ASYNCGRPO_LEARNER_<OPTION> (learner/config.py)."""

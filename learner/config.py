@@ -13,11 +13,15 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import credentials
 from protocol.outbound import OutboundPolicy, check_networks
 from protocol.rewards import MODULE_PATH
+from protocol.schemas_learner import MAX_POOL_RUNS
 from protocol.settings_env import refuse_unknown_part_variables
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
+POOL_CREDENTIALS = "pool-learner.json"  # in work_dir unless --credentials-file
+POOL_ID_FIELD = "learner_id"  # the credentials file's id field (protocol/credentials.py)
 
 
 class LearnerSettings(BaseSettings):
@@ -38,20 +42,54 @@ class LearnerSettings(BaseSettings):
         description="Base URL of the control plane, e.g. http://host:8000 (--server; "
         "ASYNCGRPO_LEARNER_SERVER_URL or ASYNCGRPO_LEARNER_SERVER).",
     )
-    run_id: str = Field(
+    run_id: str | None = Field(
+        None,
         validation_alias=AliasChoices(
             "run_id", "ASYNCGRPO_LEARNER_RUN_ID", "ASYNCGRPO_LEARNER_RUN"
         ),
         description="The run this learner trains (UUID; --run; ASYNCGRPO_LEARNER_RUN_ID or "
-        "ASYNCGRPO_LEARNER_RUN).",
+        "ASYNCGRPO_LEARNER_RUN), with --token. Without it the learner is a pool learner "
+        "(--registration-token, or the credential in --credentials-file): it takes runs.",
     )
-    token: str = Field(description="The run's learner token (agr_lrn_…).")
+    token: str | None = Field(None, description="The run's learner token (agr_lrn_…), with --run.")
     model: str = Field(
         "smollm2-135m-instruct",
         description="The run's base model (HF id, folder or alias): its tokenizer's fingerprint "
         "is reported on attach, before the run config is known. Must equal the run's.",
     )
     name: str = Field("learner", description="A name for this learner process.")
+
+    # Pool learner (docs/guides/pool-learners.md): no --run; it registers once and takes runs.
+    registration_token: str | None = Field(
+        None,
+        description="Pool learner: the agr_reg_… token used once to register (not needed when "
+        "--credentials-file already holds this server's pool learner token). Not with --run.",
+    )
+    credentials_file: Path | None = Field(
+        None,
+        description="Pool learner: where its pool token (agr_pln_…) is kept (mode 0600) and "
+        "reused on restart for the same server.",
+        json_schema_extra={"shown_default": "<work_dir>/pool-learner.json"},
+    )
+    max_runs: int = Field(
+        1,
+        ge=1,
+        le=MAX_POOL_RUNS,
+        description="Pool learner: the most runs it holds at once. Only 1 for now (one run at "
+        "a time; several adapters on one base model in one process come later).",
+    )
+    gpu_type: str | None = Field(
+        None, min_length=1, max_length=100, description="Pool learner: its GPU, e.g. H100."
+    )
+    price_per_hour: float | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="Pool learner: USD/hour, split over the runs it holds (the Cost page).",
+    )
+    take_retry_s: float = Field(
+        5.0, gt=0, description="Pool learner: wait between takes while no run is takeable."
+    )
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: default).")
     device: str = Field("cpu", description="torch device: cpu, cuda, cuda:1, …")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -222,3 +260,45 @@ class LearnerSettings(BaseSettings):
     def _refuse_unknown_variables(cls, data: object) -> object:
         refuse_unknown_part_variables(cls, "a learner setting (learner/config.py)")
         return data
+
+    @property
+    def pool(self) -> bool:
+        """A pool learner: started without --run (it registers once and takes runs)."""
+        return self.run_id is None
+
+    def pool_credentials_path(self) -> Path:
+        return self.credentials_file or self.work_dir / POOL_CREDENTIALS
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> LearnerSettings:
+        """Exactly one of --run with --token, or a pool learner's registration token (or its
+        stored credential for this server)."""
+        if self.max_runs > 1:
+            raise ValueError(
+                f"--max-runs {self.max_runs}: a pool learner trains one run at a time for now "
+                "(several runs' adapters on one base model in one process is not built yet); "
+                "use --max-runs 1"
+            )
+        if self.run_id is not None or self.token is not None:
+            if self.run_id is None or self.token is None:
+                missing = "--run" if self.run_id is None else "--token"
+                raise ValueError(f"{missing} is missing: --run and --token go together")
+            if self.registration_token is not None:
+                raise ValueError(
+                    "--registration-token is for a pool learner (no --run); give either --run "
+                    "with --token, or --registration-token"
+                )
+            return self
+        if self.max_versions is not None:
+            raise ValueError(
+                "--max-versions stops one run's learner (--run); a pool learner trains each run "
+                "it takes to its end"
+            )
+        if self.registration_token is None:
+            path = self.pool_credentials_path()
+            if credentials.load(path, self.server_url, POOL_ID_FIELD) is None:
+                raise ValueError(
+                    "give --run with --token (one run's learner), or --registration-token (a "
+                    f"pool learner): no pool learner credential for {self.server_url} in {path}"
+                )
+        return self

@@ -8,12 +8,14 @@ import threading
 from collections.abc import Callable
 
 from protocol.client import ApiError, AsyncGrpoClient
+from protocol.error_codes import ErrorCode
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
-    """Keeps the learner lease; sets `lost` on a 409. `gate()` (data-parallel: the step
+    """Keeps the learner lease; sets `lost` on a 409 (and on a pool learner's 403
+    `run_not_held`: the run is no longer its own). `gate()` (data-parallel: the step
     watchdog) returns why not to beat, or None: while it answers, no beat is sent, so a
     step stuck in a collective lets the lease lapse."""
 
@@ -40,7 +42,7 @@ class Heartbeat(threading.Thread):
             try:
                 self.client.learner_heartbeat(self.run_id, self.fencing)
             except ApiError as exc:
-                if exc.lease_lost:
+                if exc.lease_lost or exc.code == ErrorCode.run_not_held:
                     self.lost.set()
                     return
                 log.warning("learner heartbeat failed: %s", exc)

@@ -78,6 +78,12 @@ class RunFinished(Exception):
         self.completed = completed
 
 
+class RunLost(RunFinished):
+    """A pool learner's run is no longer its own: a call answered 403 `run_not_held`, or its
+    re-attach found another learner holding the run. Not a crash: the pool learner takes
+    again (learner/pool.py)."""
+
+
 def _download_files(retrier: Retrier, files: list[sl.StoredFile], folder: Path) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
@@ -108,7 +114,7 @@ class Session:
         self.heartbeat = heartbeat
         self.learner = learner
         self.client = learner.client
-        self.run_id = settings.run_id
+        self.run_id = learner.run_id
         self.fencing = attach.fencing
         self.config: RunConfig = LearnerRunConfig.model_validate(attach.run_config)
         learner.tracker.start(self.run_id, self.config)  # once per process, redacted
@@ -522,18 +528,25 @@ def _last_version(run_limit: int | None, process_limit: int | None) -> int | Non
 
 
 class Learner:
-    """Attach (standby on 409), run a session, re-attach on a lost lease."""
+    """Attach (standby on 409), run a session, re-attach on a lost lease. `pool`: the run was
+    taken by a pool learner (its token in `settings.token`): a 403 `run_not_held`, or another
+    learner holding the run, ends this Learner with RunLost instead of a standby."""
+
+    pool: bool = False
 
     def __init__(
         self,
         settings: LearnerSettings,
         client: AsyncGrpoClient | None = None,
         dp: DataParallel | None = None,
+        *,
+        pool: bool = False,
     ):
         from lm.chat import tokenizer_fingerprint
         from lm.models import load_tokenizer, set_threads
 
         self.settings = settings
+        self.pool = pool
         self.dp = dp  # rank 0 of a data-parallel learner (learner/distributed.py), or None
         self.device = dp.device if dp is not None else settings.device
         set_threads(settings.threads)
@@ -552,18 +565,30 @@ class Learner:
         self.rewards_allowed = RewardAllowlist.discover(settings.reward_modules)
         self.tracker = Tracker(settings)  # W&B / trackio / MLflow mirror; close() it at exit
 
+    @property
+    def run_id(self) -> str:
+        run_id = self.settings.run_id
+        assert run_id is not None, "a Learner trains one run (settings.run_id)"
+        return run_id
+
     def attach(self) -> sl.AttachResponse:
         """Attach, waiting as a standby while another learner holds the run."""
         while True:
             try:
                 return self.client.learner_attach(
-                    self.settings.run_id,
+                    self.run_id,
                     self.fingerprint,
                     name=self.settings.name,
                     reward_names=self.rewards_allowed.names(),
                     model=self.settings.model,
                 )
             except ApiError as exc:
+                if self.pool and exc.code in (
+                    ErrorCode.run_not_held,
+                    ErrorCode.held_by_another_learner,
+                ):
+                    lost = f"the run is no longer this pool learner's: {exc.detail}"
+                    raise RunLost(lost) from exc
                 # Branch on the code, never on the words (protocol/error_codes.py): preparing
                 # and another learner's lease pass; any other refusal (the run ended or does
                 # not exist, another tokenizer or model, a reward this host cannot load, a
@@ -598,7 +623,7 @@ class Learner:
         becomes `failed` with the reason, and this learner stops."""
         log.error("the run cannot go on: %s", reason)
         try:
-            self.client.fail_run(self.settings.run_id, fencing, reason)
+            self.client.fail_run(self.run_id, fencing, reason)
         except ConflictError as exc:
             log.warning("could not mark the run failed (%s)", exc.detail)
         raise RunFinished(f"run failed: {reason}")
@@ -610,7 +635,7 @@ class Learner:
             log.info(
                 "attached to run %s: fencing %d, current version %d, resuming from checkpoint "
                 "of version %s",
-                self.settings.run_id,
+                self.run_id,
                 attach.fencing,
                 attach.current_version,
                 attach.resume_checkpoint_version,
@@ -619,7 +644,7 @@ class Learner:
             # the heartbeat runs from the attach on: loading the model may outlast the TTL
             heartbeat = Heartbeat(
                 self.heartbeat_client,
-                self.settings.run_id,
+                self.run_id,
                 attach.fencing,
                 attach.heartbeat_interval_s,
                 gate=self.dp.watchdog.overdue if self.dp is not None else None,
@@ -644,6 +669,10 @@ class Learner:
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
             except RewardError as exc:
                 self._fail(attach.fencing, f"reward: {exc}")
+            except ApiError as exc:  # a pool learner's run taken from it (revoke, another take)
+                if exc.code != ErrorCode.run_not_held:
+                    raise
+                raise RunLost(f"the run is no longer this pool learner's: {exc.detail}") from exc
             finally:
                 if session is not None:
                     session.close()

@@ -16,11 +16,18 @@ if TYPE_CHECKING:
 
 
 def main(settings: LearnerSettings) -> int:
-    """Run the learner until its run completes; returns the process exit code."""
+    """Run the learner until its run completes (a pool learner: until stopped); returns the
+    process exit code."""
     from learner.distributed import LaunchError, check_rendezvous, rank_env
 
     try:
         env = rank_env()
+        if env is not None and settings.pool:
+            raise LaunchError(
+                "a pool learner (no --run) runs as one process: data-parallel pool learners "
+                "(torchrun, accelerate launch) are not built yet; start it without torchrun, "
+                "or give --run with --token"
+            )
         if env is not None:
             check_rendezvous()
     except LaunchError as exc:
@@ -35,6 +42,10 @@ def main(settings: LearnerSettings) -> int:
 
     if env is None:
         cap_memory(settings.device, settings.gpu_memory_fraction)
+        if settings.pool:
+            from learner.pool import run_pool
+
+            return run_pool(settings)
         return _lead(settings, None)
     from learner.distributed import DataParallel
 

@@ -358,6 +358,45 @@ class AsyncGrpoClient:
             self._json("POST", "/api/v1/workers/register", json=body, token=registration_token)
         )
 
+    def register_pool_learner(
+        self,
+        registration_token: str,
+        *,
+        name: str,
+        model: str,
+        tokenizer_fingerprint: str,
+        max_runs: int = 1,
+        memory_budget_gb: float | None = None,
+        gpu_type: str | None = None,
+        price_per_hour: float | None = None,
+    ) -> sl.LearnerRegistered:
+        """201 with the pool learner's id and its pool_learner token (agr_pln_…, shown once)."""
+        body = sl.LearnerRegister(
+            name=name,
+            model=model,
+            tokenizer_fingerprint=tokenizer_fingerprint,
+            max_runs=max_runs,
+            memory_budget_gb=memory_budget_gb,
+            gpu_type=gpu_type,
+            price_per_hour=price_per_hour,
+        )
+        return self._learner(
+            sl.LearnerRegistered,
+            "/api/v1/learners/register",
+            body,
+            idempotent=False,
+            token=registration_token,
+        )
+
+    # -- pool learner calls ----------------------------------------------------------------------
+
+    def take_runs(self, max_runs: int = 1) -> sl.TakeResponse:
+        """Take up to `max_runs` runs that need a learner (an empty `runs` when there is none);
+        attach to each within `hold_s`. Not keyed (the take has no Idempotency-Key): a retry
+        whose first answer was lost finds the run it took in `held`."""
+        body = sl.TakeRequest(max=max_runs)
+        return self._learner(sl.TakeResponse, "/api/v1/learners/take", body, idempotent=False)
+
     # -- worker calls (lease engine) -------------------------------------------------------------
 
     def acquire_lease(

@@ -181,7 +181,15 @@ def test_the_server_settings_under_the_part_prefixes_are_left_alone(
 
 
 def test_a_missing_setting_names_its_option_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    result, settings = _invoke(monkeypatch, "learner", ["--run", "r1"])
+    result, settings = _invoke(monkeypatch, "learner", ["--run", "r1", "--token", "agr_lrn_x"])
     assert (result.exit_code, settings) == (2, None)
-    assert "token: Field required (give --token, or set ASYNCGRPO_LEARNER_TOKEN)" in result.output
+    assert (
+        "server_url: Field required (give --server or --server-url, or set "
+        "ASYNCGRPO_LEARNER_SERVER_URL or ASYNCGRPO_LEARNER_SERVER)" in result.output
+    )
     assert "run_id" not in result.output and len(result.output.strip().splitlines()) == 1
+    # --token is optional (a pool learner has none) but goes with --run
+    half, settings = _invoke(monkeypatch, "learner", ["--server", "http://h:1", "--run", "r1"])
+    assert (half.exit_code, settings) == (2, None)
+    assert "--token is missing: --run and --token go together" in half.output
+    assert len(half.output.strip().splitlines()) == 1

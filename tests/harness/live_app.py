@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess
+from asyncgrpo.cluster import Cluster, ClusterConfig, ManagedProcess, process_env
 from tests.conftest import make_settings
 from tests.e2e.tcp_proxy import TcpProxy
 from tests.harness.serve import serve_in_thread
@@ -87,6 +87,26 @@ class LiveApp:
         self.cluster.run_id, self.cluster.learner_token = str(run.id), run.token
         extra = {f"ASYNCGRPO_LEARNER_{k}": v for k, v in (settings or {}).items()}
         proc = self.cluster.start_learner(command, args, {**extra, **(env or {})})
+        self.started.append(proc)
+        assert proc.proc is not None
+        return proc.proc
+
+    @property
+    def pool_learner_log(self) -> Path:
+        """Where every pool learner of this app logs, one after the other."""
+        return self.cluster.dir / "logs" / "pool-learner.log"
+
+    def pool_learner(self, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        """`asyncgrpo learner` without --run (a pool learner, docs/guides/pool-learners.md) in
+        this app's pool learner work dir, with `args` (--registration-token, …)."""
+        c = self.cluster
+        argv = [
+            sys.executable, "-m", "asyncgrpo.cli", "learner", "--server", c.url,
+            "--model", c.config.model, "--threads", str(c.config.threads),
+            "--work-dir", str(c.dir / "pool-learner"), *args,
+        ]  # fmt: skip
+        env = process_env(c.config.learner_env)
+        proc = ManagedProcess("pool-learner", argv, env, c.dir, self.pool_learner_log).start()
         self.started.append(proc)
         assert proc.proc is not None
         return proc.proc
