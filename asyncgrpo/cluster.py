@@ -304,6 +304,7 @@ class Cluster:
         assert self.server is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            interrupts.check()
             if not self.server.alive():
                 raise RuntimeError(f"server exited:\n{self.server.log_text()[-4000:]}")
             try:
@@ -360,6 +361,7 @@ class Cluster:
         proc = self.workers[name]
         deadline = time.monotonic() + timeout_s
         while READY_LOG not in proc.log_text():
+            interrupts.check()
             if not proc.alive():
                 tail = proc.log_text()[-3000:]
                 raise RuntimeError(f"worker {name} exited ({proc.returncode()}):\n{tail}")

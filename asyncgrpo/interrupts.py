@@ -7,6 +7,9 @@
   stop would leave orphans).
 - Held inside `deferred()`: a signal that lands between a child's fork and the moment its handle
   is recorded is raised when the block ends, so the stop always knows every child.
+- Raised again if it was lost: CPython drops an exception raised while it runs a weakref or
+  garbage-collection callback ("Exception ignored in …"), so a Ctrl-C landing there raised
+  nothing; the owner's wait loops call `check()`, which raises the lost interrupt.
 - Forgotten once caught (`forget_caught()`): CPython marks a KeyboardInterrupt that ends a
   string `exec` as unhandled even when a caller catches it, and a `python -m` process so marked
   exits by SIGINT instead of with its own exit code.
@@ -25,14 +28,15 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class _State:
     held = 0  # depth of deferred() blocks
     pending = False  # a signal arrived while held
-    raised = False  # the one KeyboardInterrupt was raised (or the owner is stopping)
+    raised = False  # the one KeyboardInterrupt was raised
+    stopping = False  # the owner caught it (or stops anyway): signals are ignored
 
 
 _state = _State()
 
 
 def _on_signal(_signum: int, _frame: FrameType | None) -> None:
-    if _state.raised:
+    if _state.raised or _state.stopping:
         return
     if _state.held:
         _state.pending = True
@@ -44,7 +48,7 @@ def _on_signal(_signum: int, _frame: FrameType | None) -> None:
 def install() -> Callable[[], None]:
     """Route SIGINT and SIGTERM here (main thread only); returns what restores the previous
     handlers."""
-    _state.held, _state.pending, _state.raised = 0, False, False
+    _state.held, _state.pending, _state.raised, _state.stopping = 0, False, False, False
     previous = {sig: signal.signal(sig, _on_signal) for sig in SIGNALS}
 
     def restore() -> None:
@@ -56,7 +60,15 @@ def install() -> Callable[[], None]:
 
 def stopping() -> None:
     """From now on, signals are ignored (the owner is stopping its children)."""
-    _state.raised = True
+    _state.stopping = True
+
+
+def check() -> None:
+    """Raise the interrupt again if it was raised but never reached the owner (it landed in a
+    callback whose exceptions CPython ignores); a no-op otherwise, and where `install` never
+    ran. The owner's wait loops call it."""
+    if _state.raised and not _state.stopping:
+        raise KeyboardInterrupt
 
 
 @contextmanager
@@ -67,7 +79,7 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         _state.held -= 1
-        if not _state.held and _state.pending and not _state.raised:
+        if not _state.held and _state.pending and not (_state.raised or _state.stopping):
             _state.pending, _state.raised = False, True
             raise KeyboardInterrupt
 

@@ -191,6 +191,7 @@ def _poll_until_the_end(
 ) -> tuple[Snapshot | None, int]:
     snap: Snapshot | None = None
     while True:
+        interrupts.check()
         try:
             snap = poll(cluster)
         except (ApiError, httpx.HTTPError) as exc:

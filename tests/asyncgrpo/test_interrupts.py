@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,30 @@ def test_interrupt_caught_inside_a_string_exec_keeps_the_exit_code(
     assert done.stdout.strip() == "caught", done.stderr
     expected = 130 if forget else -signal.SIGINT
     assert done.returncode == expected, done.stderr
+
+
+def test_an_interrupt_lost_in_a_weakref_callback_is_raised_by_check() -> None:
+    """CPython ignores an exception raised while it runs a weakref callback ("Exception ignored
+    in …"): a Ctrl-C landing there raised nothing, and `local` went on starting its learner.
+    The owner's wait loops call check(), which raises it."""
+
+    class Collected:
+        pass
+
+    def callback(_ref: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, inside the callback
+
+    restore = interrupts.install()
+    try:
+        interrupts.check()  # nothing raised yet: a no-op
+        obj = Collected()
+        ref = weakref.ref(obj, callback)
+        del obj  # the callback runs; its KeyboardInterrupt is dropped by CPython
+        assert ref() is None
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+        interrupts.stopping()
+        interrupts.check()  # the owner caught it: nothing more to raise
+    finally:
+        restore()

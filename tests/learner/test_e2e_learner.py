@@ -163,7 +163,10 @@ def test_a_batch_missing_from_the_bucket_is_rejected_not_reclaimed(
                 )
             ).all()
         assert rows and all(r.state == "queued" and r.attempts == 1 for r in rows)
-        assert "re-attach" not in log.read_text().lower(), log.read_text()[-3000:]
+        # no re-attach for fresh URLs; the 3 s lease may lapse under load, and a re-attach
+        # after a logged lease loss is that, not a retry of the missing object
+        reattached = [line for line in log.read_text().splitlines() if "re-attach" in line]
+        assert all("learner lease lost" in line for line in reattached), log.read_text()[-3000:]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
