@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session, defer
 
-from protocol.schemas import TERMINAL_RUN_STATUSES
+from protocol.schemas import RUN_STATUSES, TERMINAL_RUN_STATUSES
 from server.db_types import db_now, db_now_plus
 from server.leases import ledger
 from server.leases.ledger import KINDS
@@ -58,6 +58,10 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run | None:
     return session.execute(
         select(Run).where(Run.id == run_id).execution_options(populate_existing=True)
     ).scalar_one_or_none()
+
+
+# A learner may attach to a run in these: it has not ended, and its prompt rows are prepared.
+ATTACHABLE_STATUSES = frozenset(RUN_STATUSES) - TERMINAL_RUN_STATUSES - {"preparing"}
 
 
 def lease_free() -> ColumnElement[bool]:
@@ -139,8 +143,7 @@ def attach(
         update(Run)
         .where(
             Run.id == run_id,
-            Run.status.not_in(TERMINAL_RUN_STATUSES),
-            Run.status != "preparing",
+            Run.status.in_(ATTACHABLE_STATUSES),
             lease_free(),
             fingerprint_fits(fingerprint),
             *pool,

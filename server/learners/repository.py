@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from server.db_types import db_now, db_now_plus
 from server.learner.repository import (
+    ATTACHABLE_STATUSES,
     held_by_pool,
     learner_fits,
     lease_free,
@@ -21,9 +22,10 @@ from server.learner.repository import (
 )
 from server.models import PoolLearner, Run
 
-# A run that needs a learner: prepared and attachable (pending), or leasing or paused with no
-# live learner lease (`lease_free`).
-TAKEABLE_STATUSES = ("pending", "running", "evaluating", "paused")
+# A run that needs a learner: one a learner may attach to (pending, running, evaluating, paused)
+# with no live learner lease (`lease_free`), but not one whose budget is spent: it has no work
+# until its budget is raised, and would hold a slot meanwhile.
+TAKEABLE_STATUSES = ATTACHABLE_STATUSES - {"budget_exhausted"}
 _NO_SYNC = {"synchronize_session": False}
 
 

@@ -108,13 +108,20 @@ def test_a_per_run_learner_waits_while_a_pool_learner_holds_the_run(runs_app, ru
     assert take(runs_client, pool, 1)["runs"] == []
 
 
-def test_terminal_and_preparing_runs_are_not_taken(runs_app, runs_client) -> None:
-    done, preparing = make_run(runs_app), make_run(runs_app)
+def test_terminal_preparing_and_budget_exhausted_runs_are_not_taken(runs_app, runs_client) -> None:
+    done, preparing, spent = make_run(runs_app), make_run(runs_app), make_run(runs_app)
     with transaction(runs_app.state.sessionmaker) as session:
-        session.execute(update(Run).where(Run.id == done.id).values(status="cancelled"))
-        session.execute(update(Run).where(Run.id == preparing.id).values(status="preparing"))
+        for run, status in (
+            (done, "cancelled"),
+            (preparing, "preparing"),
+            (spent, "budget_exhausted"),
+        ):
+            session.execute(update(Run).where(Run.id == run.id).values(status=status))
     _, pool = register(runs_client, runs_app)
     assert take(runs_client, pool, 4)["runs"] == []
+    with transaction(runs_app.state.sessionmaker) as session:  # its budget raised: takeable
+        session.execute(update(Run).where(Run.id == spent.id).values(status="running"))
+    assert taken_ids(take(runs_client, pool, 4)) == [spent.id]
 
 
 def test_an_ended_run_frees_its_slot(runs_app, runs_client) -> None:
