@@ -75,8 +75,9 @@ class LearnerSettings(BaseSettings):
         1,
         ge=1,
         le=MAX_POOL_RUNS,
-        description="Pool learner: the most runs it holds at once. Only 1 for now (one run at "
-        "a time; several adapters on one base model in one process come later).",
+        description="Pool learner: the most runs it holds and trains at once, each its own "
+        "LoRA adapter on the one base model it loads (they take turns on it, first ready, "
+        "first trained).",
     )
     gpu_type: str | None = Field(
         None, min_length=1, max_length=100, description="Pool learner: its GPU, e.g. H100."
@@ -109,6 +110,12 @@ class LearnerSettings(BaseSettings):
         DEFAULT_WORK_DIR,
         description="Local folder for downloaded batches, adapters and checkpoints.",
         json_schema_extra={"shown_default": "~/.cache/asyncgrpo/learner"},
+    )
+    record_steps_dir: Path | None = Field(
+        None,
+        description="Write what each trained step consumed (its batches and their scored "
+        "groups, one JSON line a step) to <dir>/<run id>.jsonl, to replay a run's training "
+        "into a fresh learner (learner/step_record.py: debugging, tests). Off by default.",
     )
     claim_wait_s: float = Field(10.0, ge=0, description="Long-poll of one claim call.")
     standby_retry_s: float = Field(
@@ -273,12 +280,6 @@ class LearnerSettings(BaseSettings):
     def _one_mode(self) -> LearnerSettings:
         """Exactly one of --run with --token, or a pool learner's registration token (or its
         stored credential for this server)."""
-        if self.max_runs > 1:
-            raise ValueError(
-                f"--max-runs {self.max_runs}: a pool learner trains one run at a time for now "
-                "(several runs' adapters on one base model in one process is not built yet); "
-                "use --max-runs 1"
-            )
         if self.run_id is not None or self.token is not None:
             if self.run_id is None or self.token is None:
                 missing = "--run" if self.run_id is None else "--token"
@@ -287,6 +288,11 @@ class LearnerSettings(BaseSettings):
                 raise ValueError(
                     "--registration-token is for a pool learner (no --run); give either --run "
                     "with --token, or --registration-token"
+                )
+            if self.max_runs > 1:
+                raise ValueError(
+                    f"--max-runs {self.max_runs} is for a pool learner (no --run): a learner "
+                    "started with --run trains that one run"
                 )
             return self
         if self.max_versions is not None:

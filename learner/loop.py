@@ -20,6 +20,8 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -36,11 +38,14 @@ from learner.lr_schedule import resume_schedule_at
 from learner.prepare import PreparedStep, StepPreparer
 from learner.publisher import Published, Publisher, PublishJob
 from learner.refusals import Diverged, reject_batch
+from learner.shared_base import SharedBase, adapter_name_of
 from learner.spotcheck import compare_logprobs, far_outside, reported_logprobs
+from learner.step_record import record_step
 from learner.tracking import Tracker
 from learner.trainer import Trainer, add_lora
 from learner.trajectory_metrics import trajectory_metrics
 from learner.transfers import BucketRefused, Retrier
+from lm.adapter_io import DEFAULT_ADAPTER
 from protocol import schemas_learner as sl
 from protocol.adapters import ADAPTER_WEIGHTS
 from protocol.client import ApiError, AsyncGrpoClient, ConflictError
@@ -126,6 +131,8 @@ class Session:
             session_open=self._check_open,
             cap_s=settings.transfer_retry_cap_s,
         )
+        shared = learner.shared
+        self.adapter_name = DEFAULT_ADAPTER if shared is None else adapter_name_of(self.run_id)
         self.building = attach.current_version + 1  # the version the next trained step joins
         self.frozen = FrozenWeights(self.config.max_staleness)
         # the reward processes start first: a reward that cannot be imported fails the run
@@ -169,6 +176,8 @@ class Session:
             work_dir=self.dir,
             adapter_sha256=self.intake.adapter_sha256,
             base_model=self.config.base_model,
+            adapter_name=self.adapter_name,
+            turn=self._turn,
         )
         self.evals: EvalScorer | None = None
         if self.config.eval is not None:
@@ -191,25 +200,28 @@ class Session:
         self.rng = random.Random(self.config.seed * 1_000_003 + self.fencing)
 
     def _load(self, attach: sl.AttachResponse) -> Trainer:
-        from lm.adapter_io import load_adapter_version, snapshot_adapter
-        from lm.models import load_model
+        from lm.adapter_io import snapshot_adapter
 
-        settings, dp, device = self.learner.settings, self.learner.dp, self.learner.device
-        torch.manual_seed(self.config.seed)
-        dtype = getattr(torch, settings.dtype)
-        base = load_model(self.config.base_model, dtype=dtype, device=device)
+        dp, device, name = self.learner.dp, self.learner.device, self.adapter_name
+        folder = None
         if attach.resume_adapter:
             folder = _download_files(
                 self.retrier, attach.resume_adapter, self.dir / "resume" / "adapter"
             )
-            model = load_adapter_version(base, folder, is_trainable=True)
-        else:
-            model = add_lora(base, self.config)
-        if dp is not None and dp.fsdp:
-            dp.shard(model)
-        trainer = Trainer(model, self.config, pad_id=self.learner.pad_id, device=device, dp=dp)
-        if attach.current_version > 0:
-            self.frozen.keep(attach.current_version, snapshot_adapter(model))
+        with self._turn():
+            model = self._build_model(folder)
+            if dp is not None and dp.fsdp:
+                dp.shard(model)
+            trainer = Trainer(
+                model,
+                self.config,
+                pad_id=self.learner.pad_id,
+                device=device,
+                dp=dp,
+                adapter_name=name,
+            )
+            if attach.current_version > 0:
+                self.frozen.keep(attach.current_version, snapshot_adapter(model, name))
         if attach.resume_checkpoint:
             self._restore(trainer, attach)
         elif attach.current_version > 0:
@@ -221,6 +233,34 @@ class Session:
             dp.scatter("session", [attach.run_config] * dp.world_size)
             dp.share_trainer_state(trainer)
         return trainer
+
+    def _build_model(self, resume: Path | None) -> Any:
+        """The run's adapter on its base model: a pool learner's shared base gains it (the
+        base loaded once); a per-run learner loads the base for itself."""
+        from lm.adapter_io import load_adapter_version
+        from lm.models import load_model
+
+        shared = self.learner.shared
+        if shared is not None:
+            return shared.add(self.adapter_name, self.config, resume)
+        dtype = getattr(torch, self.learner.settings.dtype)
+        base = load_model(self.config.base_model, dtype=dtype, device=self.learner.device)
+        if resume is not None:
+            return load_adapter_version(base, resume, is_trainable=True)
+        return add_lora(base, self.config)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Where this run reads or changes the model: a pool learner's runs share it and take
+        turns (learner/shared_base.py), this run's adapter active in its turn."""
+        shared = self.learner.shared
+        if shared is None:
+            yield
+            return
+        with shared.turn():
+            if getattr(self, "trainer", None) is not None:
+                self.trainer.activate()
+            yield
 
     def _restore(self, trainer: Trainer, attach: sl.AttachResponse) -> None:
         """The current version's adapter weights (loaded) with the latest checkpoint's
@@ -365,7 +405,7 @@ class Session:
             return
         model = self.trainer.model
         rows = result.data.rows
-        with self.frozen.scoring_with(model, batch.adapter_version) as use_adapter:
+        with self._turn(), self.frozen.scoring_with(model, batch.adapter_version) as use_adapter:
             recomputed = completion_logprobs(
                 model,
                 [r.prompt_token_ids for r in rows],
@@ -396,7 +436,8 @@ class Session:
 
     def _train(self, accepted: list[IntakeResult], intake_wait_s: float) -> None:
         groups = [g for r in accepted for g in r.groups]
-        metrics = self.trainer.train_step(groups)
+        with self._turn():
+            metrics = self.trainer.train_step(groups)
         now = time.perf_counter()
         log.info("trained step %d on %d groups", self.trainer.step, len(groups))
         compute_s = metrics["compute_s"]
@@ -411,6 +452,16 @@ class Session:
         metrics["staleness"] = float(sum(lags)) / len(lags)
         if self.config.environment.name != "single_turn":
             metrics.update(trajectory_metrics([row for r in accepted for row in r.data.rows]))
+        folder = self.learner.settings.record_steps_dir
+        if folder is not None:
+            record_step(
+                folder,
+                self.run_id,
+                step=self.trainer.step,
+                version=self.building,
+                batch_ids=[r.batch.batch_id for r in accepted],
+                groups=groups,
+            )
         self.steps_since_publish += 1
         self.last_train_metrics = metrics
         point = sl.MetricPointIn(
@@ -442,7 +493,8 @@ class Session:
                 version=version,
             )
             self.checkpointed_this_session = True
-        weights = snapshot_adapter(t.model)
+        with self._turn():
+            weights = snapshot_adapter(t.model, self.adapter_name)
         job = PublishJob(
             version=version,
             weights=weights,
@@ -520,6 +572,10 @@ class Session:
                 call.join(CLOSE_WAIT_S)
         if self.evals is not None:
             self.evals.stop(CLOSE_WAIT_S)
+        shared = self.learner.shared
+        if shared is not None:  # the run's adapter leaves the shared model with its session
+            with shared.turn():
+                shared.remove(self.adapter_name)
 
 
 def _last_version(run_limit: int | None, process_limit: int | None) -> int | None:
@@ -541,12 +597,16 @@ class Learner:
         dp: DataParallel | None = None,
         *,
         pool: bool = False,
+        shared: SharedBase | None = None,
     ):
         from lm.chat import tokenizer_fingerprint
         from lm.models import load_tokenizer, set_threads
 
         self.settings = settings
         self.pool = pool
+        self.shared = shared  # a pool learner's one base model for all its runs, or None
+        self.stopped = threading.Event()  # stop(): a pool learner stopping all its runs
+        self.session: Session | None = None
         self.dp = dp  # rank 0 of a data-parallel learner (learner/distributed.py), or None
         self.device = dp.device if dp is not None else settings.device
         set_threads(settings.threads)
@@ -564,6 +624,18 @@ class Learner:
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self.rewards_allowed = RewardAllowlist.discover(settings.reward_modules)
         self.tracker = Tracker(settings)  # W&B / trackio / MLflow mirror; close() it at exit
+
+    def stop(self) -> None:
+        """Stop at the next check (from another thread): the session's background calls end,
+        and `run` raises RunFinished instead of re-attaching."""
+        self.stopped.set()
+        session = self.session
+        if session is not None:
+            session.stopping.set()
+
+    def _check_stopped(self) -> None:
+        if self.stopped.is_set():
+            raise RunFinished("stopped")
 
     @property
     def run_id(self) -> str:
@@ -605,7 +677,8 @@ class Learner:
                     log.info("the run is preparing its prompt rows; waiting")
                 else:
                     log.info("another learner holds the run; standing by")
-                time.sleep(self.settings.standby_retry_s)
+                self.stopped.wait(self.settings.standby_retry_s)
+                self._check_stopped()
 
     def _check_collective_timeout(self, attach: sl.AttachResponse) -> None:
         """A data-parallel learner's collectives must time out before its lease would lapse
@@ -631,6 +704,7 @@ class Learner:
     def run(self) -> None:
         """Train until the run completes (or max_versions of this process)."""
         while True:
+            self._check_stopped()
             attach = self.attach()  # refused (RunFinished) when --model is not the run's
             log.info(
                 "attached to run %s: fencing %d, current version %d, resuming from checkpoint "
@@ -652,10 +726,13 @@ class Learner:
             heartbeat.start()
             session: Session | None = None
             try:
-                session = Session(self, attach, heartbeat)
+                session = self.session = Session(self, attach, heartbeat)
+                if self.stopped.is_set():  # stop() came while the session was being built
+                    session.stopping.set()
                 if session.run():
                     return
             except (LeaseLost, BucketRefused) as exc:
+                self._check_stopped()
                 log.warning("learner lease lost (%s); dropping unpublished work, re-attaching", exc)
             except Diverged as exc:
                 log.warning(
@@ -674,6 +751,7 @@ class Learner:
                     raise
                 raise RunLost(f"the run is no longer this pool learner's: {exc.detail}") from exc
             finally:
+                self.session = None
                 if session is not None:
                     session.close()
                 heartbeat.stopped.set()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,9 @@ class Publisher:
     work_dir: Path
     adapter_sha256: dict[int, str | None]  # the intake's table of known version hashes
     base_model: str | None = None  # the run's: adapter_config.json names it, not a local path
+    adapter_name: str = "default"  # the run's adapter in the model (a pool learner's: its own)
+    # where the model may be read: a pool learner's runs take turns on one model
+    turn: Callable[[], AbstractContextManager[None]] = nullcontext
 
     def __call__(self, job: PublishJob) -> Published:
         from lm.adapter_io import save_adapter_version
@@ -59,9 +64,14 @@ class Publisher:
         out = self.work_dir / f"v{job.version:06d}"
         if out.exists():
             shutil.rmtree(out)
-        manifest = save_adapter_version(
-            self.model, out / "adapter", state_dict=job.weights, base_model=self.base_model
-        )
+        with self.turn():
+            manifest = save_adapter_version(
+                self.model,
+                out / "adapter",
+                state_dict=job.weights,
+                base_model=self.base_model,
+                adapter_name=self.adapter_name,
+            )
         files: list[tuple[Path, str]] = [
             (out / "adapter" / f.name, "adapter") for f in manifest.files
         ]

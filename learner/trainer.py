@@ -28,6 +28,7 @@ from learner.data import (
 )
 from learner.loss import grpo_loss, merge_metrics
 from learner.lr_schedule import make_scheduler
+from lm.adapter_io import DEFAULT_ADAPTER, adapter_parameters, canonical_name
 from lm.logprobs import CHUNK_POSITIONS, packed_logprobs
 from protocol.run_config import RunConfig
 
@@ -43,9 +44,12 @@ def model_token_bounds(config: RunConfig) -> tuple[int, int | None]:
     return environment.turns * config.sampling.max_new_tokens, environment.max_total_tokens
 
 
-def add_lora(model: Any, config: RunConfig) -> Any:
-    """Wrap a base model with a fresh PEFT LoRA adapter from the run's config."""
-    from peft import LoraConfig, get_peft_model
+def add_lora(model: Any, config: RunConfig, adapter_name: str = DEFAULT_ADAPTER) -> Any:
+    """A fresh PEFT LoRA adapter from the run's config, named `adapter_name`: a base model is
+    wrapped; a PEFT model (a pool learner's shared base, learner/shared_base.py) gains one more
+    adapter. The adapter's initial weights come from the run's seed, set right before it is
+    added, so they are the same in a per-run learner and in a pool learner."""
+    from peft import LoraConfig, PeftModel, get_peft_model
 
     lora = LoraConfig(
         r=config.lora.rank,
@@ -54,7 +58,26 @@ def add_lora(model: Any, config: RunConfig) -> Any:
         target_modules=list(config.lora.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    torch.manual_seed(config.seed)
+    if isinstance(model, PeftModel):
+        model.add_adapter(adapter_name, lora)
+        return model
+    return get_peft_model(model, lora, adapter_name=adapter_name)
+
+
+def activate(model: Any, adapter_name: str, gradient_checkpointing: bool) -> None:
+    """Make `adapter_name` the adapter that computes and trains (the others' parameters stop
+    requiring gradients), with the run's gradient checkpointing on or off. A pool learner calls
+    it at each run's turn; one adapter alone is activated once."""
+    if adapter_name not in model.peft_config:
+        raise KeyError(f"the model has no adapter {adapter_name!r}")
+    model.set_adapter(adapter_name)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    elif any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+        disable = getattr(model, "activation_checkpointing_disable", None)
+        (disable or model.gradient_checkpointing_disable)()
+        model.eval()  # the decoder layers enable_gradient_checkpointing switched to training
 
 
 def enable_gradient_checkpointing(model: Any) -> None:
@@ -140,6 +163,7 @@ class Trainer:
         bucket_by_length: bool = True,
         chunk_positions: int | None = CHUNK_POSITIONS,
         dp: DataParallel | None = None,
+        adapter_name: str = DEFAULT_ADAPTER,
     ):
         self.model = model
         self.config = config
@@ -149,8 +173,10 @@ class Trainer:
         self.chunk_positions = chunk_positions
         self.dp = dp
         self.last_runs: list[StepRun] = []  # rank 0, data-parallel: every rank's last step
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.param_names = [n for n, _ in named]
+        self.adapter_name = adapter_name
+        named = adapter_parameters(model, adapter_name)
+        # the names a checkpoint keeps: those of a model whose one adapter is `default`
+        self.param_names = [canonical_name(n, adapter_name) for n, _ in named]
         self.params = [p for _, p in named]
         g = config.grpo
         self.optimizer = torch.optim.AdamW(
@@ -159,8 +185,11 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, config)
         self.step = 0
         model.eval()  # dropout off: behaviour and learner log-probs stay comparable
-        if g.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
+        self.activate()
+
+    def activate(self) -> None:
+        """This trainer's adapter computes and trains, with its run's checkpointing."""
+        activate(self.model, self.adapter_name, self.config.grpo.gradient_checkpointing)
 
     def _micro_step(self, mb: MicroBatch, normaliser: float) -> tuple[float, dict[str, float]]:
         g, temperature = self.config.grpo, self.config.sampling.temperature

@@ -22,6 +22,8 @@ from protocol.adapters import (
     verify_folder,
 )
 
+DEFAULT_ADAPTER = "default"  # PEFT's name for a model's one adapter
+
 
 def save_adapter_version(
     peft_model: Any,
@@ -29,8 +31,9 @@ def save_adapter_version(
     state_dict: dict[str, Any] | None = None,
     *,
     base_model: str | None = None,
+    adapter_name: str = DEFAULT_ADAPTER,
 ) -> AdapterManifest:
-    """Write the model's active LoRA adapter as a version folder; return its manifest.
+    """Write the model's adapter `adapter_name` as a version folder; return its manifest.
 
     `out_dir` must not exist yet (versions are immutable); it is filled through a temporary
     folder and renamed into place. `state_dict` (the model's parameters by name, e.g. a
@@ -48,7 +51,11 @@ def save_adapter_version(
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=out_dir.name + ".tmp-") as tmp:
         raw = Path(tmp) / "peft"
         extra = {} if state_dict is None else {"state_dict": state_dict}
-        peft_model.save_pretrained(str(raw), safe_serialization=True, **extra)
+        peft_model.save_pretrained(
+            str(raw), safe_serialization=True, selected_adapters=[adapter_name], **extra
+        )
+        if adapter_name != DEFAULT_ADAPTER:  # PEFT writes any other adapter in a subfolder
+            raw = raw / adapter_name
         staged = Path(tmp) / "version"
         staged.mkdir()
         for name in REQUIRED_FILES:
@@ -68,12 +75,36 @@ def _set_base_model(config_file: Path, base_model: str) -> None:
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def snapshot_adapter(peft_model: Any) -> dict[str, Any]:
-    """A CPU copy of the model's trainable (LoRA) parameters, by parameter name."""
+def adapter_parameters(
+    peft_model: Any, adapter_name: str = DEFAULT_ADAPTER
+) -> list[tuple[str, Any]]:
+    """The (name, parameter) pairs of one adapter's LoRA weights, in the model's order. A
+    model may hold several adapters (a pool learner's runs, learner/shared_base.py): PEFT
+    names the parameter of adapter `a` `….lora_A.a.weight` (or `….<name>.a`)."""
+    return [
+        (name, p)
+        for name, p in peft_model.named_parameters()
+        if "lora_" in name and f".{adapter_name}." in name + "."
+    ]
+
+
+def canonical_name(name: str, adapter_name: str) -> str:
+    """A parameter's name as it is in a model whose only adapter is PEFT's `default`, so that a
+    checkpoint's names are the same whichever adapter name the run had in the learner that
+    wrote it (a per-run learner's `default`, a pool learner's own name for the run)."""
+    if adapter_name == DEFAULT_ADAPTER:
+        return name
+    head, sep, tail = (name + ".").partition(f".{adapter_name}.")
+    if not sep:
+        raise ValueError(f"{name!r} is not a parameter of adapter {adapter_name!r}")
+    return f"{head}.{DEFAULT_ADAPTER}.{tail}".rstrip(".")
+
+
+def snapshot_adapter(peft_model: Any, adapter_name: str = DEFAULT_ADAPTER) -> dict[str, Any]:
+    """A CPU copy of one adapter's (LoRA) parameters, by parameter name."""
     return {
         name: p.detach().to("cpu", copy=True)
-        for name, p in peft_model.named_parameters()
-        if p.requires_grad
+        for name, p in adapter_parameters(peft_model, adapter_name)
     }
 
 
@@ -83,8 +114,10 @@ def load_adapter_version(
     *,
     manifest: AdapterManifest | None = None,
     is_trainable: bool = False,
+    adapter_name: str = DEFAULT_ADAPTER,
 ) -> Any:
-    """Wrap `base_model` (modified in place, as PEFT does) with a version folder's adapter.
+    """Wrap `base_model` (modified in place, as PEFT does) with a version folder's adapter,
+    named `adapter_name`; a model that is a PEFT model already gains it as one more adapter.
 
     With a manifest, the files are verified first (sha256 and size; AdapterMismatch otherwise).
     """
@@ -92,7 +125,13 @@ def load_adapter_version(
 
     if manifest is not None:
         verify_folder(Path(folder), manifest)
-    model = PeftModel.from_pretrained(base_model, str(folder), is_trainable=is_trainable)
+    if isinstance(base_model, PeftModel):
+        base_model.load_adapter(str(folder), adapter_name, is_trainable=is_trainable)
+        model = base_model
+    else:
+        model = PeftModel.from_pretrained(
+            base_model, str(folder), adapter_name=adapter_name, is_trainable=is_trainable
+        )
     if not is_trainable:
         model.eval()
     return model
@@ -141,8 +180,8 @@ def write_adapter_weights(
 def _slot_parameters(peft_model: Any, adapter_name: str, state: dict[str, Any]) -> dict[str, Any]:
     """The adapter's parameter for each saved key. PEFT saves `….lora_A.weight` for the
     parameter `….lora_A.<adapter>.weight` (and `….<name>` for `….<name>.<adapter>`)."""
-    params = dict(peft_model.named_parameters())
-    slot = {n for n in params if "lora_" in n and f".{adapter_name}." in n + "."}
+    params = dict(adapter_parameters(peft_model, adapter_name))
+    slot = set(params)
     found: dict[str, Any] = {}
     for key, tensor in state.items():
         head, _, last = key.rpartition(".")

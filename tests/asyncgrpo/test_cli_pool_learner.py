@@ -1,9 +1,10 @@
 """`asyncgrpo learner` as a pool learner (docs/guides/pool-learners.md): exactly one of --run
 with --token, or a registration token (or this server's stored pool credential); --max-runs
-above 1 and torchrun are refused with the reason, never a traceback."""
+out of its range or with --run, and torchrun, are refused with the reason, never a traceback."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from learner.config import POOL_ID_FIELD, LearnerSettings
 from protocol import credentials
+from protocol.schemas_learner import MAX_POOL_RUNS
 
 SERVER = "http://h:8000"
 
@@ -58,14 +60,19 @@ def test_a_learner_needs_a_run_or_a_registration_token(
     assert len(seen) == 2
 
 
-def test_max_runs_above_one_and_max_versions_are_refused(
+def test_max_runs_is_a_pool_learners_and_max_versions_a_per_run_learners(
     seen: list[LearnerSettings], tmp_path: Path
 ) -> None:
-    many = _invoke("--registration-token", "agr_reg_x", "--max-runs", "2")
-    assert many.exit_code == 2 and "one run at a time" in many.output, many.output
+    for bad in ("0", str(MAX_POOL_RUNS + 1)):
+        out = _invoke("--registration-token", "agr_reg_x", "--max-runs", bad)
+        assert out.exit_code == 2 and "max-runs" in out.output.replace("_", "-"), out.output
+    per_run = _invoke("--run", str(uuid.uuid4()), "--token", "agr_lrn_x", "--max-runs", "2")
+    assert per_run.exit_code == 2 and "for a pool learner" in per_run.output, per_run.output
     versions = _invoke("--registration-token", "agr_reg_x", "--max-versions", "2")
     assert versions.exit_code == 2 and "--max-versions" in versions.output, versions.output
     assert seen == []
+    assert _invoke("--registration-token", "agr_reg_x", "--max-runs", "3").exit_code == 0
+    assert [s.max_runs for s in seen] == [3]
 
 
 def test_a_pool_learner_under_torchrun_is_refused(

@@ -75,7 +75,7 @@ def test_a_pool_learner_trains_two_runs_one_after_the_other(
     proc = live.pool_learner(args)
     try:
         _wait_completed(app, [r.id for r in runs], proc, log)
-        wait_log(log, r"run \S+: done; taking the next(.|\n)*run \S+: done", proc, 60)
+        wait_log(log, r"run \S+: done(.|\n)*run \S+: done", proc, 60)
     finally:
         _stop(proc)
     text = log.read_text()

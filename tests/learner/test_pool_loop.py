@@ -4,6 +4,7 @@ while nothing is takeable; and the Learner turns a 403 `run_not_held` into RunLo
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -62,9 +63,12 @@ def test_the_pool_loop_takes_again_after_a_run_lost_and_when_idle(
     trained: list[tuple[str | None, str | None, bool]] = []
 
     class FakeLearner:
-        def __init__(self, s: LearnerSettings, *, pool: bool) -> None:
+        def __init__(self, s: LearnerSettings, *, pool: bool, shared: object) -> None:
             trained.append((s.run_id, s.token, pool))
             self.tracker = type("T", (), {"close": lambda self: None})()
+
+        def stop(self) -> None:
+            pass
 
         def run(self) -> None:
             if len(trained) == 1:
@@ -76,6 +80,57 @@ def test_the_pool_loop_takes_again_after_a_run_lost_and_when_idle(
     with pytest.raises(KeyboardInterrupt):
         learner.pool.run_pool(settings)
     assert trained == [(str(RUN_A), "agr_pln_x", True), (str(RUN_B), "agr_pln_x", True)]
+
+
+def test_runs_are_trained_side_by_side_up_to_max_runs_and_a_crash_stays_with_its_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    creds = tmp_path / "pool.json"
+    credentials.save(creds, credentials.StoredCredential("id", "agr_pln_x", SERVER), "learner_id")
+    settings = LearnerSettings(
+        server_url=SERVER, credentials_file=creds, take_retry_s=0.01, max_runs=2
+    )
+    run_c = uuid.uuid4()
+    answers = [
+        sl.TakeResponse(runs=[_taken(RUN_A), _taken(RUN_B)], held=[RUN_A, RUN_B], hold_s=3),
+        sl.TakeResponse(runs=[_taken(run_c)], held=[RUN_A, run_c], hold_s=3),
+    ]
+    rooms: list[int] = []
+    both_running = threading.Barrier(2, timeout=10)
+    stopped: list[str] = []
+
+    def take(self: AsyncGrpoClient, max_runs: int, **_: Any) -> sl.TakeResponse:
+        rooms.append(max_runs)
+        if not answers:
+            raise KeyboardInterrupt  # stands for the Ctrl-C that stops it
+        return answers.pop(0)
+
+    class FakeLearner:
+        def __init__(self, s: LearnerSettings, *, pool: bool, shared: object) -> None:
+            self.run_id = str(s.run_id)
+            self.tracker = type("T", (), {"close": lambda self: None})()
+            self.stopping = threading.Event()
+
+        def stop(self) -> None:
+            stopped.append(self.run_id)
+            self.stopping.set()
+
+        def run(self) -> None:
+            if self.run_id in (str(RUN_A), str(RUN_B)):
+                both_running.wait()  # A and B train at the same time
+            if self.run_id == str(RUN_B):
+                raise RuntimeError("a bug in this run's code path")
+            if self.run_id == str(RUN_A):
+                self.stopping.wait(10)  # trains until the pool stops
+
+    monkeypatch.setattr(AsyncGrpoClient, "take_runs", take)
+    monkeypatch.setattr(learner.pool, "_fingerprint", lambda model: "fp")
+    monkeypatch.setattr(learner.loop, "Learner", FakeLearner)
+    with pytest.raises(KeyboardInterrupt):
+        learner.pool.run_pool(settings)
+    # B's crash freed its place: the next take asked for one run (C), then for C's place
+    assert rooms[:2] == [2, 1] and rooms[2:] == [1], rooms
+    assert stopped == [str(RUN_A)]  # Ctrl-C stopped the run still training
 
 
 class _Client:
