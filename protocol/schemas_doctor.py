@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-TokenKind = Literal["admin", "registration", "worker", "learner"]
+TokenKind = Literal["admin", "registration", "worker", "learner", "pool_learner"]
 
 
 class TokenCheck(BaseModel):
@@ -23,6 +23,9 @@ class TokenCheck(BaseModel):
     run_id: uuid.UUID | None = Field(description="A learner token's run (None for other kinds).")
     worker_id: uuid.UUID | None = Field(
         description="A worker token's worker (None for other kinds)."
+    )
+    pool_learner_id: uuid.UUID | None = Field(
+        None, description="A pool learner token's pool learner (None for other kinds)."
     )
     uses: int | None = Field(description="A registration token's registrations so far.")
     max_uses: int | None = Field(

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from learner.config import LearnerSettings
+from learner.config import POOL_ID_FIELD, LearnerSettings
+from protocol import credentials as pool_credentials
 from worker import credentials
 from worker.capabilities import generation_dtype
 from worker.config import WorkerSettings
@@ -23,6 +24,7 @@ WHERE_TOKENS_COME_FROM = {
     "registration": "a registration token from an admin (POST /api/v1/registration-tokens, or "
     "the dashboard's Workers page)",
     "worker": "the worker token registration wrote to the token file",
+    "pool_learner": "the pool learner token registration wrote to the credentials file",
 }
 
 
@@ -32,7 +34,8 @@ class Host:
     server_url: str
     token: str | None
     token_source: str  # where the token comes from: "--token", "the token file …"
-    kind: str  # the kind of token the process needs: learner, registration or worker
+    # the kind of token the process needs: learner, registration, worker or pool_learner
+    kind: str
     run_id: str | None
     model: str
     backend: str  # the worker's backend; "transformers" for the learner (it trains with it)
@@ -85,12 +88,22 @@ def for_worker(settings: WorkerSettings, run_id: str | None) -> Host:
 
 
 def for_learner(settings: LearnerSettings) -> Host:
+    """A run's learner presents its --token; a pool learner (no --run) its stored pool token
+    when the credentials file holds one for this server, else its registration token
+    (learner/pool.py)."""
+    token, source, kind = settings.token, "--token", "learner"
+    if settings.pool:
+        path = settings.pool_credentials_path()
+        stored = pool_credentials.load(path, settings.server_url, POOL_ID_FIELD)
+        token, source, kind = settings.registration_token, "--registration-token", "registration"
+        if stored is not None:
+            token, source, kind = stored.token, f"the credentials file {path}", "pool_learner"
     return Host(
         role="learner",
         server_url=settings.server_url,
-        token=settings.token,
-        token_source="--token",
-        kind="learner",
+        token=token,
+        token_source=source,
+        kind=kind,
         run_id=settings.run_id,
         model=settings.model,
         backend="transformers",

@@ -86,7 +86,11 @@ def _token_fits(host: Host) -> Outcome:
             f"registration token {seen.prefix}…, {seen.max_uses - used} of {seen.max_uses} "
             f"uses left{expiry}"
         )
-    scope = {"learner": f" of run {seen.run_id}", "worker": f" of worker {seen.worker_id}"}
+    scope = {
+        "learner": f" of run {seen.run_id}",
+        "worker": f" of worker {seen.worker_id}",
+        "pool_learner": f" of pool learner {seen.pool_learner_id}",
+    }
     return passed(f"{seen.kind} token {seen.prefix}…{scope.get(seen.kind, '')}{expiry}")
 
 

@@ -41,6 +41,7 @@ def token_check(bearer: Token) -> TokenCheck:
         expires_at=bearer.expires_at,
         run_id=bearer.scope_id if kind == "learner" else None,
         worker_id=bearer.scope_id if kind == "worker" else None,
+        pool_learner_id=bearer.scope_id if kind == "pool_learner" else None,
         uses=bearer.uses if kind == "registration" else None,
         max_uses=bearer.max_uses if kind == "registration" else None,
         server_version=release(),
@@ -48,9 +49,13 @@ def token_check(bearer: Token) -> TokenCheck:
 
 
 def run_model(session: Session, token: Token, run_id: uuid.UUID) -> RunModel:
-    """The run's model; a learner token sees only its own run (others look absent)."""
+    """The run's model; a learner token sees only its own run, a pool learner's only the runs
+    it holds (others look absent)."""
     run = session.get(Run, run_id)
-    if run is None or (token.kind == "learner" and token.scope_id != run_id):
+    hidden = (token.kind == "learner" and token.scope_id != run_id) or (
+        token.kind == "pool_learner" and run is not None and run.pool_learner_id != token.scope_id
+    )
+    if run is None or hidden:
         raise NotFound("run not found", code=ErrorCode.run_not_found)
     return RunModel(
         run_id=run.id,

@@ -59,7 +59,7 @@ def require_registration(session: SessionDep, credentials: RegistrationCredentia
     return _principal(session, credentials, "registration")
 
 
-ALL_KINDS = ("admin", "registration", "worker", "learner")
+ALL_KINDS = ("admin", "registration", "worker", "learner", "pool_learner")
 
 
 def require_any_token(
@@ -68,10 +68,12 @@ def require_any_token(
     registration: RegistrationCredentials,
     worker: WorkerCredentials,
     learner: LearnerCredentials,
+    pool_learner: PoolLearnerCredentials,
 ) -> Token:
-    """A live token of any kind. The four schemes read the one Authorization header: each is
+    """A live token of any kind. The five schemes read the one Authorization header: each is
     named so that the OpenAPI document says the operation takes any of them."""
-    return _principal(session, admin or registration or worker or learner, *ALL_KINDS)
+    given = admin or registration or worker or learner or pool_learner
+    return _principal(session, given, *ALL_KINDS)
 
 
 AdminDep = Annotated[Token, Depends(require_admin)]

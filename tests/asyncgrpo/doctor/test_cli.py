@@ -150,6 +150,42 @@ def test_a_good_worker_host_passes_with_its_registration_token(
 
 
 @pytest.mark.slow  # loads the real small model
+def test_a_pool_learner_host_presents_its_stored_pool_token_else_its_registration_token(
+    served: LiveApp, tmp_path: Path, small_model_dir: str
+) -> None:
+    """As `asyncgrpo learner` without --run would (learner/pool.py): the pool token its
+    credentials file holds for this server, or else the registration token it would register
+    with; no run is named, so the run and fingerprint lines are skipped."""
+    import httpx
+
+    from learner.config import POOL_ID_FIELD
+    from protocol import credentials
+
+    registration = mint_token(served.app, "registration", name="pool", max_uses=2)
+    creds = tmp_path / "pool.json"
+    args = ["--server", served.base, "--credentials-file", str(creds)]
+    code, lines, out = _doctor("learner", *args, "--registration-token", registration)
+    assert code == 0, out
+    assert "2 of 2 uses left" in lines["token"][1], lines["token"]
+    assert lines["run"][0] == "SKIP" and lines["fingerprint"][0] == "SKIP", lines
+    answer = httpx.post(
+        f"{served.base}/api/v1/learners/register",
+        headers={"Authorization": f"Bearer {registration}"},
+        json={"name": "pool", "model": "smollm2-135m-instruct", "max_runs": 2,
+              "tokenizer_fingerprint": _learner_fingerprint(small_model_dir)},
+    )  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    body = answer.json()
+    stored = credentials.StoredCredential(body["learner_id"], body["learner_token"], served.base)
+    credentials.save(creds, stored, POOL_ID_FIELD)
+    code, lines, out = _doctor("learner", *args)
+    assert code == 0, out
+    status, rest = lines["token"]
+    assert status == "PASS" and "pool_learner token agr_pln_" in rest, rest
+    assert f"of pool learner {body['learner_id']}" in rest, rest
+
+
+@pytest.mark.slow  # loads the real small model
 def test_a_token_of_the_wrong_kind_fails_the_token_line_and_skips_what_needs_it(
     served: LiveApp, tmp_path: Path
 ) -> None:

@@ -39,11 +39,13 @@ def test_each_kind_of_token_is_told_about_itself(app: Any, client: TestClient) -
     run = make_run(app)
     worker_id, worker_token = make_worker(app)
     registration = mint_token(app, "registration", name="reg", max_uses=3)
+    pool_id, pool_token = _pool_learner(client, mint_token(app, "registration", name="pool"))
     tokens = {
         "admin": mint_token(app, "admin", name="adm"),
         "registration": registration,
         "worker": worker_token,
         "learner": run.token,
+        "pool_learner": pool_token,
     }
     seen = {}
     for kind, token in tokens.items():
@@ -55,11 +57,13 @@ def test_each_kind_of_token_is_told_about_itself(app: Any, client: TestClient) -
     assert {kind: body["kind"] for kind, body in seen.items()} == {k: k for k in tokens}
     assert seen["learner"]["run_id"] == str(run.id) and seen["learner"]["worker_id"] is None
     assert seen["worker"]["worker_id"] == str(worker_id) and seen["worker"]["run_id"] is None
+    assert seen["pool_learner"]["pool_learner_id"] == pool_id
+    assert seen["pool_learner"]["run_id"] is None and seen["learner"]["pool_learner_id"] is None
     assert (seen["registration"]["uses"], seen["registration"]["max_uses"]) == (0, 3)
     assert seen["admin"]["uses"] is None
     # asking uses nothing up: the registration token still has its three uses
     with transaction(app.state.sessionmaker) as session:
-        row = session.query(Token).filter(Token.kind == "registration").one()
+        row = session.query(Token).filter(Token.prefix == seen["registration"]["prefix"]).one()
         assert row.uses == 0
 
 
@@ -98,7 +102,17 @@ def test_a_run_model_is_shown_to_hosts_and_a_learner_token_sees_only_its_run(
     }
     own = client.get(f"/api/v1/doctor/runs/{run.id}", headers=run.headers)
     assert own.status_code == 200 and own.json()["tokenizer_fingerprint"] == "f" * 64
+    # a pool learner's token sees the runs it holds only
+    _, pool_token = _pool_learner(client, mint_token(app, "registration", name="pool"))
+    taken = client.post("/api/v1/learners/take", json={"max": 1}, headers=_bearer(pool_token))
+    assert taken.status_code == 200, taken.text
+    held = taken.json()["held"]
+    assert len(held) == 1
+    not_held = next(r for r in (run.id, other.id) if str(r) != held[0])
+    seen = client.get(f"/api/v1/doctor/runs/{held[0]}", headers=_bearer(pool_token))
+    assert seen.status_code == 200, seen.text
     for path, headers in [
+        (f"/api/v1/doctor/runs/{not_held}", _bearer(pool_token)),  # a run it does not hold
         (f"/api/v1/doctor/runs/{other.id}", run.headers),  # another run's learner token
         (f"/api/v1/doctor/runs/{uuid.uuid4()}", _bearer(registration)),  # no such run
     ]:
@@ -106,6 +120,18 @@ def test_a_run_model_is_shown_to_hosts_and_a_learner_token_sees_only_its_run(
         assert (answer.status_code, answer.json()["code"]) == (404, "run_not_found")
     malformed = client.get("/api/v1/doctor/runs/not-a-uuid", headers=_bearer(registration))
     assert malformed.status_code == 422 and malformed.json()["errors"][0]["field"] == "path.run_id"
+
+
+def _pool_learner(client: TestClient, registration: str) -> tuple[str, str]:
+    """A registered pool learner of the small model: (its id, its token)."""
+    answer = client.post(
+        "/api/v1/learners/register",
+        json={"name": "pool", "model": "smollm2-135m-instruct", "max_runs": 1,
+              "tokenizer_fingerprint": "f" * 64},
+        headers=_bearer(registration),
+    )  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    return answer.json()["learner_id"], answer.json()["learner_token"]
 
 
 def _probe(client: TestClient, token: str) -> dict[str, Any]:
