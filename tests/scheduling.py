@@ -40,6 +40,8 @@ FILE_SECONDS: dict[str, float] = {  # 2026-12-07, 2 cores, -n 4; every file of 1
     "tests/server/datasets/test_upload.py": 56,
     "tests/learner/test_trajectory_logprobs.py": 50,
     "tests/e2e/test_first_gpu_run_tutorial.py": 47,  # alone (2026-12-07), not yet from a -n 4 run
+    "tests/learner/test_pool_learner_many.py": 172,  # alone, beside a -n 4 run (2026-12-07)
+    "tests/learner/test_shared_base.py": 94,  # alone, beside a -n 4 run (2026-12-07)
     "tests/server/test_bucket_readiness.py": 39,
     "tests/server/learner/test_trajectory_sample_hostile.py": 36,
     "tests/worker/environments/test_backend_engine.py": 35,

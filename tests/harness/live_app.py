@@ -96,12 +96,15 @@ class LiveApp:
         """Where every pool learner of this app logs, one after the other."""
         return self.cluster.dir / "logs" / "pool-learner.log"
 
-    def pool_learner(self, args: Sequence[str]) -> subprocess.Popen[bytes]:
+    def pool_learner(
+        self, args: Sequence[str], entry: Sequence[str] = ("asyncgrpo.cli", "learner")
+    ) -> subprocess.Popen[bytes]:
         """`asyncgrpo learner` without --run (a pool learner, docs/guides/pool-learners.md) in
-        this app's pool learner work dir, with `args` (--registration-token, …)."""
+        this app's pool learner work dir, with `args` (--registration-token, …); `entry` the
+        module run with `-m` and its first arguments (a test's wrapper of the command)."""
         c = self.cluster
         argv = [
-            sys.executable, "-m", "asyncgrpo.cli", "learner", "--server", c.url,
+            sys.executable, "-m", *entry, "--server", c.url,
             "--model", c.config.model, "--threads", str(c.config.threads),
             "--work-dir", str(c.dir / "pool-learner"), *args,
         ]  # fmt: skip

@@ -3,8 +3,8 @@ one learner"), against the real server with the real small model: three runs wit
 learning rates, ranks, target modules and loss (one `cispo`) trained side by side on one base
 model, each to `completed` with its ledger balanced, and each run's recorded steps replayed
 into a per-run learner give the adapter the pool published; a fourth run whose reward module
-does not import fails alone. Killed with -9 mid-step, a second pool learner takes the three
-runs and completes them from their last versions."""
+does not import fails alone. Killed with -9 inside a step (tests/learner/hold_pool_step.py), a
+second pool learner takes the three runs and completes them from their last versions."""
 
 from __future__ import annotations
 
@@ -198,9 +198,11 @@ def test_a_second_pool_learner_takes_the_runs_of_one_killed_mid_step(
     app = pool_live.app
     runs = _three_runs(app, small_tokenizer, tmp_path)
     log = pool_live.pool_learner_log
-    first = pool_live.pool_learner(_pool_args(app, tmp_path, "pool-a"))
+    # it stops inside its fourth step (over all three runs) and is killed there
+    entry = ("tests.learner.hold_pool_step", "4")
+    first = pool_live.pool_learner(_pool_args(app, tmp_path, "pool-a"), entry)
     try:
-        wait_log(log, r"trained step 2 on", first, 300)  # a run's second step is done
+        wait_log(log, r"test hold: in a step", first, 300)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
