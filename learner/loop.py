@@ -153,6 +153,7 @@ class Session:
             self.trainer = self._load(attach)
         except BaseException:
             self.intake.close()
+            self._drop_adapter()
             raise
         for f in attach.resume_adapter or []:
             if f.name == ADAPTER_WEIGHTS:  # the server's version sha256 (content address)
@@ -572,8 +573,12 @@ class Session:
                 call.join(CLOSE_WAIT_S)
         if self.evals is not None:
             self.evals.stop(CLOSE_WAIT_S)
+        self._drop_adapter()
+
+    def _drop_adapter(self) -> None:
+        """The run's adapter leaves a pool learner's shared model with its session."""
         shared = self.learner.shared
-        if shared is not None:  # the run's adapter leaves the shared model with its session
+        if shared is not None:
             with shared.turn():
                 shared.remove(self.adapter_name)
 
