@@ -13,6 +13,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from server import deps
+from server.tokens.auth import ALL_KINDS
 from tests.fuzz.seed import Seeded
 
 KINDS = ("admin", "registration", "worker", "learner", "pool_learner")
@@ -20,8 +21,8 @@ KINDS = ("admin", "registration", "worker", "learner", "pool_learner")
 # take a pool learner's token too, whose reach (the runs it holds, else 403 run_not_held, after
 # the body is validated) the service checks: tests/server/learners/test_reach.py.
 ALSO_ACCEPTED = {"learner": frozenset({"pool_learner"})}
-# The host checks' `require_any_token` reads these schemes (server/tokens/auth.py ALL_KINDS).
-ANY_TOKEN_KINDS = frozenset({"admin", "registration", "worker", "learner"})
+# The host checks' `require_any_token` reads these schemes.
+ANY_TOKEN_KINDS = frozenset(ALL_KINDS)
 
 # Operations that take no bearer token (docs/architecture/protocol.md, "Open calls and the
 # dashboard": /healthz and /metrics are open; /blobs/* URLs carry their own signature). /docs and
