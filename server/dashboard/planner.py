@@ -1,4 +1,6 @@
-"""LoRA payload and sync-time calculator (pure arithmetic, no I/O).
+"""LoRA payload and sync-time calculator (pure arithmetic; `load_shape` reads a local
+config.json). A model's shape, its LoRA parameters and the learner's memory are
+protocol/learner_memory.py's, which the pool learners' take uses too.
 
 A LoRA adapter of rank r on a linear layer d_in → d_out adds r × (d_in + d_out) parameters
 (A: r × d_in, B: d_out × r). The payload is those parameters in bf16 (2 bytes each). A full
@@ -13,73 +15,18 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.learner_memory import (
+    GB,
+    MB,
+    TARGETS,
+    ModelShape,
+    lora_parameters,
+    shape_from_hf_config,
+)
+
 BYTES_BF16 = 2
 BYTES_ADAM_STATE = 8  # m and v, fp32
-MB = 1e6
-GB = 1e9
 MAX_LINK_GBPS = 1_000_000
-MAX_DIM = 10_000_000  # any config.json size (layers, widths, vocabulary) beyond is refused
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the arithmetic needs of a decoder-only transformer."""
-
-    name: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    tied_embeddings: bool
-    attention_bias: bool
-    # config.json's `head_dim` where it is not hidden ÷ heads (Qwen3, Gemma); None: hidden ÷ heads
-    explicit_head_dim: int | None = None
-    qk_norm: bool = False  # a norm over each head's q and k (Qwen3): 2 · head_dim per layer
-
-    @property
-    def head_dim(self) -> int:
-        return self.explicit_head_dim or self.hidden // self.heads
-
-    @property
-    def q_dim(self) -> int:
-        """Width of q and of the attention output: heads × head_dim (= hidden unless the
-        config sets a head_dim of its own)."""
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def module_dims(self) -> dict[str, tuple[int, int]]:
-        """(d_in, d_out) of each linear module of one layer."""
-        h, q, kv, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def layer_parameters(self) -> int:
-        """One decoder layer: its linear modules, two norms, the q/k/v biases and the q/k norms
-        if any."""
-        per_layer = sum(a * b for a, b in self.module_dims().values()) + 2 * self.hidden
-        if self.attention_bias:
-            per_layer += self.q_dim + 2 * self.kv_dim
-        if self.qk_norm:
-            per_layer += 2 * self.head_dim
-        return per_layer
-
-    def parameters(self) -> int:
-        """All parameters: embeddings (and an untied head), layers, norms."""
-        per_layer = self.layer_parameters()
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embeddings + self.hidden
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -90,11 +37,6 @@ PRESETS: dict[str, ModelShape] = {
     "smollm2-135m": ModelShape("SmolLM2-135M", 30, 576, 1536, 9, 3, 49152, True, False),
 }
 
-TARGETS: dict[str, tuple[str, ...]] = {
-    "qv": ("q_proj", "v_proj"),
-    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "all-linear": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-}
 TARGET_LABELS = {
     "qv": "q, v only",
     "attention": "all attention (q, k, v, o)",
@@ -118,11 +60,6 @@ class Plan:
     adam_state_gb: float
     full_sync_seconds: float
     ratio: float  # full weights bytes / adapter bytes
-
-
-def lora_parameters(shape: ModelShape, rank: int, modules: tuple[str, ...]) -> int:
-    dims = shape.module_dims()
-    return shape.layers * sum(rank * (dims[m][0] + dims[m][1]) for m in modules)
 
 
 def transfer_seconds(n_bytes: float, link_gbps: float) -> float:
@@ -164,49 +101,6 @@ def plan_shape(shape: ModelShape, rank: int, targets: str, link_gbps: float) -> 
         adam_state_gb=full * BYTES_ADAM_STATE / GB,
         full_sync_seconds=transfer_seconds(full_bytes, link_gbps),
         ratio=full_bytes / adapter_bytes,
-    )
-
-
-def shape_from_hf_config(config: dict[str, object], name: str) -> ModelShape:
-    """A decoder-only model's shape from its Hugging Face config.json (Llama, Qwen2, Mistral
-    and alike); ValueError naming the first missing or bad key."""
-
-    def number(key: str, default: int | None = None) -> int:
-        value = config.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
-            raise ValueError(
-                f"config.json: {key} must be a positive integer, at most {MAX_DIM:,} "
-                f"(got {str(value)[:20]!r})"
-            )
-        return value
-
-    heads = number("num_attention_heads")
-    hidden = number("hidden_size")
-    head_dim = number("head_dim") if config.get("head_dim") is not None else None
-    if head_dim is None and hidden % heads:
-        raise ValueError(
-            f"config.json: num_attention_heads ({heads}) must divide hidden_size ({hidden}), "
-            "or head_dim must be given"
-        )
-    kv_heads = number("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise ValueError(
-            f"config.json: num_key_value_heads ({kv_heads}) must divide num_attention_heads "
-            f"({heads})"
-        )
-    return ModelShape(
-        name=name,
-        layers=number("num_hidden_layers"),
-        hidden=hidden,
-        intermediate=number("intermediate_size"),
-        heads=heads,
-        kv_heads=kv_heads,
-        vocab=number("vocab_size"),
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        # Qwen2 puts a bias on q, k and v without saying so in its config.
-        attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
-        explicit_head_dim=head_dim,
-        qk_norm=config.get("model_type") == "qwen3",
     )
 
 

@@ -1,6 +1,7 @@
-"""The extended planner's formulas (server/dashboard/fleet_plan.py) against numbers worked out by
-hand for Qwen2.5-1.5B: 28 layers, hidden 1536, MLP 8960, 12 heads, 2 KV heads (head dim 128, KV
-width 256), vocabulary 151,936, tied embeddings, q/k/v biases.
+"""The extended planner's formulas (server/dashboard/fleet_plan.py; its memory:
+protocol/learner_memory.py) against numbers worked out by hand for Qwen2.5-1.5B: 28 layers,
+hidden 1536, MLP 8960, 12 heads, 2 KV heads (head dim 128, KV width 256), vocabulary 151,936,
+tied embeddings, q/k/v biases.
 
 Parameters of one layer: q, o 1536·1536 = 2,359,296 each; k, v 1536·256 = 393,216 each; gate, up,
 down 1536·8960 = 13,762,560 each; sum 46,792,704; two norms 3,072; biases 1536 + 2·256 = 2,048:
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.dashboard.fleet_plan import FleetInputs, Gpu, fleet_row, full_plan, learner_memory
+from protocol.learner_memory import learner_memory
+from server.dashboard.fleet_plan import FleetInputs, Gpu, fleet_row, full_plan
 from server.dashboard.planner import PRESETS, load_shape
 
 SHAPE = PRESETS["qwen2.5-1.5b"]

@@ -1,4 +1,4 @@
-"""The planner's learner memory (server/dashboard/fleet_plan.py) against what the learner's
+"""The planner's learner memory (protocol/learner_memory.py) against what the learner's
 FSDP2 sharding (learner/distributed.py, `DataParallel.shard`) really leaves on each of two gloo
 ranks, for tiny bf16 Qwen2-, Llama- and Qwen3-shaped models built from their Hugging Face
 configs (so the planner's shape from a config.json is checked against the real modules too): the
@@ -14,8 +14,15 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from server.dashboard.fleet_plan import BYTES_BASE, BYTES_LORA_STATE, learner_memory
-from server.dashboard.planner import GB, TARGETS, lora_parameters, shape_from_hf_config
+from protocol.learner_memory import (
+    BYTES_BASE,
+    BYTES_LORA_STATE,
+    GB,
+    TARGETS,
+    learner_memory,
+    lora_parameters,
+    shape_from_hf_config,
+)
 from tests.s3_fixtures import free_port
 from tests.server.dashboard import fsdp_ranks
 
