@@ -390,11 +390,14 @@ class AsyncGrpoClient:
 
     # -- pool learner calls ----------------------------------------------------------------------
 
-    def take_runs(self, max_runs: int = 1) -> sl.TakeResponse:
+    def take_runs(
+        self, max_runs: int = 1, memory: sl.LearnerMemory | None = None
+    ) -> sl.TakeResponse:
         """Take up to `max_runs` runs that need a learner (an empty `runs` when there is none);
-        attach to each within `hold_s`. Not keyed (the take has no Idempotency-Key): a retry
-        whose first answer was lost finds the run it took in `held`."""
-        body = sl.TakeRequest(max=max_runs)
+        attach to each within `hold_s`. With `memory`, only runs that fit it beside those held
+        (the others in `left`, with the reason). Not keyed (the take has no Idempotency-Key): a
+        retry whose first answer was lost finds the run it took in `held`."""
+        body = sl.TakeRequest(max=max_runs, memory=memory)
         return self._learner(sl.TakeResponse, "/api/v1/learners/take", body, idempotent=False)
 
     # -- worker calls (lease engine) -------------------------------------------------------------

@@ -6,8 +6,9 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from protocol.learner_memory import MAX_DIM, ModelShape
 from protocol.schemas import BIGINT_MAX, INT_MAX, KIB, ModelName, free_json
 
 
@@ -416,9 +417,98 @@ class LearnerRegistered(_Response):
     learner_token: str = Field(description="The pool_learner token; shown only in this response.")
 
 
+MAX_MEMORY_BUDGET_GB = 100_000
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+
+
+class LearnerMemory(_Request):
+    """A pool learner's memory budget and its base model's shape (from its config.json): the
+    take leaves a run that does not fit beside those it holds (protocol/learner_memory.py
+    `pool_fit`)."""
+
+    budget_gb: float = Field(
+        gt=0,
+        le=MAX_MEMORY_BUDGET_GB,
+        allow_inf_nan=False,
+        description="Memory it may spend, GB (10^9 bytes): its --memory-budget, else the GPU's "
+        "(or, on CPU, the machine's) total memory.",
+    )
+    weight_bytes: Literal[2, 4] = Field(
+        2, description="Bytes per base weight and activation: 2 (bfloat16, float16), 4 (float32)."
+    )
+    layers: Dim = Field(description="config.json num_hidden_layers.")
+    hidden: Dim = Field(description="config.json hidden_size.")
+    intermediate: Dim = Field(description="config.json intermediate_size.")
+    heads: Dim = Field(description="config.json num_attention_heads.")
+    kv_heads: Dim = Field(description="config.json num_key_value_heads (divides heads).")
+    vocab: Dim = Field(description="config.json vocab_size.")
+    head_dim: Dim | None = Field(
+        None,
+        validate_default=True,
+        description="config.json head_dim where it is not hidden ÷ heads (None: hidden ÷ heads, "
+        "which heads must then divide).",
+    )
+    tied_embeddings: bool = Field(False, description="config.json tie_word_embeddings.")
+    attention_bias: bool = Field(False, description="A bias on q, k and v (Qwen2).")
+    qk_norm: bool = Field(False, description="A norm over each head's q and k (Qwen3).")
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_heads_divide(cls, kv_heads: int, info: ValidationInfo) -> int:
+        heads = info.data.get("heads")
+        if heads is not None and heads % kv_heads:
+            raise ValueError(f"must divide heads ({heads})")
+        return kv_heads
+
+    @field_validator("head_dim")
+    @classmethod
+    def _head_dim_or_heads_divide(cls, head_dim: int | None, info: ValidationInfo) -> int | None:
+        hidden, heads = info.data.get("hidden"), info.data.get("heads")
+        if head_dim is None and hidden is not None and heads is not None and hidden % heads:
+            raise ValueError(f"must be given: heads ({heads}) does not divide hidden ({hidden})")
+        return head_dim
+
+    @classmethod
+    def of(cls, shape: ModelShape, *, budget_gb: float, weight_bytes: int) -> LearnerMemory:
+        return cls(
+            budget_gb=budget_gb,
+            weight_bytes=weight_bytes,  # type: ignore[arg-type]  # checked by the model
+            layers=shape.layers,
+            hidden=shape.hidden,
+            intermediate=shape.intermediate,
+            heads=shape.heads,
+            kv_heads=shape.kv_heads,
+            vocab=shape.vocab,
+            head_dim=shape.explicit_head_dim,
+            tied_embeddings=shape.tied_embeddings,
+            attention_bias=shape.attention_bias,
+            qk_norm=shape.qk_norm,
+        )
+
+    def shape(self, name: str) -> ModelShape:
+        return ModelShape(
+            name=name,
+            layers=self.layers,
+            hidden=self.hidden,
+            intermediate=self.intermediate,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            vocab=self.vocab,
+            tied_embeddings=self.tied_embeddings,
+            attention_bias=self.attention_bias,
+            explicit_head_dim=self.head_dim,
+            qk_norm=self.qk_norm,
+        )
+
+
 class TakeRequest(_Request):
     max: int = Field(
         ge=1, le=MAX_POOL_RUNS, description="Take at most this many runs (at most its max_runs)."
+    )
+    memory: LearnerMemory | None = Field(
+        None,
+        description="Its memory budget and model shape: a run that does not fit beside those "
+        "it holds is left (in `left`, with the reason). None: no memory check.",
     )
 
 
@@ -436,6 +526,11 @@ class TakenRun(_Response):
     )
 
 
+class LeftRun(_Response):
+    run_id: uuid.UUID
+    reason: str = Field(description="Why it does not fit, e.g. needs 3.1 GB more, 1.2 GB left.")
+
+
 class TakeResponse(_Response):
     runs: list[TakenRun] = Field(description="The runs this take assigned (may be empty).")
     held: list[uuid.UUID] = Field(
@@ -443,4 +538,9 @@ class TakeResponse(_Response):
     )
     hold_s: float = Field(
         description="How long a taken run stays held before its attach (then it is takeable)."
+    )
+    left: list[LeftRun] = Field(
+        default_factory=list,
+        description="Runs it could have taken but did not, as they do not fit its memory "
+        "(takeable by another learner).",
     )

@@ -7,8 +7,10 @@ from pydantic import BaseModel, Field
 
 from protocol.schemas_learner import (
     MAX_POOL_RUNS,
+    LearnerMemory,
     LearnerRegister,
     LearnerRegistered,
+    LeftRun,
     TakenRun,
     TakeRequest,
     TakeResponse,
@@ -18,8 +20,10 @@ from protocol.schemas_learner import (
 # pool learner's client; the listing is the server's own.
 __all__ = [
     "MAX_POOL_RUNS",
+    "LearnerMemory",
     "LearnerRegister",
     "LearnerRegistered",
+    "LeftRun",
     "PoolLearnerOut",
     "TakeRequest",
     "TakeResponse",

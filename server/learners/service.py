@@ -1,5 +1,6 @@
 """Pool learners (docs/guides/pool-learners.md): registration with a registration token, the
-take (one compare-and-set per run, never more than `max_runs` held), the admin's list and
+take (one compare-and-set per run, never more than `max_runs` held, and with a memory payload
+only the runs that fit it: protocol/learner_memory.py `pool_fit`), the admin's list and
 revoke. What a pool learner's token may call on a run it holds is the learner feature's one
 check (server/learner/service.py `authorize`)."""
 
@@ -10,23 +11,30 @@ import uuid
 from sqlalchemy.orm import Session
 
 from protocol.error_codes import ErrorCode
+from protocol.learner_memory import GB, RunNeed, pool_fit, run_need
 from server.config import Settings
 from server.errors import NotFound, Unauthorized, Unprocessable
 from server.learner import repository as learner_repo
 from server.learners import repository as repo
 from server.learners.schemas import (
+    LearnerMemory,
     LearnerRegister,
     LearnerRegistered,
+    LeftRun,
     PoolLearnerOut,
     TakenRun,
     TakeRequest,
     TakeResponse,
 )
 from server.models import PoolLearner, Run, Token
+from server.runs import service as runs_service
 from server.tokens import service as tokens
 
 # How many candidates a take reads per run it may still take: the rest lost races.
 _CANDIDATES_PER_SLOT = 4
+# With a memory check, at least this many: runs too big for it, oldest first, must not hide a
+# smaller one behind them.
+_CANDIDATES_WITH_MEMORY = 64
 
 
 def register(session: Session, registration: Token, body: LearnerRegister) -> LearnerRegistered:
@@ -72,11 +80,18 @@ def take(session: Session, settings: Settings, token: Token, body: TakeRequest) 
     held = repo.held_runs(session, learner.id)
     room = min(body.max, learner.max_runs - len(held))
     hold_s = settings.learner_lease_ttl_s
+    fit = _MemoryFit(session, learner.model, body.memory, held)
     got: list[uuid.UUID] = []
     if room > 0:
-        for run_id in repo.candidates(session, learner, room * _CANDIDATES_PER_SLOT):
-            if run_id not in held and repo.take_one(session, learner, run_id, hold_s):
+        limit = room * _CANDIDATES_PER_SLOT
+        if body.memory is not None:
+            limit = max(limit, _CANDIDATES_WITH_MEMORY)
+        for run_id in repo.candidates(session, learner, limit):
+            if run_id in held or not fit.fits(run_id):
+                continue
+            if repo.take_one(session, learner, run_id, hold_s):
                 got.append(run_id)
+                fit.taken()
                 if len(got) == room:
                     break
     learner_repo.touch_pool_learner(session, learner.id)
@@ -84,7 +99,45 @@ def take(session: Session, settings: Settings, token: Token, body: TakeRequest) 
         runs=[_taken(run) for run in repo.taken(session, got)],
         held=[*held, *got],
         hold_s=hold_s,
+        left=fit.left,
     )
+
+
+class _MemoryFit:
+    """A take's memory check: each candidate against the runs held and taken so far (none
+    without a memory payload); the runs that do not fit, with the reason, in `left`."""
+
+    def __init__(
+        self,
+        session: Session,
+        model: str,
+        memory: LearnerMemory | None,
+        held: list[uuid.UUID],
+    ) -> None:
+        self.session = session
+        self.memory = memory
+        self.shape = memory.shape(model) if memory is not None else None
+        self.needs: list[RunNeed] = [self._need(r) for r in held] if memory else []
+        self.left: list[LeftRun] = []
+        self._pending: RunNeed | None = None
+
+    def _need(self, run_id: uuid.UUID) -> RunNeed:
+        return run_need(runs_service.config_of(self.session, run_id))
+
+    def fits(self, run_id: uuid.UUID) -> bool:
+        if self.memory is None or self.shape is None:
+            return True
+        self._pending = self._need(run_id)
+        budget = self.memory.budget_gb * GB
+        verdict = pool_fit(self.shape, budget, self.needs, self._pending, self.memory.weight_bytes)
+        if not verdict.fits:
+            self.left.append(LeftRun(run_id=run_id, reason=verdict.reason))
+        return verdict.fits
+
+    def taken(self) -> None:
+        """The run `fits` last said yes to was taken: it counts from now on."""
+        if self._pending is not None:
+            self.needs.append(self._pending)
 
 
 def _taken(run: Run) -> TakenRun:
