@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from protocol import credentials
 from protocol.outbound import OutboundPolicy, check_networks
 from protocol.rewards import MODULE_PATH
-from protocol.schemas_learner import MAX_POOL_RUNS
+from protocol.schemas_learner import MAX_MEMORY_BUDGET_GB, MAX_POOL_RUNS
 from protocol.settings_env import refuse_unknown_part_variables
 
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "asyncgrpo" / "learner"
@@ -78,6 +78,17 @@ class LearnerSettings(BaseSettings):
         description="Pool learner: the most runs it holds and trains at once, each its own "
         "LoRA adapter on the one base model it loads (they take turns on it, first ready, "
         "first trained).",
+    )
+    memory_budget: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_MEMORY_BUDGET_GB,
+        allow_inf_nan=False,
+        description="Pool learner: memory (GB, 10^9 bytes) the runs it holds may take; a run "
+        "that does not fit beside them is left for another learner (docs/guides/"
+        'pool-learners.md, "Memory"). None: on CUDA the device\'s total memory (times '
+        "--gpu-memory-fraction when set), on CPU the machine's physical memory.",
+        json_schema_extra={"shown_default": "the device's memory"},
     )
     gpu_type: str | None = Field(
         None, min_length=1, max_length=100, description="Pool learner: its GPU, e.g. H100."

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from typing import Any
 
+from learner import pool_memory
 from learner.config import POOL_ID_FIELD, LearnerSettings
 from learner.shared_base import SharedBase
 from protocol import credentials
@@ -45,6 +47,7 @@ def obtain_credential(settings: LearnerSettings, fingerprint: str) -> credential
                 model=settings.model,
                 tokenizer_fingerprint=fingerprint,
                 max_runs=settings.max_runs,
+                memory_budget_gb=pool_memory.budget_gb(settings),
                 gpu_type=settings.gpu_type,
                 price_per_hour=settings.price_per_hour,
             )
@@ -145,6 +148,7 @@ def _take_and_train(
 ) -> int:
     path = settings.pool_credentials_path()
     ended = threading.Event()  # set by a run's thread when it ends: take again at once
+    memory, said_left = pool_memory.take_memory(settings), set[uuid.UUID]()
     with AsyncGrpoClient(settings.server_url, token, max_retries=30) as client:
         idle = False  # said once per wait, not at every take
         while True:
@@ -154,7 +158,7 @@ def _take_and_train(
             room = settings.max_runs - len(held)
             if room > 0:
                 try:
-                    answer = client.take_runs(room)
+                    answer = client.take_runs(room, memory=memory)
                 except ApiError as exc:
                     if exc.status_code >= 500:
                         raise
@@ -167,6 +171,7 @@ def _take_and_train(
                         exc.detail,
                     )
                     return 2
+                pool_memory.log_left(answer.left, said_left)
                 # `held` too: a take whose answer was lost (and retried) holds its run already
                 found = [str(r.run_id) for r in answer.runs] + [str(r) for r in answer.held]
                 for run_id in [r for r in dict.fromkeys(found) if r not in held][:room]:

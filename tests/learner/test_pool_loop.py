@@ -1,9 +1,11 @@
-"""The pool learner's loop without a model (learner/pool.py): it takes, trains the run it took
-with a Learner under its pool token, takes again after a lost run (RunLost, not a crash), waits
-while nothing is takeable; and the Learner turns a 403 `run_not_held` into RunLost."""
+"""The pool learner's loop without a model (learner/pool.py): it takes (with its memory payload,
+logging each run a take left once), trains the run it took with a Learner under its pool token,
+takes again after a lost run (RunLost, not a crash), waits while nothing is takeable; and the
+Learner turns a 403 `run_not_held` into RunLost."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 
 import learner.loop
 import learner.pool
+import learner.pool_memory
 from learner.config import LearnerSettings
 from learner.heartbeat import Heartbeat
 from learner.loop import Learner, RunLost
@@ -20,10 +23,11 @@ from protocol import credentials
 from protocol import schemas_learner as sl
 from protocol.client import AsyncGrpoClient, ConflictError, ForbiddenError
 from protocol.error_codes import ErrorCode
+from protocol.learner_memory import ModelShape
 from protocol.rewards import RewardAllowlist
 
 SERVER = "http://h:1"
-RUN_A, RUN_B = uuid.uuid4(), uuid.uuid4()
+RUN_A, RUN_B, RUN_C = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
 
 def _taken(run_id: uuid.UUID) -> sl.TakenRun:
@@ -43,19 +47,25 @@ def _not_held() -> ForbiddenError:
 
 
 def test_the_pool_loop_takes_again_after_a_run_lost_and_when_idle(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     creds = tmp_path / "pool.json"
     credentials.save(creds, credentials.StoredCredential("id", "agr_pln_x", SERVER), "learner_id")
     settings = LearnerSettings(server_url=SERVER, credentials_file=creds, take_retry_s=0.01)
+    too_big = sl.LeftRun(run_id=RUN_C, reason="needs 3.1 GB more")
     answers = [
         sl.TakeResponse(runs=[_taken(RUN_A)], held=[RUN_A], hold_s=3),
-        sl.TakeResponse(runs=[], held=[], hold_s=3),
-        sl.TakeResponse(runs=[], held=[RUN_B], hold_s=3),  # a lost answer's run, found held
+        sl.TakeResponse(runs=[], held=[], hold_s=3, left=[too_big]),
+        # a lost answer's run, found held
+        sl.TakeResponse(runs=[], held=[RUN_B], hold_s=3, left=[too_big]),
     ]
+    shape = ModelShape("m", 30, 576, 1536, 9, 3, 49152, True, False)
+    sent = sl.LearnerMemory.of(shape, budget_gb=16, weight_bytes=4)  # every take sends it
 
-    def take(self: AsyncGrpoClient, max_runs: int) -> sl.TakeResponse:
-        assert (self.token, max_runs) == ("agr_pln_x", 1)
+    def take(
+        self: AsyncGrpoClient, max_runs: int, memory: sl.LearnerMemory | None
+    ) -> sl.TakeResponse:
+        assert (self.token, max_runs, memory) == ("agr_pln_x", 1, sent)
         if not answers:
             raise KeyboardInterrupt  # stands for the Ctrl-C that stops it
         return answers.pop(0)
@@ -76,10 +86,13 @@ def test_the_pool_loop_takes_again_after_a_run_lost_and_when_idle(
 
     monkeypatch.setattr(AsyncGrpoClient, "take_runs", take)
     monkeypatch.setattr(learner.pool, "_fingerprint", lambda model: "fp")
+    monkeypatch.setattr(learner.pool_memory, "take_memory", lambda settings: sent)
     monkeypatch.setattr(learner.loop, "Learner", FakeLearner)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), caplog.at_level(logging.INFO, logger="learner"):
         learner.pool.run_pool(settings)
     assert trained == [(str(RUN_A), "agr_pln_x", True), (str(RUN_B), "agr_pln_x", True)]
+    left = f"left run {RUN_C} for another learner: needs 3.1 GB more"
+    assert [r.getMessage() for r in caplog.records].count(left) == 1  # once, not per take
 
 
 def test_runs_are_trained_side_by_side_up_to_max_runs_and_a_crash_stays_with_its_run(
@@ -125,6 +138,7 @@ def test_runs_are_trained_side_by_side_up_to_max_runs_and_a_crash_stays_with_its
 
     monkeypatch.setattr(AsyncGrpoClient, "take_runs", take)
     monkeypatch.setattr(learner.pool, "_fingerprint", lambda model: "fp")
+    monkeypatch.setattr(learner.pool_memory, "take_memory", lambda settings: None)
     monkeypatch.setattr(learner.loop, "Learner", FakeLearner)
     with pytest.raises(KeyboardInterrupt):
         learner.pool.run_pool(settings)
