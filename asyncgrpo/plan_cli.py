@@ -1,6 +1,7 @@
 """`asyncgrpo plan`: adapter payload, sync time, learner memory per GPU, and the workers that keep
-one learner busy with their cost per 1,000 accepted samples (server/dashboard/fleet_plan.py
-states every formula). Pure arithmetic: reads at most a local config.json."""
+one learner busy with their cost per 1,000 accepted samples, and a sweep's cost with one learner
+per run and on pool learners (server/dashboard/fleet_plan.py states every formula). Pure
+arithmetic: reads at most a local config.json."""
 
 from __future__ import annotations
 
@@ -65,8 +66,16 @@ def plan(
     ),
     runs: int = typer.Option(
         1,
-        help="Runs of a sweep (asyncgrpo sweep): what they cost with one learner each, and "
-        "how many one learner GPU could hold by memory and keep up with by tokens/s.",
+        help="Runs of a sweep (asyncgrpo sweep): what they cost with one learner each and "
+        "with pool learners, how many one learner GPU could hold by memory and keep up with "
+        "by tokens/s, and the --max-runs suggested to a pool learner.",
+    ),
+    gradient_checkpointing: bool = typer.Option(
+        False,
+        "--gradient-checkpointing",
+        help="The sweep's runs use gradient checkpointing (grpo.gradient_checkpointing): "
+        "pool learners hold them in the single+ckpt layout.",
+        show_default="off",
     ),
     samples_per_run: float = typer.Option(
         None,
@@ -92,9 +101,10 @@ def plan(
     bfloat16, FSDP sharding the decoder layers' base weights only, as the learner's --fsdp
     does); and, given --learner-gpu and --worker-gpu offers, the workers of each offer that
     keep one learner busy (capped by the admission bound) with the cost per 1,000 accepted
-    samples. With --runs: what a sweep of that many runs costs with one learner per run, and
-    how many runs one learner GPU could hold by memory and keep up with by tokens/s. Bad input
-    exits 2 with the option and the reason.
+    samples. With --runs: what a sweep of that many runs costs with one learner per run, how
+    many runs one learner GPU could hold by memory and keep up with by tokens/s, the runs per
+    pool learner GPU (the --max-runs to give `asyncgrpo learner`) and the sweep's cost on
+    pool learners. Bad input exits 2 with the option and the reason.
     """
     from server.dashboard.fleet_plan import FleetInputs, Gpu, full_plan
     from server.dashboard.planner import load_shape, plan_shape
@@ -133,6 +143,7 @@ def plan(
             fleet=fleet,
             runs=runs,
             samples_per_run=samples_per_run,
+            checkpointing=gradient_checkpointing,
         )
     except ValueError as exc:
         _fail(_as_option(str(exc)))
@@ -315,3 +326,31 @@ def _print_sweep(console: Any, sweep: dict[str, Any]) -> None:
         "keeps up with: the learner's tokens/s ÷ the most one run's workers deliver under its "
         "admission bound (below 1: one run alone can feed it more than it trains)"
     )
+    _print_pool(console, sweep)
+
+
+def _print_pool(console: Any, sweep: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"The same sweep on pool learners ({sweep['pool_layout']} layout)")
+    for column in ("GPU", "--max-runs", "learner GPUs", "workers", "$/h", "$ total"):
+        table.add_column(column, justify="right")
+    for r in sweep["rows"]:
+        table.add_row(
+            r["gpu"],
+            _or_dash(r["runs_per_learner"], "{}"),
+            _or_dash(r["pool_learner_gpus"], "{}"),
+            str(r["workers"]),
+            _or_dash(r["pool_cost_per_hour"], "{:.2f}"),
+            _or_dash(r["pool_cost"], "{:.2f}"),
+        )
+    console.print(table)
+    console.print(
+        "--max-runs: the runs one pool learner GPU holds by memory, no more than it keeps up "
+        "with (at least 1), the sweep's runs and 64 (—: unknown without the GPU's memory or "
+        "with more than one learner GPU; 0: not even one run fits); the workers unchanged"
+    )
+
+
+def _or_dash(value: Any, spec: str) -> str:
+    return "—" if value is None else spec.format(value)

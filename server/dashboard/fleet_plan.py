@@ -1,24 +1,7 @@
 """Learner memory, fleet size and cost per accepted sample (pure arithmetic, no I/O).
 
-Memory of one learner GPU (GB = 10^9 bytes), for P base parameters, Lp LoRA parameters, a
-micro-batch of T tokens, a model of L layers, hidden h, KV width kv, MLP width i, vocabulary V:
-- base weights, bf16: 2·P bytes. With FSDP over N GPUs what the learner shards
-  (learner/distributed.py, `shard`: each decoder layer's frozen base weights, FSDP2) is divided:
-  2·L·(parameters of one layer) / N, plus two unsharded layers in flight (the one computing and
-  the one prefetched): 2 · 2 · (parameters of one layer); the rest stays whole on every GPU:
-  2 · (embeddings, an untied LM head, the final norm).
-- LoRA training state, fp32: 16·Lp (weights 4, gradients 4, Adam m and v 8), whole on every GPU
-  with or without FSDP (the learner replicates the LoRA weights and all-reduces their
-  gradients).
-- activations kept for the backward pass, bf16, attention without the s² term (SDPA / flash):
-  per token and layer 2 · (4h + 2q + 2kv + 4i) bytes (two norm inputs, the projections' input,
-  q, k, v, the attention output, the MLP input, gate, up, activation and product; q = heads ×
-  head_dim, which is h unless config.json sets its own head_dim). Without gradient
-  checkpointing all L layers keep them; with it each layer keeps only its input (2h per token)
-  and one layer's set is alive again while it is recomputed: 2·L·h + 2·(4h + 2q + 2kv + 4i).
-- logits for the log-probabilities, fp32: 4·V per token.
-Activations are per GPU (each rank runs its own micro-batch), so FSDP does not divide them.
-An estimate: allocator fragmentation, CUDA context (~0.5-1 GB) and temporary buffers come on top.
+Memory of one learner GPU: protocol/learner_memory.py (its formulas, one home with the pool
+learners' take), per layout: single, single+ckpt, fsdp, fsdp+ckpt.
 
 Fleet: a worker generates W completion tokens/s at full occupancy (S sequences in flight); the
 learner trains R completion tokens/s (the figure the learner reports as `tokens_per_s`, prompt
@@ -43,6 +26,15 @@ A sweep of K runs (docs/guides/sweeps.md, "What a sweep costs"):
   accepted completion tokens/s (its admission bound caps the workers it can keep full); the
   learner trains R, so R / (usable · a · W) runs (below 1: one run alone can feed it more than
   it trains).
+- runs per learner GPU, the `--max-runs` a pool learner is suggested
+  (docs/guides/pool-learners.md): min(runs by memory in the single-GPU layout, single or
+  single+ckpt as the runs checkpoint, max(1, floor(runs by tokens/s))), at most K and
+  MAX_POOL_RUNS; unknown without the GPU's memory or with more than one learner GPU (a pool
+  learner runs on one GPU, never under torchrun), 0 when not even one run fits.
+- with pool learners each holding that many runs (k): ceil(K / k) learner GPUs instead of K,
+  the workers unchanged. A pool learner keeps up with its k runs (k ≤ runs by tokens/s), so each
+  run keeps its accepted samples/h and its hours; the sweep costs
+  (ceil(K / k) · learner $/h + K · workers · worker $/h) · hours.
 """
 
 from __future__ import annotations
@@ -51,11 +43,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from server.dashboard.planner import GB, TARGETS, ModelShape, lora_parameters
-
-BYTES_BASE = 2  # bf16 base weights (the learner's --dtype bfloat16)
-BYTES_LORA_STATE = 16  # fp32 weight, gradient, Adam m and v
-BYTES_LOGIT = 4
+from protocol.learner_memory import TARGETS, Memory, ModelShape, learner_memory, lora_parameters
+from protocol.schemas_learner import MAX_POOL_RUNS
 
 # Memory of one GPU of each type, GB (vendor figures), for the "fits" column.
 GPU_MEMORY_GB: dict[str, float] = {
@@ -145,52 +134,6 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class Memory:
-    """GB per learner GPU."""
-
-    weights: float
-    lora_state: float
-    activations: float
-    logits: float
-    total: float
-
-
-def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
-    one_layer = 2 * (4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate)
-    if checkpointing:
-        return 2 * shape.layers * shape.hidden + one_layer
-    return shape.layers * one_layer
-
-
-def learner_memory(
-    shape: ModelShape,
-    lora_params: int,
-    micro_batch_tokens: int,
-    *,
-    gpus: int,
-    fsdp: bool,
-    checkpointing: bool,
-) -> Memory:
-    """GB on each of `gpus` learner GPUs (module docstring)."""
-    shards = gpus if fsdp else 1
-    layers = shape.layers * shape.layer_parameters()  # sharded by FSDP
-    whole = shape.parameters() - layers  # embeddings, untied head, final norm: never sharded
-    weights = BYTES_BASE * (layers / shards + whole)
-    if fsdp:
-        weights += 2 * BYTES_BASE * shape.layer_parameters()
-    lora = BYTES_LORA_STATE * lora_params  # replicated on every rank, FSDP or not
-    acts = micro_batch_tokens * activation_bytes_per_token(shape, checkpointing)
-    logits = micro_batch_tokens * BYTES_LOGIT * shape.vocab
-    return Memory(
-        weights=weights / GB,
-        lora_state=lora / GB,
-        activations=acts / GB,
-        logits=logits / GB,
-        total=(weights + lora + acts + logits) / GB,
-    )
-
-
-@dataclass(frozen=True)
 class FleetInputs:
     completion_tokens: float
     group_size: int
@@ -264,6 +207,11 @@ class SweepRow:
     cost: float | None
     run_tokens_per_s: float  # the most accepted completion tokens/s one run's workers deliver
     runs_by_tokens: float  # runs one learner keeps up with: R / run_tokens_per_s
+    # pool learners (module docstring): None where unknown, 0 runs when not even one fits
+    runs_per_learner: int | None  # the suggested --max-runs
+    pool_learner_gpus: int | None
+    pool_cost_per_hour: float | None
+    pool_cost: float | None
 
 
 @dataclass(frozen=True)
@@ -272,6 +220,7 @@ class SweepPlan:
     samples_per_run: float | None
     lora_state_gb: float  # added by each run a learner holds
     runs_by_memory: dict[str, int] | None  # per layout; None without the GPU's memory
+    pool_layout: str  # the layout a pool learner's runs are held in: single or single+ckpt
     rows: list[SweepRow]
 
 
@@ -284,9 +233,10 @@ def sweep_plan(
     workers: list[Gpu],
     rows: list[FleetRow],
     f: FleetInputs,
+    checkpointing: bool = False,
 ) -> SweepPlan:
-    """A sweep's cost with one learner per run, and the runs one learner could hold (module
-    docstring)."""
+    """A sweep's cost with one learner per run and with pool learners, and the runs one learner
+    could hold (module docstring)."""
     check_range("runs", runs)
     if samples_per_run is not None:
         check_range("samples_per_run", samples_per_run)
@@ -297,26 +247,55 @@ def sweep_plan(
             layout: max(0, math.floor((gpu_memory_gb - (m.total - m.lora_state)) / m.lora_state))
             for layout, m in memory.items()
         }
+    layout = "single+ckpt" if checkpointing else "single"
+    by_memory = held[layout] if held is not None and f.learner_gpus == 1 else None
     out: list[SweepRow] = []
     for worker, row in zip(workers, rows, strict=True):
         assert learner is not None
-        run_rate = row.workers_usable * f.accept_fraction * worker.tokens_per_s
-        hours = None if samples_per_run is None else samples_per_run / row.accepted_per_hour
-        out.append(
-            SweepRow(
-                gpu=row.gpu,
-                runs=runs,
-                learner_gpus=runs * f.learner_gpus,
-                workers=runs * row.workers,
-                cost_per_hour=runs * row.cost_per_hour,
-                accepted_per_hour=runs * row.accepted_per_hour,
-                hours=hours,
-                cost=None if hours is None else runs * row.cost_per_hour * hours,
-                run_tokens_per_s=run_rate,
-                runs_by_tokens=learner.tokens_per_s / run_rate,
-            )
-        )
-    return SweepPlan(runs, samples_per_run, lora_gb, held, out)
+        out.append(_sweep_row(runs, samples_per_run, by_memory, learner, worker, row, f))
+    return SweepPlan(runs, samples_per_run, lora_gb, held, layout, out)
+
+
+def runs_per_learner(runs: int, by_memory: int | None, by_tokens: float) -> int | None:
+    """The runs one pool learner GPU holds (module docstring); None without a memory figure."""
+    if by_memory is None:
+        return None
+    return min(by_memory, max(1, math.floor(by_tokens + 1e-9)), runs, MAX_POOL_RUNS)
+
+
+def _sweep_row(
+    runs: int,
+    samples_per_run: float | None,
+    by_memory: int | None,
+    learner: Gpu,
+    worker: Gpu,
+    row: FleetRow,
+    f: FleetInputs,
+) -> SweepRow:
+    run_rate = row.workers_usable * f.accept_fraction * worker.tokens_per_s
+    hours = None if samples_per_run is None else samples_per_run / row.accepted_per_hour
+    by_tokens = learner.tokens_per_s / run_rate
+    per = runs_per_learner(runs, by_memory, by_tokens)
+    pool_gpus = math.ceil(runs / per) if per else None
+    pool_h = None
+    if pool_gpus is not None:
+        pool_h = pool_gpus * learner.price_per_hour + runs * row.workers * worker.price_per_hour
+    return SweepRow(
+        gpu=row.gpu,
+        runs=runs,
+        learner_gpus=runs * f.learner_gpus,
+        workers=runs * row.workers,
+        cost_per_hour=runs * row.cost_per_hour,
+        accepted_per_hour=runs * row.accepted_per_hour,
+        hours=hours,
+        cost=None if hours is None else runs * row.cost_per_hour * hours,
+        run_tokens_per_s=run_rate,
+        runs_by_tokens=by_tokens,
+        runs_per_learner=per,
+        pool_learner_gpus=pool_gpus,
+        pool_cost_per_hour=pool_h,
+        pool_cost=None if pool_h is None or hours is None else pool_h * hours,
+    )
 
 
 @dataclass(frozen=True)
@@ -346,9 +325,11 @@ def full_plan(
     fleet: FleetInputs,
     runs: int = 1,
     samples_per_run: float | None = None,
+    checkpointing: bool = False,
 ) -> FullPlan:
     """Memory of every layout and, given a learner and worker offers, one fleet row each; and
-    a sweep of `runs` runs (sweep_plan)."""
+    a sweep of `runs` runs (sweep_plan; `checkpointing`: the runs' gradient checkpointing, which
+    picks the pool learners' layout)."""
     check_range("micro_batch_tokens", micro_batch_tokens)
     if targets not in TARGETS:
         raise ValueError(f"unknown target set {targets!r}")
@@ -365,7 +346,9 @@ def full_plan(
         raise ValueError("worker GPUs need a learner GPU (its price and tokens/s)")
     rows = [fleet_row(w, learner, fleet) for w in workers] if learner is not None else []
     gpu_gb = GPU_MEMORY_GB.get(learner.name.upper()) if learner else None
-    sweep = sweep_plan(runs, samples_per_run, memory, gpu_gb, learner, workers, rows, fleet)
+    sweep = sweep_plan(
+        runs, samples_per_run, memory, gpu_gb, learner, workers, rows, fleet, checkpointing
+    )
     return FullPlan(
         model=shape.name,
         rank=rank,

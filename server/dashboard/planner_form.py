@@ -68,6 +68,7 @@ def plan_from_form(
         ),
         runs=number("runs", int),
         samples_per_run=number("samples_per_run", float) if values["samples_per_run"] else None,
+        checkpointing=bool(values.get("gradient_checkpointing")),
     )
 
 

@@ -571,6 +571,7 @@ def planner_page(
     accept_fraction: str = "1",
     runs: str = "1",
     samples_per_run: str = "",
+    gradient_checkpointing: str = "",
     from_run: str = "",
     fill: str = "",
 ) -> HTMLResponse:

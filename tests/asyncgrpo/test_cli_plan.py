@@ -58,6 +58,27 @@ def test_plan_a_sweep() -> None:
     assert refused.exit_code == 2 and "--runs must be between 1 and 10,000" in refused.output
 
 
+def test_plan_a_sweep_on_pool_learners() -> None:
+    """test_sweep_plan.py works these out: 64 sequences per worker, 8 runs, 2 per H100."""
+    args = [*BASE, "--worker-sequences", "64", "--runs", "8", "--samples-per-run", "67500"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    sweep = json.loads(result.output)["sweep"]
+    l4 = next(r for r in sweep["rows"] if r["gpu"] == "L4")
+    assert (l4["runs_per_learner"], l4["pool_learner_gpus"]) == (2, 4)
+    assert l4["pool_cost_per_hour"] == pytest.approx(15.6) and l4["pool_cost"] == pytest.approx(
+        62.4
+    )
+    assert sweep["pool_layout"] == "single"
+    ckpt = json.loads(CliRunner().invoke(app, [*args, "--gradient-checkpointing", "--json"]).output)
+    assert ckpt["sweep"]["pool_layout"] == "single+ckpt"
+    tables = CliRunner().invoke(app, args, env={"COLUMNS": "200"}).output
+    assert "The same sweep on pool learners (single layout)" in tables
+    row = next(line for line in tables.splitlines() if "15.60" in line)
+    assert row.split("│")[1:7] == [x.rjust(len(x)) for x in row.split("│")[1:7]]
+    assert [c.strip() for c in row.split("│")[1:7]] == ["L4", "2", "4", "16", "15.60", "62.40"]
+
+
 def test_plan_tables() -> None:
     result = CliRunner().invoke(app, BASE)
     assert result.exit_code == 0, result.output

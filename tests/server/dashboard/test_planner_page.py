@@ -44,6 +44,20 @@ def test_planner_page_shows_memory_and_fleet(client: TestClient, admin_token: st
     # 4 runs × (4 L4 · 0.35 + 4 H100 · 2.5) $/h; 67,500 samples at 33,750/h: 2 h, 91.20 $
     assert sweep["L4"][1:7] == ["16", "16", "45.60", "135,000", "2.00", "91.20"]
     assert sweep["L4"][7] == "1.00"
+    # 4 learner GPUs: a pool learner runs on one, so no pool figures
+    pool = {row[0]: row for row in _cells(four.text, "plan-pool")}
+    assert pool["L4"][1:3] == ["—", "—"]
+    # one learner GPU, 64 sequences per worker, 8 runs (test_sweep_plan.py): 2 runs per H100,
+    # 4 of them, 15.60 $/h, 62.40 $; with checkpointing the single+ckpt layout
+    one_gpu = QUERY.replace("learner_gpus=4", "learner_gpus=1").replace(
+        "worker_sequences=32", "worker_sequences=64"
+    )
+    pooled = client.get(one_gpu + "&runs=8&samples_per_run=67500")
+    pool = {row[0]: row for row in _cells(pooled.text, "plan-pool")}
+    assert pool["L4"][1:6] == ["2", "4", "16", "15.60", "62.40"]
+    assert "in the single layout" in pooled.text
+    ckpt = client.get(one_gpu + "&runs=8&gradient_checkpointing=on")
+    assert "in the single+ckpt layout" in ckpt.text and 'value="on" checked' in ckpt.text
     fragment = client.get(QUERY, headers={"HX-Request": "true"})
     assert "<html" not in fragment.text and 'id="plan-fleet"' in fragment.text
 
