@@ -387,6 +387,7 @@ class EvalResultsResponse(_Response):
 # -- pool learners (docs/architecture/protocol.md, "Pool learners") ------------------------------
 
 MAX_POOL_RUNS = 64
+MAX_MEMORY_BUDGET_GB = 100_000
 
 
 class LearnerRegister(_Request):
@@ -404,7 +405,12 @@ class LearnerRegister(_Request):
         ge=1, le=MAX_POOL_RUNS, description="The most runs it holds at once (1..64)."
     )
     memory_budget_gb: float | None = Field(
-        None, gt=0, le=100_000, description="GPU memory it may spend on runs (informative)."
+        None,
+        gt=0,
+        le=MAX_MEMORY_BUDGET_GB,
+        allow_inf_nan=False,
+        description="Memory it may spend on runs, GB (shown on the Learners page; each take's "
+        "`memory` is what the take checks).",
     )
     gpu_type: str | None = Field(None, min_length=1, max_length=100, description="e.g. H100.")
     price_per_hour: float | None = Field(
@@ -417,7 +423,6 @@ class LearnerRegistered(_Response):
     learner_token: str = Field(description="The pool_learner token; shown only in this response.")
 
 
-MAX_MEMORY_BUDGET_GB = 100_000
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
 
 
