@@ -98,9 +98,11 @@ def _stop(proc: Any) -> None:
 
 def _pool_args(app: Any, tmp_path: Path, name: str, *extra: str) -> list[str]:
     registration = mint_token(app, "registration", name=name, max_uses=1)
+    # a budget any test machine passes: the memory rule has its own tests (test_take_memory)
     return ["--registration-token", registration, "--credentials-file",
             str(tmp_path / f"{name}.json"), "--name", name, "--max-runs", "3",
-            "--take-retry-s", "0.5", "--checkpoint-every-versions", "1", *extra]  # fmt: skip
+            "--take-retry-s", "0.5", "--checkpoint-every-versions", "1",
+            "--memory-budget", "64", *extra]  # fmt: skip
 
 
 def _versions(app: Any, run_id: uuid.UUID) -> list[Any]:
