@@ -2,7 +2,8 @@
 learners: peak memory and aggregate trained tokens/s (issue 31; docs/guides/pool-learners.md,
 "What it costs and saves").
 
-    .venv/bin/python bench/learner_pool.py [--runs 1 2 4] [--steps 4] [--prompts 4] [--json]
+    .venv/bin/python bench/learner_pool.py [--runs 1 2 4] [--steps 4] [--prompts 4]
+        [--repeats 3] [--json]
 
 Everything is real: the control plane served in this process on SQLite with a folder bucket
 (tests/harness/live_app.py), the real small model, `asyncgrpo learner` processes with one torch
@@ -32,16 +33,19 @@ point of each version (a step retrained after a lost lease counts once).
                     "memory_ratio" (pool_peak / (single_peak × K)),
                     "pool_tokens_per_s", "per_run_tokens_per_s",
                     "tokens_per_s_ratio" (pool / per-run), "pool_window_s", "per_run_window_s",
-                    "pool_tokens", "per_run_tokens", "completed" (runs completed of 2K)}},
+                    "pool_tokens", "per_run_tokens", "completed" (runs completed, of
+                    2K × repeats), "repeats"}},
    "goal": {"memory_ratio_max": 0.5, "tokens_per_s_ratio_min": 0.9, "at_runs": 4},
-   "steps", "prompts", "threads", "label", "load"}
-Each figure is one measurement per K (the phases cost minutes each); compare within one run.
+   "steps", "prompts", "repeats", "threads", "label", "load"}
+Each figure is the median over `--repeats` rounds (each round both phases on fresh runs, every
+K in turn), each ratio the median of the rounds' ratios; compare within one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -246,8 +250,9 @@ def measure_k(
     own_runs = make_runs(live, k, args, tok, tmp)  # after the pool learner stopped
     task = progress.add_task(f"K={k} per-run learners", total=k)
     own = per_run_phase(live, own_runs, args, lambda n: progress.update(task, completed=n))
-    progress.console.log(f"K={k}: pool {pool.window_s:.1f} s, per-run learners "
-                         f"{sum(m.window_s for m in own):.1f} s")  # fmt: skip
+    progress.console.log(f"K={k}: pool {pool.window_s:.1f} s, peak {pool.peak_rss / MB:,.0f} "
+                         f"MB; per-run learners {sum(m.window_s for m in own):.1f} s, largest "
+                         f"peak {max(m.peak_rss for m in own) / MB:,.0f} MB")  # fmt: skip
     pool_ids, own_ids = [r.id for r in pool_runs], [r.id for r in own_runs]
     return figures(
         k, pool, own, trained_tokens(live, pool_ids), trained_tokens(live, own_ids),
@@ -278,6 +283,14 @@ def figures(
     }
 
 
+def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds (`completed`: the sum)."""
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    out["completed"] = sum(r["completed"] for r in rounds)
+    out["repeats"] = len(rounds)
+    return out
+
+
 # -- output ------------------------------------------------------------------------------------
 
 
@@ -294,7 +307,7 @@ def print_table(results: dict[int, dict[str, Any]]) -> None:
             f"{f['memory_ratio']:.2f}", f"{f['pool_tokens_per_s']:.2f}",
             f"{f['per_run_tokens_per_s']:.2f}", f"{f['tokens_per_s_ratio']:.2f}",
             f"{f['pool_window_s']:.1f}", f"{f['per_run_window_s']:.1f}",
-            f"{f['completed']}/{2 * k}",
+            f"{f['completed']}/{2 * k * f['repeats']}",
         )  # fmt: skip
     console = Console(width=140)
     console.print(table)
@@ -319,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, nargs="+", default=[1, 2, 4], help="values of K")
     parser.add_argument("--steps", type=int, default=4, help="batches (steps) per run")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per batch (2 each)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; figures are medians")
     parser.add_argument("--sample-s", type=float, default=0.15, help="RSS sampling period")
     report.add_json_flag(parser)
     args = parser.parse_args(argv)
@@ -326,17 +340,19 @@ def main(argv: list[str] | None = None) -> int:
     from lm.models import load_tokenizer
 
     tok = load_tokenizer(MODEL)
-    results: dict[int, dict[str, Any]] = {}
+    rounds: dict[int, list[dict[str, Any]]] = {k: [] for k in args.runs}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as name, served(Path(name)) as live:
         with Progress(console=stderr) as progress:
-            for k in args.runs:
-                results[k] = measure_k(live, k, args, tok, Path(name), progress)
+            for _ in range(args.repeats):
+                for k in args.runs:
+                    rounds[k].append(measure_k(live, k, args, tok, Path(name), progress))
+    results = {k: medians(r) for k, r in rounds.items()}
     print_table(results)
     report.emit(args, {
         "runs": {str(k): f for k, f in results.items()},
         "goal": {"memory_ratio_max": MEMORY_GOAL, "tokens_per_s_ratio_min": SPEED_GOAL,
                  "at_runs": GOAL_AT},
-        "steps": args.steps, "prompts": args.prompts, "threads": 1,
+        "steps": args.steps, "prompts": args.prompts, "repeats": args.repeats, "threads": 1,
         "label": f"CPU, {os.cpu_count()} cores; {CONTENDED}", "load": load_average(),
     })  # fmt: skip
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import MB
-from bench.learner_pool import Measured, figures
+from bench.learner_pool import Measured, figures, medians
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {
@@ -34,18 +34,23 @@ def test_the_ratios_take_the_largest_single_learner_and_the_sum_of_its_windows()
     assert got["tokens_per_s_ratio"] == pytest.approx((40 / 10) / (40 / 20))
 
 
+def test_the_rounds_give_medians_and_the_completed_runs_add_up() -> None:
+    rounds = [{"memory_ratio": r, "completed": 4} for r in (0.7, 0.5, 0.6)]
+    assert medians(rounds) == {"memory_ratio": 0.6, "completed": 12, "repeats": 3}
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_runs_on_one_pool_learner_take_less_memory_than_two_learners() -> None:
     argv = [sys.executable, str(ROOT / "bench" / "learner_pool.py"),
-            "--runs", "2", "--steps", "1", "--json"]  # fmt: skip
+            "--runs", "2", "--steps", "1", "--repeats", "1", "--json"]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["goal"] == {"memory_ratio_max": 0.5, "tokens_per_s_ratio_min": 0.9, "at_runs": 4}
     two = out["runs"]["2"]
-    assert two.keys() == KEYS
+    assert two.keys() == KEYS | {"repeats"} and two["repeats"] == 1
     assert two["completed"] == 4  # both runs of both phases
     for key in KEYS - {"completed"}:
         assert math.isfinite(two[key]) and two[key] > 0, key
