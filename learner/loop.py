@@ -682,7 +682,7 @@ class Learner:
                     log.info("the run is preparing its prompt rows; waiting")
                 else:
                     log.info("another learner holds the run; standing by")
-                self.stopped.wait(self.settings.standby_retry_s)
+                time.sleep(self.settings.standby_retry_s)
                 self._check_stopped()
 
     def _check_collective_timeout(self, attach: sl.AttachResponse) -> None:

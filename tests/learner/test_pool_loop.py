@@ -165,6 +165,7 @@ def _learner(error: Exception, *, pool: bool) -> Learner:
     made.client = _Client(error)  # type: ignore[assignment]
     made.fingerprint = "fp"
     made.rewards_allowed = RewardAllowlist.discover([])
+    made.stopped = threading.Event()
     return made
 
 

@@ -30,6 +30,7 @@ def _learner(client: Any, run_id: str, token: str) -> Learner:
     learner.client = AsyncGrpoClient("http://testserver", token, http=client)
     learner.fingerprint = FP
     learner.rewards_allowed = RewardAllowlist.discover([])
+    learner.stopped = threading.Event()
     return learner
 
 

@@ -5,6 +5,7 @@ token the server refuses (404, 401) stops it too, with the server's reason (it w
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -41,6 +42,7 @@ def _learner(client: Any, run: RunHandle, model: str = MODEL) -> Learner:
     learner.client = AsyncGrpoClient("http://testserver", run.token, http=client, max_retries=0)
     learner.fingerprint = FP
     learner.rewards_allowed = RewardAllowlist.discover([])
+    learner.stopped = threading.Event()
     return learner
 
 
