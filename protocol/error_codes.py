@@ -45,6 +45,10 @@ class ErrorCode(StrEnum):
     sweep_path_unknown = "sweep_path_unknown"  # an override's path names no run config field
     sweep_combination_invalid = "sweep_combination_invalid"  # one combination fails validation
     sweep_too_large = "sweep_too_large"  # more runs than `sweeps.max_runs`
+    # -- projects (docs/guides/projects.md) --------------------------------------------------------
+    project_not_found = "project_not_found"
+    project_name_taken = "project_name_taken"  # create or rename to a name in use
+    unknown_project = "unknown_project"  # a run, sweep, dataset or token names no project
     # -- the learner -----------------------------------------------------------------------------
     held_by_another_learner = "held_by_another_learner"  # stand by and attach again
     run_not_held = "run_not_held"  # a pool learner's token on a run it does not hold
@@ -148,6 +152,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.run_not_found,
         ErrorCode.pool_learner_not_found,
         ErrorCode.sweep_not_found,
+        ErrorCode.project_not_found,
         ErrorCode.lease_not_found,
         ErrorCode.batch_not_found,
         ErrorCode.batch_object_missing,
@@ -177,6 +182,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.fencing_lost,
         ErrorCode.model_not_registered,
         ErrorCode.dataset_in_use,
+        ErrorCode.project_name_taken,
     ),
     410: (ErrorCode.version_deleted,),
     412: (ErrorCode.object_exists,),
@@ -221,6 +227,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.sweep_path_unknown,
         ErrorCode.sweep_combination_invalid,
         ErrorCode.sweep_too_large,
+        ErrorCode.unknown_project,
     ),
     500: (ErrorCode.internal_error,),
     503: (ErrorCode.database_unavailable, ErrorCode.store_unavailable, ErrorCode.not_ready),
@@ -283,6 +290,12 @@ MEANING: dict[ErrorCode, str] = {
         "(`combination`, `overrides`, `field` and `errors` name it)"
     ),
     ErrorCode.sweep_too_large: "a sweep would create more runs than `sweeps.max_runs`",
+    ErrorCode.project_not_found: "no such project",
+    ErrorCode.project_name_taken: "a project of that name exists (`field`: name)",
+    ErrorCode.unknown_project: (
+        "a run, sweep, dataset or registration token names a project (by name or id) that does "
+        "not exist (`field` names it)"
+    ),
     ErrorCode.held_by_another_learner: "another learner holds the run: stand by and attach again",
     ErrorCode.run_not_held: (
         "a pool learner's token reaches only the runs it holds (take them first: "

@@ -37,6 +37,7 @@ from server.leases.router import router as leases_router
 from server.leases.units import WorkerCalls, WorkerDb
 from server.limits import BodySizeLimit
 from server.metrics.router import router as metrics_router
+from server.projects.router import router as projects_router
 from server.runs.router import router as runs_router
 from server.security_headers import SecurityHeaders
 from server.storage_factory import make_store
@@ -158,6 +159,7 @@ def _include_routers(app: FastAPI) -> None:
         evals_router,
         runs_router,
         sweeps_router,
+        projects_router,
         adapters_router,
         tokens_router,
         workers_router,

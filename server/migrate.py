@@ -3,11 +3,13 @@ several servers starting at once do not race."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 ADVISORY_LOCK_ID = 0x61677270  # "agrp"
@@ -22,7 +24,7 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
+    with _migrating(engine) as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LOCK_ID})
         cfg.attributes["connection"] = conn
@@ -31,9 +33,31 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def downgrade(engine: Engine, revision: str) -> None:
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
+    with _migrating(engine) as conn:
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)
+
+
+@contextmanager
+def _migrating(engine: Engine) -> Iterator[Connection]:
+    """One transaction for the migrations. On SQLite, with foreign keys off while it runs: a
+    batch alter copies a table and drops the old one, and with them on the DROP deletes its
+    rows first, cascading to every table that refers to it (a `runs` alter would delete
+    every lease and prompt row). The foreign keys are checked before the commit instead."""
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:  # before BEGIN: SQLite ignores this pragma inside a transaction
+            conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+        try:
+            with conn.begin():
+                yield conn
+                if sqlite:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                    if broken:
+                        raise RuntimeError(f"the migration broke foreign keys: {broken[:5]}")
+        finally:
+            if sqlite:
+                conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
 
 
 def check(engine: Engine) -> None:

@@ -68,6 +68,7 @@ FEATURE_ORDER = [
     "installation",
     "bucket",
     "tokens",
+    "projects",
     "workers",
     "deps",
     "events",

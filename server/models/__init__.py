@@ -9,6 +9,7 @@ from server.models.installation import Installation
 from server.models.jobs import AlarmState, CostMark, WebhookDelivery
 from server.models.lease import Lease, RolloutBatch
 from server.models.pool_learner import PoolLearner
+from server.models.project import Project
 from server.models.run import DatasetRow, PromptRow, Run
 from server.models.session import DashboardSession
 from server.models.sweep import Sweep
@@ -37,6 +38,7 @@ __all__ = [
     "Lease",
     "MetricPoint",
     "PoolLearner",
+    "Project",
     "PromptRow",
     "RolloutBatch",
     "Run",

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Index, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
 from server.db_types import JSONType, UTCDateTime
 from server.models.base import Base, CreatedAt, UUIDPk
+from server.models.project import DEFAULT_PROJECT_ID
 
 
 class Dataset(UUIDPk, CreatedAt, Base):
@@ -35,3 +37,7 @@ class Dataset(UUIDPk, CreatedAt, Base):
     # sha256 of the canonical hf spec (None for uploads): the find-or-create key.
     spec_key: Mapped[str | None] = mapped_column(String(64))
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Its project (server/projects/); the default project when created without one.
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True, default=DEFAULT_PROJECT_ID
+    )

@@ -26,8 +26,10 @@ class PoolLearner(UUIDPk, CreatedAt, Base):
     gpu_type: Mapped[str | None] = mapped_column(String(100))
     # USD/hour as reported at registration; its alive time is split over the runs it holds.
     price_per_hour: Mapped[float | None] = mapped_column(Float)
-    # For projects to come: no foreign key yet.
-    project_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # The project it serves (server/projects/); None: the shared fleet, it serves every project.
+    project_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
+    )
     # Its `pool_learner` token (scope_id = this id).
     token_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("tokens.id", ondelete="SET NULL")

@@ -5,10 +5,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, Uuid
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from server.db_types import BigIntPK, JSONType, UTCDateTime
 from server.models.base import Base, CreatedAt, UUIDPk
+from server.models.project import DEFAULT_PROJECT_ID, Project
 
 
 class Run(UUIDPk, CreatedAt, Base):
@@ -65,6 +66,12 @@ class Run(UUIDPk, CreatedAt, Base):
         Uuid, ForeignKey("pool_learners.id", ondelete="SET NULL"), index=True
     )
     pool_held_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Its project (server/projects/); the default project when created without one.
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True, default=DEFAULT_PROJECT_ID
+    )
+    # Loaded when read (listings show its name): one query per project in a session.
+    project: Mapped[Project] = relationship(lazy="select")
 
 
 class DatasetRow(Base):

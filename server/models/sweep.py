@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from sqlalchemy import Integer, String
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import ForeignKey, Integer, String, Uuid
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from server.db_types import JSONType
 from server.models.base import Base, CreatedAt, UUIDPk
+from server.models.project import DEFAULT_PROJECT_ID, Project
 
 
 class Sweep(UUIDPk, CreatedAt, Base):
@@ -22,3 +24,8 @@ class Sweep(UUIDPk, CreatedAt, Base):
     # The grid as posted (field path -> values); None when the sweep listed its overrides.
     grid: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     n_runs: Mapped[int] = mapped_column(Integer)
+    # Its project (server/projects/); the default project when created without one.
+    project_id: Mapped[uuid.UUID] = mapped_column(
+        Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True, default=DEFAULT_PROJECT_ID
+    )
+    project: Mapped[Project] = relationship(lazy="select")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import Integer, String, Uuid
+from sqlalchemy import ForeignKey, Integer, String, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
 from server.db_types import UTCDateTime
@@ -27,3 +27,8 @@ class Token(UUIDPk, CreatedAt, Base):
     uses: Mapped[int] = mapped_column(Integer, default=0)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A registration token's project, given to the workers and pool learners it registers
+    # (server/projects/); None: a shared token, they join the shared fleet.
+    project_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
+    )

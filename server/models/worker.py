@@ -43,6 +43,10 @@ class Worker(UUIDPk, CreatedAt, Base):
     spot_checks: Mapped[int] = mapped_column(Integer, default=0)
     spot_check_mismatch: Mapped[float | None] = mapped_column(Float)
     quarantine_reason: Mapped[str | None] = mapped_column(String(500))
+    # The project it serves (server/projects/); None: the shared fleet, it serves every project.
+    project_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
+    )
 
 
 class GpuPrice(Base):

@@ -140,10 +140,14 @@ def live_run_count(session: Session) -> int:
     )
 
 
-def list_runs(session: Session, status: str | None, limit: int, offset: int) -> list[Run]:
+def list_runs(
+    session: Session, status: str | None, limit: int, offset: int, project_id: uuid.UUID | None
+) -> list[Run]:
     query = select(Run).order_by(Run.created_at.desc(), Run.id).limit(limit).offset(offset)
     if status is not None:
         query = query.where(Run.status == status)
+    if project_id is not None:
+        query = query.where(Run.project_id == project_id)
     return list(session.execute(query).scalars())
 
 

@@ -10,12 +10,22 @@ from fastapi import APIRouter, Query, Request, status
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
+from server.projects import service as projects
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
 from server.wake import wake
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=TransactionalRoute)
+
+ProjectQuery = Annotated[
+    str | None,
+    Query(
+        max_length=63,
+        description="A project's name or id (docs/guides/projects.md); on create, the "
+        "run's project (default: `default`); on a listing, only its runs.",
+    ),
+]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunCreated)
@@ -25,12 +35,14 @@ def create_run(
     session: SessionDep,
     settings: SettingsDep,
     _admin: AdminDep,
+    project: ProjectQuery = None,
 ) -> RunCreated:
     """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
     `preparing` until its prompt rows are made); the learner token is shown once."""
     config = service.with_checked_webhook(config, settings.outbound_policy())
     service.check_judge_urls(config, settings.outbound_policy())
-    run, learner_token = service.create_run(session, config)
+    project_id = projects.resolve(session, project)
+    run, learner_token = service.create_run(session, config, project_id=project_id)
     silent_s = settings.jobs.worker_silent_s
     created = RunCreated(run=service.detail(session, run, silent_s), learner_token=learner_token)
     if run.status == "preparing":
@@ -48,9 +60,11 @@ def list_runs(
     offset: Annotated[
         int, Query(ge=0, le=BIGINT_MAX, description="Runs to skip (newest first).")
     ] = 0,
+    project: ProjectQuery = None,
 ) -> list[RunOut]:
-    """Runs, newest first, optionally of one status."""
-    return service.list_runs(session, status, limit, offset)
+    """Runs, newest first, optionally of one status and of one project."""
+    project_id = None if project is None else projects.resolve(session, project)
+    return service.list_runs(session, status, limit, offset, project_id)
 
 
 @router.get("/{run_id}", response_model=RunDetail)

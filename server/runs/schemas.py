@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.schemas import RunStatus
+from server.projects.schemas import ProjectNameOf
 
 
 class RunAction(BaseModel):
@@ -48,6 +49,8 @@ class RunOut(BaseModel):
     sweep_id: uuid.UUID | None = Field(
         None, description="The sweep that made the run (null: made on its own)."
     )
+    project_id: uuid.UUID = Field(description="The run's project.")
+    project: ProjectNameOf = Field(description="Its project's name.")
     overrides: dict[str, Any] | None = Field(
         None,
         description="The overrides of the sweep's base config that made this run's config "

@@ -29,6 +29,7 @@ from protocol.schemas import TERMINAL_RUN_STATUSES
 from server.datasets import service as datasets_service
 from server.errors import NotFound, Unprocessable
 from server.models import Dataset, Run
+from server.models.project import DEFAULT_PROJECT_ID
 from server.runs import repository
 from server.runs.schemas import RunDetail, RunOut, RunStats, SpendOut
 from server.runs.serving import serving_problem
@@ -139,7 +140,11 @@ def check_judge_urls(config: RunConfig, policy: OutboundPolicy) -> None:
 
 
 def create_run(
-    session: Session, config: RunConfig, *, sweep: SweepTag | None = None
+    session: Session,
+    config: RunConfig,
+    *,
+    sweep: SweepTag | None = None,
+    project_id: uuid.UUID = DEFAULT_PROJECT_ID,
 ) -> tuple[Run, str]:
     """Insert the run and mint its learner token (shown once); a sweep's run carries its tag
     (server/sweeps/service.py). Generator and inline kinds:
@@ -169,6 +174,7 @@ def create_run(
         config=config.model_dump(mode="json"),
         dataset_id=dataset_id,
         eval_dataset_id=eval_dataset_id,
+        project_id=project_id,
         **({} if sweep is None else sweep.columns()),
     )
     if isinstance(ds, GeneratorDataset | InlineDataset):
@@ -318,8 +324,16 @@ def get_run(session: Session, run_id: uuid.UUID) -> Run:
     return run
 
 
-def list_runs(session: Session, status: str | None, limit: int, offset: int) -> list[RunOut]:
-    return [RunOut.model_validate(r) for r in repository.list_runs(session, status, limit, offset)]
+def list_runs(
+    session: Session,
+    status: str | None,
+    limit: int,
+    offset: int,
+    project_id: uuid.UUID | None = None,
+) -> list[RunOut]:
+    """Runs, newest first, of one status and one project when given (None: all)."""
+    runs = repository.list_runs(session, status, limit, offset, project_id)
+    return [RunOut.model_validate(r) for r in runs]
 
 
 def stats(session: Session, run: Run) -> RunStats:

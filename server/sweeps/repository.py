@@ -22,8 +22,12 @@ def get(session: Session, sweep_id: uuid.UUID) -> Sweep | None:
     return session.get(Sweep, sweep_id, populate_existing=True)
 
 
-def list_sweeps(session: Session, limit: int, offset: int) -> list[Sweep]:
+def list_sweeps(
+    session: Session, limit: int, offset: int, project_id: uuid.UUID | None = None
+) -> list[Sweep]:
     query = select(Sweep).order_by(Sweep.created_at.desc(), Sweep.id).limit(limit).offset(offset)
+    if project_id is not None:
+        query = query.where(Sweep.project_id == project_id)
     return list(session.execute(query).scalars())
 
 

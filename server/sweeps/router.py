@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, status
 
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
+from server.projects import service as projects
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.sweeps import service
@@ -55,9 +56,14 @@ def list_sweeps(
     offset: Annotated[
         int, Query(ge=0, le=BIGINT_MAX, description="Sweeps to skip (newest first).")
     ] = 0,
+    project: Annotated[
+        str | None,
+        Query(max_length=63, description="Only the sweeps of this project (name or id)."),
+    ] = None,
 ) -> list[SweepOut]:
-    """Sweeps, newest first, with their runs counted by status."""
-    return service.list_sweeps(session, limit, offset)
+    """Sweeps, newest first, with their runs counted by status; of one project if given."""
+    project_id = None if project is None else projects.resolve(session, project)
+    return service.list_sweeps(session, limit, offset, project_id)
 
 
 @router.get("/{sweep_id}", response_model=SweepDetail)

@@ -44,6 +44,12 @@ class SweepCreate(BaseModel):
         description="Instead of a grid, the combinations as a list of {field path: value} "
         "objects, one run each (`{}`: the base config itself).",
     )
+    project: str | None = Field(
+        None,
+        max_length=63,
+        description="The project (name or id) of the sweep and its runs (docs/guides/"
+        "projects.md); default: `default`.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -88,6 +94,8 @@ class SweepOut(BaseModel):
     grid: Grid | None = Field(description="The grid (null: a list of overrides).")
     created_at: datetime = Field(description="Creation time (database time).")
     statuses: dict[str, int] = Field(description="Its runs by status.")
+    project_id: uuid.UUID = Field(description="The sweep's project (its runs').")
+    project: str = Field(description="Its project's name.")
 
 
 class SweepDetail(SweepOut):

@@ -17,6 +17,7 @@ from protocol.error_codes import ErrorCode
 from protocol.outbound import OutboundPolicy
 from server.errors import Conflict, NotFound, Unprocessable
 from server.models import Run, Sweep
+from server.projects import service as projects
 from server.runs import figures, lifecycle
 from server.runs import service as runs
 from server.runs.waste import stale_waste
@@ -47,15 +48,21 @@ def create_sweep(
             config = runs.with_checked_webhook(config, policy)
             runs.check_judge_urls(config, policy)
         checked.append(config)
+    project_id = projects.resolve(session, body.project)
     sweep = repository.insert_sweep(
-        session, name=body.name, base_config=body.base, grid=body.grid, n_runs=len(combos)
+        session,
+        name=body.name,
+        base_config=body.base,
+        grid=body.grid,
+        n_runs=len(combos),
+        project_id=project_id,
     )
     tokens: list[SweepRunToken] = []
     preparing = False
     for index, (config, overrides) in enumerate(zip(checked, combos, strict=True)):
         tag = runs.SweepTag(sweep.id, index, overrides)
         with _naming(index, overrides):
-            run, token = runs.create_run(session, config, sweep=tag)
+            run, token = runs.create_run(session, config, sweep=tag, project_id=project_id)
         preparing = preparing or run.status == "preparing"
         tokens.append(
             SweepRunToken(run_id=run.id, name=run.name, overrides=overrides, learner_token=token)
@@ -88,8 +95,10 @@ def get_sweep(session: Session, sweep_id: uuid.UUID) -> Sweep:
     return sweep
 
 
-def list_sweeps(session: Session, limit: int, offset: int) -> list[SweepOut]:
-    sweeps = repository.list_sweeps(session, limit, offset)
+def list_sweeps(
+    session: Session, limit: int, offset: int, project_id: uuid.UUID | None = None
+) -> list[SweepOut]:
+    sweeps = repository.list_sweeps(session, limit, offset, project_id)
     counts = repository.statuses(session, [s.id for s in sweeps])
     return [_out(s, counts[s.id]) for s in sweeps]
 
@@ -102,6 +111,8 @@ def _out(sweep: Sweep, statuses: dict[str, int]) -> SweepOut:
         grid=sweep.grid,
         created_at=sweep.created_at,
         statuses=statuses,
+        project_id=sweep.project_id,
+        project=sweep.project.name,
     )
 
 

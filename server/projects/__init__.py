@@ -1,0 +1,1 @@
+"""Projects: several teams on one control plane (docs/guides/projects.md)."""

@@ -1,0 +1,54 @@
+"""All SQL of the projects feature."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server.models import Project
+
+
+def get(session: Session, project_id: uuid.UUID) -> Project | None:
+    return session.get(Project, project_id)
+
+
+def by_name(session: Session, name: str) -> Project | None:
+    return session.execute(select(Project).where(Project.name == name)).scalar_one_or_none()
+
+
+def list_all(session: Session) -> list[Project]:
+    return list(session.execute(select(Project).order_by(Project.name)).scalars())
+
+
+def names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    if not ids:
+        return {}
+    rows = session.execute(select(Project.id, Project.name).where(Project.id.in_(ids)))
+    return {row.id: row.name for row in rows}
+
+
+def insert(session: Session, name: str) -> Project | None:
+    """The new project; None when the name is taken (a concurrent create included)."""
+    project = Project(name=name)
+    try:
+        with session.begin_nested():
+            session.add(project)
+            session.flush()
+    except IntegrityError:
+        return None
+    session.refresh(project)
+    return project
+
+
+def rename(session: Session, project: Project, name: str) -> bool:
+    """False when the name is taken."""
+    try:
+        with session.begin_nested():
+            project.name = name
+            session.flush()
+    except IntegrityError:
+        return False
+    return True

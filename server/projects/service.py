@@ -1,0 +1,78 @@
+"""Project rules (docs/guides/projects.md): names are unique lowercase slugs
+(server/projects/schemas.py PROJECT_NAME_PATTERN); a run, sweep or dataset names its project by
+name or id, the `default` project when it names none (`resolve`, the one home of that lookup);
+a worker, pool learner or registration token with no project is the shared fleet."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from protocol.error_codes import ErrorCode
+from server.errors import Conflict, NotFound, Unprocessable
+from server.models import Project
+from server.models.project import DEFAULT_PROJECT_ID
+from server.projects import repository
+from server.projects.schemas import ProjectOut
+
+
+def create(session: Session, name: str) -> ProjectOut:
+    project = repository.insert(session, name)
+    if project is None:
+        raise _taken(name)
+    return ProjectOut.model_validate(project)
+
+
+def list_projects(session: Session) -> list[ProjectOut]:
+    return [ProjectOut.model_validate(p) for p in repository.list_all(session)]
+
+
+def get(session: Session, project_id: uuid.UUID) -> Project:
+    project = repository.get(session, project_id)
+    if project is None:
+        raise NotFound(f"project {project_id} not found", code=ErrorCode.project_not_found)
+    return project
+
+
+def rename(session: Session, project_id: uuid.UUID, name: str) -> ProjectOut:
+    project = get(session, project_id)
+    if project.name != name and not repository.rename(session, project, name):
+        raise _taken(name)
+    return ProjectOut.model_validate(project)
+
+
+def resolve(session: Session, ref: str | uuid.UUID | None, field: str = "project") -> uuid.UUID:
+    """The id of the project `ref` names (its name or its id); the default project for None.
+    An unknown one is a 422 unknown_project naming `field`."""
+    if ref is None:
+        return DEFAULT_PROJECT_ID
+    project = None
+    if isinstance(ref, uuid.UUID):
+        project = repository.get(session, ref)
+    else:
+        project = repository.by_name(session, ref)
+        if project is None and _is_uuid(ref):
+            project = repository.get(session, uuid.UUID(ref))
+    if project is None:
+        raise Unprocessable(f"project {ref} not found", code=ErrorCode.unknown_project, field=field)
+    return project.id
+
+
+def names_of(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Project names by id, for listings that show each row's project."""
+    return repository.names(session, ids)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _taken(name: str) -> Conflict:
+    return Conflict(
+        f"a project named {name!r} exists", code=ErrorCode.project_name_taken, field="name"
+    )
