@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -66,6 +67,16 @@ def cloned_database(pg_admin: Engine, pg_template: str) -> Iterator[str]:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+def delete_as_migrated(table: Any) -> Any:
+    """DELETE of every row the migrations did not make: the `default` project (migration 0014)
+    stays, as in a freshly migrated database."""
+    from server.models.project import DEFAULT_PROJECT_ID
+
+    if table.name == "projects":
+        return table.delete().where(table.c.id != DEFAULT_PROJECT_ID)
+    return table.delete()
+
+
 def empty_database(engine: Engine) -> None:
     """Every table of the app emptied and every id sequence restarted: as freshly migrated, for
     a tenth of a clone's cost (the template holds no rows; DELETE is cheaper than TRUNCATE on
@@ -75,7 +86,7 @@ def empty_database(engine: Engine) -> None:
 
     with engine.begin() as conn:
         for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
+            conn.execute(delete_as_migrated(table))
         sequences = conn.execute(text("SELECT schemaname, sequencename FROM pg_sequences")).all()
         for schema, sequence in sequences:
             conn.execute(text(f'ALTER SEQUENCE "{schema}"."{sequence}" RESTART'))

@@ -61,10 +61,11 @@ def empty(app: FastAPI) -> None:
         return
     import server.models  # noqa: F401 - every table on Base.metadata
     from server.models.base import Base
+    from tests.conftest import delete_as_migrated
 
     with engine.begin() as conn:
         for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
+            conn.execute(delete_as_migrated(table))
 
 
 @dataclass
