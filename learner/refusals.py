@@ -92,6 +92,7 @@ NOT_LEARNER_409 = frozenset(
         ErrorCode.invalid_transition,
         ErrorCode.model_not_registered,
         ErrorCode.dataset_in_use,
+        ErrorCode.project_name_taken,
     }
 )
 
