@@ -15,7 +15,6 @@ from server.models.base import Base, CreatedAt, UUIDPk
 # The project that migration 0014 creates and puts every earlier run, sweep and dataset in;
 # a run, sweep or dataset created without a project goes there.
 DEFAULT_PROJECT_ID = uuid.UUID("00000000-0000-0000-0000-00000000d3fa")
-DEFAULT_PROJECT_NAME = "default"
 
 
 class Project(UUIDPk, CreatedAt, Base):

@@ -23,13 +23,6 @@ def list_all(session: Session) -> list[Project]:
     return list(session.execute(select(Project).order_by(Project.name)).scalars())
 
 
-def names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
-    if not ids:
-        return {}
-    rows = session.execute(select(Project.id, Project.name).where(Project.id.in_(ids)))
-    return {row.id: row.name for row in rows}
-
-
 def insert(session: Session, name: str) -> Project | None:
     """The new project; None when the name is taken (a concurrent create included)."""
     project = Project(name=name)

@@ -59,11 +59,6 @@ def resolve(session: Session, ref: str | uuid.UUID | None, field: str = "project
     return project.id
 
 
-def names_of(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """Project names by id, for listings that show each row's project."""
-    return repository.names(session, ids)
-
-
 def _is_uuid(text: str) -> bool:
     try:
         uuid.UUID(text)
