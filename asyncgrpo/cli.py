@@ -289,7 +289,8 @@ def _list_tokens(kind: str) -> None:
     with _database() as factory, transaction(factory) as session:
         for t in tokens.list_tokens(session, kind):
             state = "revoked" if t.revoked_at else "live"
-            typer.echo(f"{t.id}  {t.prefix}…  {state:7}  {t.name or ''}")
+            project = f"  project {t.project.name}" if t.project is not None else ""
+            typer.echo(f"{t.id}  {t.prefix}…  {state:7}  {t.name or ''}{project}")
 
 
 @admin_token_app.command("list")
@@ -300,7 +301,7 @@ def admin_token_list() -> None:
 
 @registration_token_app.command("list")
 def registration_token_list() -> None:
-    """Registration tokens: id, prefix, live or revoked, name."""
+    """Registration tokens: id, prefix, live or revoked, name, project (none: shared)."""
     _list_tokens("registration")
 
 
@@ -318,11 +319,17 @@ def registration_token_create(
     name: str = typer.Option(None, help="A label for the dashboard.", show_default="none"),
     ttl_hours: float = typer.Option(24.0, help="Hours until it expires (over 0, at most 8760)."),
     max_uses: int = typer.Option(1, help="Workers it may register (1 to 100,000)."),
+    project: str = typer.Option(
+        None,
+        help="The project (name or id) whose runs its workers and pool learners serve, and "
+        "only those.",
+        show_default="none: shared, they serve every project",
+    ),
     as_json: bool = typer.Option(
         False,
         "--json",
         help="Print the whole answer as JSON, as POST /api/v1/registration-tokens gives it: "
-        "id, token, prefix, expires_at, max_uses.",
+        "id, token, prefix, expires_at, max_uses, project_id.",
         show_default="the token alone",
     ),
 ) -> None:
@@ -334,23 +341,32 @@ def registration_token_create(
     from pydantic import ValidationError
 
     from server.db import transaction
+    from server.errors import AppError
     from server.tokens import service as tokens
     from server.tokens.schemas import RegistrationTokenCreate
+    from server.wiring import wire
 
     try:
-        body = RegistrationTokenCreate(name=name, ttl_hours=ttl_hours, max_uses=max_uses)
+        body = RegistrationTokenCreate(
+            name=name, ttl_hours=ttl_hours, max_uses=max_uses, project=project
+        )
     except ValidationError as exc:
         _fail("; ".join(f"--{_flag(e['loc'])}: {e['msg']}" for e in exc.errors()))
-    with _database() as factory, transaction(factory) as session:
-        created = tokens.create_registration_token(session, body)
+    wire()  # the project's resolver (server/tokens/service.py)
+    try:
+        with _database() as factory, transaction(factory) as session:
+            created = tokens.create_registration_token(session, body)
+    except AppError as exc:
+        _fail(f"--project: {exc.message}")  # the one refusal: an unknown project
     if as_json:
         typer.echo(created.model_dump_json())
         return
     typer.echo(created.token)
     expires = created.expires_at.isoformat() if created.expires_at else "never"
+    serves = f"project {body.project}" if body.project is not None else "every project (shared)"
     typer.echo(
         f"registration token {created.id}: expires {expires}, up to {created.max_uses} "
-        "worker(s); shown only now",
+        f"worker(s), serving {serves}; shown only now",
         err=True,
     )
 

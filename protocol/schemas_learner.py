@@ -421,6 +421,11 @@ class LearnerRegister(_Request):
 class LearnerRegistered(_Response):
     learner_id: uuid.UUID
     learner_token: str = Field(description="The pool_learner token; shown only in this response.")
+    project_id: uuid.UUID | None = Field(
+        None,
+        description="The project it serves (its registration token's); null: the shared fleet, "
+        "every project.",
+    )
 
 
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]

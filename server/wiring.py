@@ -19,8 +19,10 @@ from server.learner import repository as learner_repo
 from server.leases import expiry, ledger, queue
 from server.leases import repository as leases_repo
 from server.models import Lease
+from server.projects import service as projects
 from server.runs import lifecycle, waste
 from server.runs import service as runs
+from server.tokens import service as tokens
 from server.workers import service as workers
 
 
@@ -52,3 +54,4 @@ def wire() -> None:
     workers.end_leases_with(expiry.end_revoked_worker_leases)
     ledger.register(EVAL)
     waste.count_batches_with(ledger.trained)
+    tokens.resolve_projects_with(projects.resolve)

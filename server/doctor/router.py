@@ -35,7 +35,8 @@ def token(token: AnyTokenDep) -> TokenCheck:
 @router.get("/runs/{run_id}", response_model=RunModel)
 def run_model(run_id: uuid.UUID, session: SessionDep, token: AnyTokenDep) -> RunModel:
     """The run's base model and tokenizer fingerprint, which a host must load; a learner token
-    sees only its own run (404 `run_not_found` for another)."""
+    sees only its own run, a pool learner's the runs it holds, a project's worker or
+    registration token its project's runs (404 `run_not_found` for another)."""
     return service.run_model(session, token, run_id)
 
 

@@ -21,7 +21,8 @@ from protocol.requirements import release
 from protocol.schemas_doctor import BucketProbe, BucketProbeChecked, ProbePut, RunModel, TokenCheck
 from protocol.storage import ObjectNotFound, ObjectStore
 from server.errors import NotFound
-from server.models import Run, Token
+from server.models import Run, Token, Worker
+from server.projects.fleet import serves_project
 
 PROBE_BYTES = 32
 PROBE_TTL_S = 120
@@ -50,12 +51,10 @@ def token_check(bearer: Token) -> TokenCheck:
 
 def run_model(session: Session, token: Token, run_id: uuid.UUID) -> RunModel:
     """The run's model; a learner token sees only its own run, a pool learner's only the runs
-    it holds (others look absent)."""
+    it holds, a project's worker or registration token only its project's runs (others look
+    absent)."""
     run = session.get(Run, run_id)
-    hidden = (token.kind == "learner" and token.scope_id != run_id) or (
-        token.kind == "pool_learner" and run is not None and run.pool_learner_id != token.scope_id
-    )
-    if run is None or hidden:
+    if run is None or _hidden(session, token, run):
         raise NotFound("run not found", code=ErrorCode.run_not_found)
     return RunModel(
         run_id=run.id,
@@ -63,6 +62,19 @@ def run_model(session: Session, token: Token, run_id: uuid.UUID) -> RunModel:
         base_model=run.base_model,
         tokenizer_fingerprint=run.tokenizer_fingerprint,
     )
+
+
+def _hidden(session: Session, token: Token, run: Run) -> bool:
+    if token.kind == "learner":
+        return token.scope_id != run.id
+    if token.kind == "pool_learner":
+        return run.pool_learner_id != token.scope_id
+    if token.kind == "worker":
+        worker = session.get(Worker, token.scope_id)
+        return worker is None or not serves_project(worker.project_id, run.project_id)
+    if token.kind == "registration":
+        return not serves_project(token.project_id, run.project_id)
+    return False
 
 
 def _content(secret: str, probe_id: str) -> bytes:

@@ -8,7 +8,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Uuid, literal, select, update
 from sqlalchemy.orm import Session
 
 from server.db_types import db_now, db_now_plus
@@ -21,6 +21,7 @@ from server.learner.repository import (
     pool_live,
 )
 from server.models import PoolLearner, Run
+from server.projects.fleet import serves
 
 # A run that needs a learner: one a learner may attach to (pending, running, evaluating, paused)
 # with no live learner lease (`lease_free`), but not one whose budget is spent: it has no work
@@ -80,9 +81,12 @@ def held_by_each(session: Session) -> dict[uuid.UUID, list[uuid.UUID]]:
 
 
 def _takeable(learner: PoolLearner) -> list[Any]:
+    """A run this pool learner may take: it needs a learner, fits the learner's model and
+    tokenizer, and is of a project the learner serves (server/projects/fleet.py)."""
     return [
         Run.status.in_(TAKEABLE_STATUSES),
         learner_fits(learner.model, learner.tokenizer_fingerprint),
+        serves(literal(learner.project_id, Uuid), Run.project_id),
         lease_free(),
         pool_hold_free(),
     ]

@@ -15,6 +15,7 @@ from protocol.schemas_learner import (
     TakeRequest,
     TakeResponse,
 )
+from server.projects.schemas import ProjectNameOf
 
 # The wire models are the learner protocol's (protocol/schemas_learner.py), shared with the
 # pool learner's client; the listing is the server's own.
@@ -40,7 +41,11 @@ class PoolLearnerOut(BaseModel):
     memory_budget_gb: float | None
     gpu_type: str | None
     price_per_hour: float | None
-    project_id: uuid.UUID | None
+    project_id: uuid.UUID | None = Field(
+        description="The project it serves (its registration token's); null: the shared "
+        "fleet, it serves every project."
+    )
+    project: ProjectNameOf | None = Field(description="That project's name; null: shared.")
     runs_held: list[uuid.UUID] = Field(description="The runs it holds now.")
     created_at: datetime
     last_seen_at: datetime | None

@@ -38,8 +38,9 @@ _CANDIDATES_WITH_MEMORY = 64
 
 
 def register(session: Session, registration: Token, body: LearnerRegister) -> LearnerRegistered:
-    """One use of the registration token counted; the pool learner's row and its
-    `pool_learner` token (scope_id = its id), whose plaintext is shown only here."""
+    """One use of the registration token counted; the pool learner's row, in the token's
+    project (none: the shared fleet), and its `pool_learner` token (scope_id = its id), whose
+    plaintext is shown only here."""
     tokens.consume_registration(session, registration)
     learner = repo.insert(
         session,
@@ -50,11 +51,14 @@ def register(session: Session, registration: Token, body: LearnerRegister) -> Le
         memory_budget_gb=body.memory_budget_gb,
         gpu_type=body.gpu_type,
         price_per_hour=body.price_per_hour,
+        project_id=registration.project_id,
     )
     minted = tokens.mint(session, "pool_learner", name=body.name, scope_id=learner.id)
     learner.token_id = minted.token.id
     session.flush()
-    return LearnerRegistered(learner_id=learner.id, learner_token=minted.plaintext)
+    return LearnerRegistered(
+        learner_id=learner.id, learner_token=minted.plaintext, project_id=learner.project_id
+    )
 
 
 def take(session: Session, settings: Settings, token: Token, body: TakeRequest) -> TakeResponse:
@@ -163,6 +167,7 @@ def to_out(learner: PoolLearner, held: list[uuid.UUID]) -> PoolLearnerOut:
         gpu_type=learner.gpu_type,
         price_per_hour=learner.price_per_hour,
         project_id=learner.project_id,
+        project=learner.project,
         runs_held=held,
         created_at=learner.created_at,
         last_seen_at=learner.last_seen_at,

@@ -7,7 +7,8 @@ prompt rows in flight through the worker's leases (leased, accepted or claimed: 
 count) plus this lease's would exceed max(fair_share, one lease). Counting only the rows still
 leased would let a fast worker whose batches wait for the learner take every slot the learner
 frees, and starve a slower one. The contenders are the acquiring worker, the active workers serving
-the run's base model that hold an active lease of it, and those that are waiting
+the run's base model and its project (server/projects/fleet.py: the run's project's workers and
+the shared fleet, invariant 28) that hold an active lease of it, and those that are waiting
 (`workers.waiting_since` set by an acquire try that granted nothing, and seen recently).
 
 The contenders are a read before the grant (a soft rule: they may change under it); the
@@ -28,7 +29,8 @@ from sqlalchemy import Float, Select, String, bindparam, exists, func, or_, sele
 from protocol.schemas import INT_MAX
 from server.db_types import db_now_plus, json_has
 from server.leases.units import Statement, WorkerDb
-from server.models import Lease, Worker
+from server.models import Lease, Run, Worker
+from server.projects.fleet import serves
 
 NO_CAP = INT_MAX  # admission control off, or the share cannot matter for this try
 MIN_WAITING_WINDOW_S = 5.0
@@ -60,6 +62,7 @@ def _contenders() -> Select[Any]:
         Lease.run_id == bindparam("run_id"),
         Lease.state == "active",
     )
+    project = select(Run.project_id).where(Run.id == bindparam("run_id")).scalar_subquery()
     waiting = Worker.waiting_since.is_not(None) & (
         Worker.last_seen_at > db_now_plus(-bindparam("window_s", type_=Float))
     )
@@ -70,6 +73,7 @@ def _contenders() -> Select[Any]:
             Worker.status == "active",
             Worker.id != bindparam("worker_id"),
             json_has(Worker.models, bindparam("base_model", type_=String)),
+            serves(Worker.project_id, project),
             or_(holds, waiting),
         )
     )

@@ -39,6 +39,7 @@ from server.leases import queue
 from server.leases import repository as repo
 from server.leases.units import SqliteForm, Statement, WorkerDb
 from server.models import Lease, PromptRow, RolloutBatch, Run, Token, Worker
+from server.projects.fleet import serves
 from server.wakeups import LEARNER, WAKEUPS, notify_from
 from server.workers.repository import authenticated, touch, touch_sql, touch_update
 
@@ -70,8 +71,9 @@ class Seen:
     runs: list[CandidateRun]
 
 
-# The candidate runs' rule, once: the runs that hand out leases, fairest first, each with
-# whether any of its prompt rows is queued.
+# The candidate runs' rule, once: the runs that hand out leases, of a project the worker serves
+# (server/projects/fleet.py, invariant 28), fairest first, each with whether any of its prompt
+# rows is queued.
 _LEASING_RUN = Run.status.in_([literal(status) for status in LEASING_RUN_STATUSES])
 _FAIREST = (Run.priority.desc(), Run.last_lease_at.asc().nulls_first(), Run.id)
 _CANDIDATE: dict[str, Any] = {
@@ -90,6 +92,10 @@ _LEASING = ", ".join(f"'{status}'" for status in LEASING_RUN_STATUSES)
 # Worker-token authentication's one rule (server/workers/repository.py), over `t` and `w`.
 _AUTHENTICATED_PG = postgres_text(
     authenticated(psycopg_param("digest"), aliased(Token, name="t"), aliased(Worker, name="w"))
+)
+# The project rule (server/projects/fleet.py), over `w` and `r`.
+_SERVES_PG = postgres_text(
+    serves(aliased(Worker, name="w").project_id, aliased(Run, name="r").project_id)
 )
 
 # Kept as text (docs/decisions/0020-hot-statements-once.md: its SQLAlchemy expression measured
@@ -113,18 +119,30 @@ RETURNING w.id AS worker_id, w.environments, w.capabilities, w.trusted,
             ORDER BY r.priority DESC, r.last_lease_at ASC NULLS FIRST, r.id), '[]')
      FROM runs r
      WHERE r.status IN ({_LEASING})
-       AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))) AS runs
+       AND r.base_model IN (SELECT jsonb_array_elements_text(w.models))
+       AND ({_SERVES_PG})) AS runs
 """
 
 
 _ACTIVE_WORKER = (
-    select(Worker.id, Worker.models, Worker.environments, Worker.capabilities, Worker.trusted)
+    select(
+        Worker.id,
+        Worker.models,
+        Worker.environments,
+        Worker.capabilities,
+        Worker.trusted,
+        Worker.project_id,
+    )
     .join(Token, Token.scope_id == Worker.id)
     .where(authenticated(bindparam("digest")), Worker.status == "active")
 )
 _CANDIDATES = (
     select(*(column.label(name) for name, column in _CANDIDATE.items()))
-    .where(_LEASING_RUN, Run.base_model.in_(bindparam("models", expanding=True)))
+    .where(
+        _LEASING_RUN,
+        Run.base_model.in_(bindparam("models", expanding=True)),
+        serves(bindparam("worker_project", type_=Uuid), Run.project_id),
+    )
     .order_by(*_FAIREST)
 )
 
@@ -145,7 +163,8 @@ def _seen_sqlite(session: Session, params: dict[str, Any]) -> list[_SeenRow]:
     environments, capabilities = params["environments"], params["capabilities"]
     touch(session, found.id, waiting=True, environments=environments, capabilities=capabilities)
     models = list(found.models or ())
-    runs = [r._asdict() for r in session.execute(_CANDIDATES, {"models": models})]
+    candidates = {"models": models, "worker_project": found.project_id}
+    runs = [r._asdict() for r in session.execute(_CANDIDATES, candidates)]
     declared = environments if environments is not None else found.environments
     can_load = capabilities if capabilities is not None else found.capabilities
     expired = bool(session.execute(select(_ANY_EXPIRED)).scalar())
@@ -164,9 +183,9 @@ async def seen_for_acquire(
 ) -> Seen | None:
     """Mark the authenticated active worker seen and waiting (storing the environments and
     capabilities it declares now; None keeps them): its id, environments, capabilities, trust,
-    whether any lease has expired, and the leasing runs of its registered models, fairest
-    first. None, changing nothing: no live token of an active worker, or it asked for a model
-    it did not register."""
+    whether any lease has expired, and the leasing runs of its registered models and of the
+    projects it serves (server/projects/fleet.py), fairest first. None, changing nothing: no
+    live token of an active worker, or it asked for a model it did not register."""
     declared = None if capabilities is None else capabilities.model_dump()
     params: dict[str, Any] = {
         "digest": digest,

@@ -8,10 +8,11 @@ import uuid
 from datetime import datetime
 
 from sqlalchemy import Float, ForeignKey, Integer, String, Uuid
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from server.db_types import UTCDateTime
 from server.models.base import Base, CreatedAt, UUIDPk
+from server.models.project import Project
 
 
 class PoolLearner(UUIDPk, CreatedAt, Base):
@@ -30,6 +31,8 @@ class PoolLearner(UUIDPk, CreatedAt, Base):
     project_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
     )
+    # Loaded when read (listings show its name): one query per project in a session.
+    project: Mapped[Project | None] = relationship(lazy="select")
     # Its `pool_learner` token (scope_id = this id).
     token_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("tokens.id", ondelete="SET NULL")

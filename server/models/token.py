@@ -4,10 +4,11 @@ import uuid
 from datetime import datetime
 
 from sqlalchemy import ForeignKey, Integer, String, Uuid
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from server.db_types import UTCDateTime
 from server.models.base import Base, CreatedAt, UUIDPk
+from server.models.project import Project
 
 
 class Token(UUIDPk, CreatedAt, Base):
@@ -32,3 +33,5 @@ class Token(UUIDPk, CreatedAt, Base):
     project_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
     )
+    # Loaded when read (listings show its name): one query per project in a session.
+    project: Mapped[Project | None] = relationship(lazy="select")

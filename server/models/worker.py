@@ -5,10 +5,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Uuid, false
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from server.db_types import JSONType, UTCDateTime
 from server.models.base import Base, CreatedAt, UUIDPk
+from server.models.project import Project
 
 
 class Worker(UUIDPk, CreatedAt, Base):
@@ -47,6 +48,8 @@ class Worker(UUIDPk, CreatedAt, Base):
     project_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
     )
+    # Loaded when read (listings show its name): one query per project in a session.
+    project: Mapped[Project | None] = relationship(lazy="select")
 
 
 class GpuPrice(Base):

@@ -1,12 +1,12 @@
 """Whether a leasing run has a live worker that can serve it (docs/architecture/lease-engine.md,
 "Workers that can serve the run"; invariant 27), the one home of `no_worker_can_serve`: when
-the run's base model has live workers (online: active and seen within
-settings.jobs.worker_silent_s) and none of them can serve it — none can run its environment
-(protocol/environments.py worker_can_run), or none of those that can has an engine that loads
-its adapter (protocol/capabilities.py why_cannot_serve) — the run's API answer and its page say
-so, with the reason and the setting to change. The grant applies the same two rules
-(server/leases/service.py acquire), so such a run gets no lease. With no live worker at all it
-says nothing: nothing is known of what will come."""
+the run's base model has live workers of its project or the shared fleet (invariant 28;
+online: active and seen within settings.jobs.worker_silent_s) and none of them can serve it —
+none can run its environment (protocol/environments.py worker_can_run), or none of those that
+can has an engine that loads its adapter (protocol/capabilities.py why_cannot_serve) — the
+run's API answer and its page say so, with the reason and the setting to change. The grant
+applies the same rules (server/leases/service.py acquire), so such a run gets no lease. With
+no live worker at all it says nothing: nothing is known of what will come."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def serving_problem(
     now = db_time(session)
     live = [
         w
-        for w in workers.active_of_model(session, run.base_model)
+        for w in workers.active_of_model(session, run.base_model, run.project_id)
         if worker_state(w.status, w.last_seen_at, now, silent_s) == "online"
     ]
     if not live:

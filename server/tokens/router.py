@@ -27,7 +27,9 @@ router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalR
 def create_registration_token(
     body: RegistrationTokenCreate, session: SessionDep, _admin: AdminDep
 ) -> RegistrationTokenCreated:
-    """Create a registration token (name, lifetime, uses); the token is answered once."""
+    """Create a registration token (name, lifetime, uses, project); the token is answered once.
+    With a project (name or id; 422 unknown_project) its workers and pool learners serve only
+    that project's runs; without one it is shared: they serve every project."""
     return service.create_registration_token(session, body)
 
 
@@ -42,7 +44,8 @@ ForceQuery = Annotated[
 
 @router.get("/registration-tokens", response_model=list[TokenOut])
 def list_registration_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
-    """Registration tokens (prefix, name, expiry, uses, revoked or live), never the token."""
+    """Registration tokens (prefix, name, expiry, uses, project, revoked or live), never the
+    token."""
     return [TokenOut.model_validate(t) for t in service.list_tokens(session, "registration")]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class RegistrationTokenCreate(BaseModel):
@@ -12,6 +12,13 @@ class RegistrationTokenCreate(BaseModel):
     name: str | None = Field(None, max_length=200, description="A label for the dashboard.")
     ttl_hours: float = Field(24.0, gt=0, le=24 * 365, description="Hours until it expires.")
     max_uses: int = Field(1, ge=1, le=100_000, description="Workers it may register.")
+    project: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="The project (name or id) whose runs the workers and pool learners it "
+        "registers serve, and only those; none: a shared token, they serve every project.",
+    )
 
 
 class RegistrationTokenCreated(BaseModel):
@@ -20,6 +27,9 @@ class RegistrationTokenCreated(BaseModel):
     prefix: str
     expires_at: datetime | None
     max_uses: int | None
+    project_id: uuid.UUID | None = Field(
+        description="Its project (what its workers and pool learners serve); null: shared."
+    )
 
 
 class TokenOut(BaseModel):
@@ -37,6 +47,16 @@ class TokenOut(BaseModel):
     max_uses: int | None = Field(description="Its use limit; null: none.")
     last_used_at: datetime | None = Field(description="Its last use, where counted.")
     revoked_at: datetime | None = Field(description="When it was revoked; null: live.")
+    project_id: uuid.UUID | None = Field(
+        description="A registration token's project: the workers and pool learners it "
+        "registers serve only that project's runs; null: shared (every project)."
+    )
+    project: str | None = Field(description="That project's name; null: shared.")
+
+    @field_validator("project", mode="before")
+    @classmethod
+    def _project_name(cls, value: object) -> object:
+        return getattr(value, "name", value)
 
 
 class SessionsEnded(BaseModel):

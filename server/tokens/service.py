@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import secrets
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -47,6 +48,7 @@ def mint(
     ttl: timedelta | None = None,
     max_uses: int | None = None,
     now: datetime | None = None,
+    project_id: uuid.UUID | None = None,
 ) -> MintedToken:
     plaintext = PREFIXES[kind] + secrets.token_urlsafe(32)
     expires_at = (now or repository.db_time(session)) + ttl if ttl else None
@@ -59,27 +61,52 @@ def mint(
         scope_id=scope_id,
         expires_at=expires_at,
         max_uses=max_uses,
+        project_id=project_id,
     )
     return MintedToken(token, plaintext)
+
+
+# A registration token's project is named by name or id: the projects feature's `resolve`
+# (server/projects/service.py), above tokens in the feature order, which the composition root
+# hands in (server/wiring.py).
+ProjectResolver = Callable[[Session, str, str], uuid.UUID]
+_project_resolver: list[ProjectResolver] = []
+
+
+def resolve_projects_with(resolver: ProjectResolver) -> None:
+    _project_resolver[:] = [resolver]
+
+
+def _project_of(session: Session, ref: str | None) -> uuid.UUID | None:
+    """The project a registration token names (422 unknown_project naming `project`); None:
+    a shared token."""
+    if ref is None:
+        return None
+    if not _project_resolver:
+        raise RuntimeError("no project resolver: call server.wiring.wire() at start")
+    return _project_resolver[0](session, ref, "project")
 
 
 def create_registration_token(
     session: Session, body: RegistrationTokenCreate
 ) -> RegistrationTokenCreated:
-    """A registration token with the body's name, lifetime and uses; its plaintext is in the
+    """A registration token with the body's name, lifetime, uses and project (none: shared;
+    only admins create tokens, so only admins make shared ones); its plaintext is in the
     answer, the only place it is ever shown (POST /api/v1/registration-tokens and
     `asyncgrpo registration-token create`)."""
+    project_id = _project_of(session, body.project)
     minted = mint(
         session,
         "registration",
         name=body.name,
         ttl=timedelta(hours=body.ttl_hours),
         max_uses=body.max_uses,
+        project_id=project_id,
     )
     t = minted.token
     return RegistrationTokenCreated(
         id=t.id, token=minted.plaintext, prefix=t.prefix, expires_at=t.expires_at,
-        max_uses=t.max_uses,
+        max_uses=t.max_uses, project_id=t.project_id,
     )  # fmt: skip
 
 

@@ -11,15 +11,17 @@ from sqlalchemy.orm import Session
 
 from server.models import AdapterVersion, Run
 
-RunRow = tuple[uuid.UUID, str, int]  # id, base model, current version
+RunRow = tuple[uuid.UUID, str, uuid.UUID, int]  # id, base model, project, current version
 Adapter = tuple[str, dict[str, Any]]  # the version's sha256, files
 
 
 def running_runs(session: Session) -> list[RunRow]:
     rows = session.execute(
-        select(Run.id, Run.base_model, Run.current_version).where(Run.status == "running")
+        select(Run.id, Run.base_model, Run.project_id, Run.current_version).where(
+            Run.status == "running"
+        )
     ).all()
-    return [(r.id, r.base_model, r.current_version) for r in rows]
+    return [(r.id, r.base_model, r.project_id, r.current_version) for r in rows]
 
 
 def adapter(session: Session, run_id: uuid.UUID, version: int) -> Adapter | None:

@@ -42,17 +42,22 @@ async def versions(
         Query(ge=0, le=600, description="Long-poll up to this long (capped by the server)."),
     ] = 0.0,
 ) -> VersionsResponse | Response:
-    """The running runs of the worker's base models whose version is newer than `after` says,
+    """The running runs of the worker's base models and of the projects it serves whose
+    version is newer than `after` says,
     with their adapter downloads; waits (on the event loop, holding nothing) up to wait_s for
     one, then 204."""
-    models = await as_worker(request, credentials, lambda _session, worker: list(worker.models))
+    models, project_id = await as_worker(
+        request, credentials, lambda _session, worker: (list(worker.models), worker.project_id)
+    )
     named = service.parse_after(after)  # after authentication: a stranger learns nothing (401)
     settings: Settings = request.app.state.settings
     watch: VersionWatch = request.app.state.version_watch
 
     async def attempt(deadline: float) -> _Tried:
         changed = watch.change()  # taken before reading: a change after the read wakes us
-        return changed, service.newer(await watch.current(wanted_until=deadline), models, named)
+        return changed, service.newer(
+            await watch.current(wanted_until=deadline), models, project_id, named
+        )
 
     async def until_changed(tried: _Tried, remaining: float) -> None:
         try:

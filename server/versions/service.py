@@ -1,5 +1,6 @@
-"""The version long-poll's rules: which runs a worker is told about, and the watch of this
-server process (built from the app's database access)."""
+"""The version long-poll's rules: which runs a worker is told about (its base models, the
+projects it serves), and the watch of this server process (built from the app's database
+access)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from protocol.storage import ObjectStore
 from server.config import Settings
 from server.errors import Unprocessable
 from server.leases.service import adapter_ref
+from server.projects.fleet import serves_project
 from server.versions import repository as repo
 from server.versions.watch import RunVersion, VersionWatch
 
@@ -90,14 +92,20 @@ def _refuse(message: str) -> NoReturn:
 
 
 def newer(
-    runs: Mapping[uuid.UUID, RunVersion], models: Collection[str], after: Mapping[uuid.UUID, int]
+    runs: Mapping[uuid.UUID, RunVersion],
+    models: Collection[str],
+    project_id: uuid.UUID | None,
+    after: Mapping[uuid.UUID, int],
 ) -> dict[uuid.UUID, RunVersion]:
-    """The runs of these base models whose version is newer than `after` names (a run not
-    named: newer than version 0)."""
+    """The runs of these base models, of a project a worker of `project_id` serves (None: the
+    shared fleet, every project; server/projects/fleet.py), whose version is newer than
+    `after` names (a run not named: newer than version 0)."""
     return {
         run_id: run
         for run_id, run in runs.items()
-        if run.base_model in models and run.version > after.get(run_id, 0)
+        if run.base_model in models
+        and serves_project(project_id, run.project_id)
+        and run.version > after.get(run_id, 0)
     }
 
 

@@ -3,11 +3,11 @@
 
 Workers long-poll GET /api/v1/versions to preload a run's new adapter version before a lease
 needs it. A thousand of them waiting on one process must not cost a query each per tick: one
-task reads `(id, base_model, current_version)` of the running runs every `version_poll_s`, and
-only while somebody waits or asked recently; it wakes every waiter when a run's version
-changed. A publish committed in this process pokes it (`poke`, from any thread), so it reads
-again at once. With several server processes each has its own watch; every answer still comes
-from the database, at most one tick old.
+task reads `(id, base_model, project_id, current_version)` of the running runs every
+`version_poll_s`, and only while somebody waits or asked recently; it wakes every waiter when
+a run's version changed. A publish committed in this process pokes it (`poke`, from any
+thread), so it reads again at once. With several server processes each has its own watch;
+every answer still comes from the database, at most one tick old.
 
 A version is known once its adapter row is read (its sha256 and files: immutable, read once
 per version); a run whose current version has no adapter row yet is left out until it has one.
@@ -34,6 +34,7 @@ class RunVersion:
     """A running run's current version, with its adapter row (None for version 0)."""
 
     base_model: str
+    project_id: uuid.UUID
     version: int
     adapter: Adapter | None
 
@@ -138,8 +139,8 @@ class VersionWatch:
             rows = await self._read_runs()
             self.reads += 1
             runs: dict[uuid.UUID, RunVersion] = {}
-            for run_id, base_model, version in rows:
-                known = await self._known(run_id, base_model, version)
+            for run_id, base_model, project_id, version in rows:
+                known = await self._known(run_id, base_model, project_id, version)
                 if known is not None:
                     runs[run_id] = known
             changed = runs != self._runs
@@ -148,14 +149,16 @@ class VersionWatch:
             if changed:
                 self._wake()
 
-    async def _known(self, run_id: uuid.UUID, base_model: str, version: int) -> RunVersion | None:
+    async def _known(
+        self, run_id: uuid.UUID, base_model: str, project_id: uuid.UUID, version: int
+    ) -> RunVersion | None:
         known = self._runs.get(run_id)
         if known is not None and known.version == version:
             return known
         if version == 0:
-            return RunVersion(base_model, 0, None)
+            return RunVersion(base_model, project_id, 0, None)
         adapter = await self._read_adapter(run_id, version)
-        return None if adapter is None else RunVersion(base_model, version, adapter)
+        return None if adapter is None else RunVersion(base_model, project_id, version, adapter)
 
     def _wake(self) -> None:
         assert self._changed is not None

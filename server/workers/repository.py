@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from server.db_types import db_now, json_has
 from server.models import GpuPrice, Token, Worker
+from server.projects.fleet import serves
 from server.tokens.repository import Found, expired, revoked, usable
 
 
@@ -61,13 +62,17 @@ def list_all(session: Session) -> list[Worker]:
     return list(session.execute(select(Worker).order_by(Worker.created_at)).scalars())
 
 
-def active_of_model(session: Session, base_model: str) -> list[Worker]:
-    """The active workers that registered `base_model` (whether each is online is
-    server/workers/liveness.py's to say)."""
+def active_of_model(session: Session, base_model: str, project_id: uuid.UUID) -> list[Worker]:
+    """The active workers that registered `base_model` and serve runs of the project
+    (server/projects/fleet.py; whether each is online is server/workers/liveness.py's to say)."""
     return list(
         session.execute(
             select(Worker)
-            .where(Worker.status == "active", json_has(Worker.models, base_model))
+            .where(
+                Worker.status == "active",
+                json_has(Worker.models, base_model),
+                serves(Worker.project_id, project_id),
+            )
             .order_by(Worker.created_at)
         ).scalars()
     )

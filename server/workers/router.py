@@ -18,9 +18,9 @@ def register(
     body: WorkerRegister, session: SessionDep, registration: RegistrationDep
 ) -> WorkerRegistered:
     """Register a worker with a registration token (one use counted); answers the worker's
-    id and its worker token, once."""
+    id, its worker token (once) and its project, the token's (null: the shared fleet)."""
     worker, token = service.register(session, registration, body)
-    return WorkerRegistered(id=worker.id, token=token)
+    return WorkerRegistered(id=worker.id, token=token, project_id=worker.project_id)
 
 
 @router.get("", response_model=list[WorkerOut])

@@ -12,6 +12,7 @@ from protocol.schemas import (
     EnvironmentName,
     ModelName,
 )
+from server.projects.schemas import ProjectNameOf
 from server.workers.liveness import WorkerState
 
 
@@ -43,6 +44,10 @@ class WorkerRegister(BaseModel):
 class WorkerRegistered(BaseModel):
     id: uuid.UUID
     token: str = Field(description="The worker token; shown only in this response.")
+    project_id: uuid.UUID | None = Field(
+        description="The project it serves (its registration token's); null: the shared "
+        "fleet, it serves every project."
+    )
 
 
 class WorkerOut(BaseModel):
@@ -78,3 +83,8 @@ class WorkerOut(BaseModel):
     spot_checks: int
     spot_check_mismatch: float | None
     quarantine_reason: str | None
+    project_id: uuid.UUID | None = Field(
+        description="The project it serves (its registration token's); null: the shared "
+        "fleet, it serves every project."
+    )
+    project: ProjectNameOf | None = Field(description="That project's name; null: shared.")

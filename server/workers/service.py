@@ -18,6 +18,8 @@ from server.workers.schemas import WorkerOut, WorkerRegister
 
 
 def register(session: Session, registration: Token, body: WorkerRegister) -> tuple[Worker, str]:
+    """One use of the registration token counted; the worker, in the token's project (none:
+    the shared fleet, server/projects/fleet.py), and its worker token."""
     tokens.consume_registration(session, registration)
     worker = repository.insert(
         session,
@@ -29,6 +31,7 @@ def register(session: Session, registration: Token, body: WorkerRegister) -> tup
         environments=body.environments,
         capabilities=None if body.capabilities is None else body.capabilities.model_dump(),
         registration_token_id=registration.id,
+        project_id=registration.project_id,
     )
     minted = tokens.mint(session, "worker", name=body.name, scope_id=worker.id)
     return worker, minted.plaintext

@@ -59,7 +59,8 @@ def test_registration_token_create_prints_it_once_and_a_worker_registers_with_it
     created = _run([*args, "--json"], tmp_path)
     assert created.returncode == 0, created.stderr
     answer = json.loads(created.stdout)
-    assert set(answer) == {"id", "token", "prefix", "expires_at", "max_uses"}
+    assert set(answer) == {"id", "token", "prefix", "expires_at", "max_uses", "project_id"}
+    assert answer["project_id"] is None  # shared: its workers serve every project
     assert answer["prefix"].startswith("agr_reg_") and answer["token"].startswith(answer["prefix"])
     expires = datetime.fromisoformat(answer["expires_at"])
     expires = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
@@ -86,6 +87,27 @@ def test_registration_token_create_prints_it_once_and_a_worker_registers_with_it
         ]
     assert [a.status_code for a in answers] == [201, 201, 401], answers[-1].text
     assert answers[2].json()["code"] == "registration_token_exhausted"
+
+
+@pytest.mark.timeout(120)
+def test_registration_token_create_takes_a_project(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--project names the project (name or id) whose runs its workers serve; an unknown one
+    exits 2 naming the option, and no token is made."""
+    from asyncgrpo.cli import app
+    from server.models.project import DEFAULT_PROJECT_ID
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    created = runner.invoke(app, ["registration-token", "create", "--project", "default", "--json"])
+    assert created.exit_code == 0, created.output
+    assert json.loads(created.stdout)["project_id"] == str(DEFAULT_PROJECT_ID)
+    unknown = runner.invoke(app, ["registration-token", "create", "--project", "team-x"])
+    assert unknown.exit_code == 2, unknown.output
+    assert "--project: project team-x not found" in unknown.output
+    listed = runner.invoke(app, ["registration-token", "list"]).stdout.splitlines()
+    assert len(listed) == 1 and listed[0].endswith("project default")
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from protocol import layout
 from protocol.requirements import release
 from server.db import transaction
 from server.doctor.service import PROBE_BYTES, sweep_probes
 from server.jobs.retention import apply_all
-from server.models import Run, Token
+from server.models import Project, Run, Token, Worker
 from tests.conftest import make_settings, mint_token
 from tests.server.learner.support import make_run, make_worker
 
@@ -120,6 +121,34 @@ def test_a_run_model_is_shown_to_hosts_and_a_learner_token_sees_only_its_run(
         assert (answer.status_code, answer.json()["code"]) == (404, "run_not_found")
     malformed = client.get("/api/v1/doctor/runs/not-a-uuid", headers=_bearer(registration))
     assert malformed.status_code == 422 and malformed.json()["errors"][0]["field"] == "path.run_id"
+
+
+def test_a_projects_worker_and_registration_token_see_only_its_projects_runs(
+    app: Any, client: TestClient
+) -> None:
+    """invariant 28: what a project's worker may know of runs is what it may serve."""
+    ours, theirs = make_run(app), make_run(app)
+    with transaction(app.state.sessionmaker) as session:
+        team = Project(name="team-a")
+        session.add(team)
+        session.flush()
+        team_id = team.id
+        session.execute(update(Run).where(Run.id == ours.id).values(project_id=team_id))
+        worker = Worker(name="w", models=["smollm2-135m-instruct"], project_id=team_id)
+        session.add(worker)
+        session.flush()
+        worker_id = worker.id
+    worker_token = mint_token(app, "worker", name="w", scope_id=worker_id)
+    registration = mint_token(app, "registration", name="reg", project_id=team_id)
+    _, shared_worker = make_worker(app)
+    for token in (worker_token, registration, shared_worker):
+        seen = client.get(f"/api/v1/doctor/runs/{ours.id}", headers=_bearer(token))
+        assert seen.status_code == 200, seen.text
+    for token in (worker_token, registration):
+        hidden = client.get(f"/api/v1/doctor/runs/{theirs.id}", headers=_bearer(token))
+        assert (hidden.status_code, hidden.json()["code"]) == (404, "run_not_found")
+    shared = client.get(f"/api/v1/doctor/runs/{theirs.id}", headers=_bearer(shared_worker))
+    assert shared.status_code == 200
 
 
 def _pool_learner(client: TestClient, registration: str) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from protocol.datasets import generate
 from protocol.run_config import InlineDataset, RunConfig
 from server.models import DatasetRow, Lease, PromptRow, RolloutBatch, Run, Worker
+from server.models.project import DEFAULT_PROJECT_ID
 from server.runs import service as runs
 from server.tokens import service as tokens
 from tests.harness.runs import jsonl, plus_rows, run_config
@@ -42,10 +43,11 @@ def make_run(
     status: str = "running",
     run_id: uuid.UUID | None = None,
     n_rows: int = 10,
+    project_id: uuid.UUID = DEFAULT_PROJECT_ID,
     **overrides: Any,
 ) -> Run:
     """A run of `config`, or else of tests/harness/runs.py's run_config with `LEASE_RUN`,
-    `n_rows` rows and `overrides`."""
+    `n_rows` rows and `overrides`, in the project (the default one)."""
     config = config or RunConfig.model_validate(
         run_config(LEASE_RUN, dataset=jsonl(plus_rows(n_rows)), **overrides)
     )
@@ -56,6 +58,7 @@ def make_run(
         config=config.model_dump(mode="json"),
         base_model=config.base_model,
         priority=config.priority,
+        project_id=project_id,
     )
     session.add(run)
     session.flush()
@@ -96,12 +99,15 @@ def make_worker(
     status: str = "active",
     name: str = "w",
     worker_id: uuid.UUID | None = None,
+    project_id: uuid.UUID | None = None,
 ) -> tuple[Worker, str]:
+    """A worker and its token; `project_id` None: the shared fleet."""
     worker = Worker(
         id=worker_id or uuid.uuid4(),
         name=name,
         models=models if models is not None else [MODEL],
         status=status,
+        project_id=project_id,
     )
     session.add(worker)
     session.flush()
