@@ -14,7 +14,7 @@ from server.errors import Conflict, NotFound, Unprocessable
 from server.models import Project
 from server.models.project import DEFAULT_PROJECT_ID
 from server.projects import repository
-from server.projects.schemas import ProjectOut
+from server.projects.schemas import ProjectListed, ProjectOut
 
 
 def create(session: Session, name: str) -> ProjectOut:
@@ -24,8 +24,13 @@ def create(session: Session, name: str) -> ProjectOut:
     return ProjectOut.model_validate(project)
 
 
-def list_projects(session: Session) -> list[ProjectOut]:
-    return [ProjectOut.model_validate(p) for p in repository.list_all(session)]
+def list_projects(session: Session) -> list[ProjectListed]:
+    """Every project, by name, with its run count."""
+    counts = repository.run_counts(session)
+    return [
+        ProjectListed(**ProjectOut.model_validate(p).model_dump(), runs=counts.get(p.id, 0))
+        for p in repository.list_all(session)
+    ]
 
 
 def get(session: Session, project_id: uuid.UUID) -> Project:
