@@ -43,6 +43,8 @@ from server.errors import (
 )
 from server.learner import trajectories
 from server.learners import service as pool_learners
+from server.models import Project
+from server.projects import service as projects
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -158,12 +160,33 @@ def _status(status: str | None) -> str | None:
     return status if status in STATUSES else None
 
 
+ProjectFilter = Annotated[
+    str | None, Query(max_length=63, description="Only this project's runs (its name).")
+]
+
+
+def _project(session: Session, name: str | None) -> Project | None:
+    """The project the runs are filtered by; none (every project's) for an unknown name."""
+    return None if not name else projects.by_name(session, name)
+
+
+def _runs_query(status: str | None, project: Project | None) -> str:
+    """The filters as the table's refresh URL carries them."""
+    given = {"status": status, "project": project.name if project else None}
+    query = urlencode({k: v for k, v in given.items() if v})
+    return f"?{query}" if query else ""
+
+
 @router.get("/runs", response_class=HTMLResponse)
 def runs_page(
-    request: Request, session: SessionDep, _user: LoginDep, status: StatusQuery = None
+    request: Request,
+    session: SessionDep,
+    _user: LoginDep,
+    status: StatusQuery = None,
+    project: ProjectFilter = None,
 ) -> HTMLResponse:
-    status = _status(status)
-    rows = dash.run_rows(session, status)
+    status, chosen = _status(status), _project(session, project)
+    rows = dash.run_rows(session, status, chosen.id if chosen else None)
     return render(
         request,
         "pages/runs.html",
@@ -172,16 +195,23 @@ def runs_page(
         statuses=STATUSES,
         page="runs",
         sweeps=compare.recent_sweeps(session),
+        project=chosen,
+        projects=projects.list_projects(session),
+        table_query=_runs_query(status, chosen),
     )
 
 
 @router.get("/runs/table", response_class=HTMLResponse)
 def runs_table(
-    request: Request, session: SessionDep, _user: LoginDep, status: StatusQuery = None
+    request: Request,
+    session: SessionDep,
+    _user: LoginDep,
+    status: StatusQuery = None,
+    project: ProjectFilter = None,
 ) -> HTMLResponse:
-    status = _status(status)
-    rows = dash.run_rows(session, status)
-    return render(request, "components/_runs_table.html", rows=rows, status=status)
+    status, chosen = _status(status), _project(session, project)
+    rows = dash.run_rows(session, status, chosen.id if chosen else None)
+    return render(request, "components/_runs_table.html", rows=rows, status=status, project=chosen)
 
 
 def _new_run_context(session: Session, values: dict[str, str] | None = None) -> dict[str, Any]:

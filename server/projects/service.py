@@ -40,6 +40,11 @@ def get(session: Session, project_id: uuid.UUID) -> Project:
     return project
 
 
+def by_name(session: Session, name: str) -> Project | None:
+    """The project of this name, or None (a filter by name that matches nothing)."""
+    return repository.by_name(session, name)
+
+
 def rename(session: Session, project_id: uuid.UUID, name: str) -> ProjectOut:
     project = get(session, project_id)
     if project.name != name and not repository.rename(session, project, name):
