@@ -14,13 +14,16 @@ SERVER = typer.Option(
 )
 TOKEN = typer.Option(..., "--token", envvar="ASYNCGRPO_ADMIN_TOKEN", help="An admin token.")
 AS_JSON = typer.Option(
-    False, "--json", help="Print the API's JSON answer instead of a table.", show_default="table"
+    False,
+    "--json",
+    help="Print the API's JSON answer instead of the lines or table for people.",
+    show_default="lines or table",
 )
 PROJECT = typer.Option(
     None,
     "--project",
     help="A project's name or id (asyncgrpo project list); 422 unknown_project when none has it.",
-    show_default="default",
+    show_default="the default project",
 )
 PROJECT_FILTER = typer.Option(
     None,

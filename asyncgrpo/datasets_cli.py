@@ -57,7 +57,7 @@ def upload(
         "--project",
         help="The project (name or id) it is uploaded to: only that project's runs may read "
         "it. 422 unknown_project when none has it.",
-        show_default="default",
+        show_default="the default project",
     ),
 ) -> None:
     """Upload a dataset file into a project; prints the dataset (pending until the server has

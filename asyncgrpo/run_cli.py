@@ -30,7 +30,7 @@ def create(
     token: str = TOKEN,
     as_json: bool = AS_JSON,
 ) -> None:
-    """Create a run from RUN_FILE in a project (POST /api/v1/runs): prints its id, status and
+    """Create a run from FILE in a project (POST /api/v1/runs): prints its id, status and
     project, and its learner token with the `asyncgrpo learner` command that uses it (the
     token is shown only now). A refused config exits 2 with the field named."""
     try:

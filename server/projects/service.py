@@ -57,16 +57,23 @@ def resolve(session: Session, ref: str | uuid.UUID | None, field: str = "project
     An unknown one is a 422 unknown_project naming `field`."""
     if ref is None:
         return DEFAULT_PROJECT_ID
-    project = None
-    if isinstance(ref, uuid.UUID):
-        project = repository.get(session, ref)
-    else:
-        project = repository.by_name(session, ref)
-        if project is None and _is_uuid(ref):
-            project = repository.get(session, uuid.UUID(ref))
+    project = _find(session, ref)
     if project is None:
-        raise Unprocessable(f"project {ref} not found", code=ErrorCode.unknown_project, field=field)
+        raise Unprocessable(
+            f"project {str(ref)[:80]} not found", code=ErrorCode.unknown_project, field=field
+        )
     return project.id
+
+
+def _find(session: Session, ref: str | uuid.UUID) -> Project | None:
+    if isinstance(ref, uuid.UUID):
+        return repository.get(session, ref)
+    if "\x00" in ref:  # no name has it, and Postgres text cannot hold U+0000
+        return None
+    project = repository.by_name(session, ref)
+    if project is None and _is_uuid(ref):
+        project = repository.get(session, uuid.UUID(ref))
+    return project
 
 
 def _is_uuid(text: str) -> bool:

@@ -1,6 +1,7 @@
 """The dashboard's Projects page and the runs list by project, through the real app on Postgres
 and SQLite (docs/guides/dashboard.md): projects with their run counts, create and rename (a
-refused name shows why, nothing changes), CSRF on both, and the runs page's project select."""
+refused name shows why, nothing changes), CSRF on both, the runs page's project select, and
+the new-run form's project (its run's and its uploaded file's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import mint_token
 from tests.server.dashboard.test_pages import login
+from tests.server.datasets.files import QUESTIONS, jsonl
 from tests.server.runs.conftest import admin, example_config, runs_app, runs_client
 
 __all__ = ["admin", "runs_app", "runs_client"]
@@ -102,3 +104,37 @@ def test_the_runs_page_filters_by_project(
     assert "No runs in state failed in project team-a" in none
     unknown = runs_client.get("/runs?project=nope")
     assert unknown.status_code == 200 and ">in-default<" in unknown.text  # every project's
+
+
+def test_the_new_run_form_makes_the_run_and_its_file_in_the_chosen_project(
+    runs_app, runs_client: TestClient, admin: dict[str, str]
+) -> None:  # type: ignore[no-untyped-def]
+    runs_client.post("/api/v1/projects", json={"name": "team-a"}, headers=admin)
+    csrf = login(runs_client, mint_token(runs_app, "admin", name="dash"))
+    assert '<option value="team-a" >team-a</option>' in runs_client.get("/runs/new").text
+    form = {
+        "name": "form-run",
+        "rewards": "numeric_match",
+        "dataset.kind": "uploaded",
+        "dataset.prompt_column": "question",
+        "dataset.reference_columns": "answer",
+        "csrf_token": csrf,
+    }
+    files = {"dataset.file": ("q.jsonl", jsonl(QUESTIONS), "application/json")}
+    made = runs_client.post("/runs/new", data={**form, "project": "team-a"}, files=files)
+    assert made.status_code == 200, made.text
+    run = runs_client.get("/api/v1/runs", headers=admin).json()[0]
+    dataset = runs_client.get("/api/v1/datasets", headers=admin).json()[0]
+    assert run["project"] == "team-a" and dataset["project"] == "team-a"
+
+    unknown = runs_client.post("/runs/new", data={**form, "project": "nope"}, files=files)
+    assert unknown.status_code == 422
+    assert re.search(r'data-error-for="project">project nope not found', unknown.text)
+    picked = {**form, "dataset.id": dataset["id"]}
+    elsewhere = runs_client.post("/runs/new", data={**picked, "project": "default"})
+    assert elsewhere.status_code == 422
+    assert re.search(
+        r'data-error-for="dataset.id">[^<]*in project &#39;team-a&#39;', elsewhere.text
+    )
+    assert len(runs_client.get("/api/v1/runs", headers=admin).json()) == 1
+    assert len(runs_client.get("/api/v1/datasets", headers=admin).json()) == 1

@@ -70,8 +70,9 @@ def test_an_unknown_project_is_422_and_keeps_nothing(
     assert db.execute(select(func.count()).select_from(Dataset)).scalar_one() == 0
     db.rollback()  # SQLite: the open read would hold the next request's write lock
     assert not any(p.is_file() for p in (tmp_path / "bucket").rglob("data.*"))
-    listed = ds_client.get("/api/v1/datasets?project=nope", headers=admin)
-    assert listed.status_code == 422 and listed.json()["code"] == "unknown_project"
+    for project in ("nope", "a\x00b"):  # no name holds NUL, which Postgres text cannot
+        listed = ds_client.get("/api/v1/datasets", params={"project": project}, headers=admin)
+        assert listed.status_code == 422 and listed.json()["code"] == "unknown_project"
 
 
 def test_a_run_reads_only_its_own_projects_datasets(
