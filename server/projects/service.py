@@ -42,6 +42,8 @@ def get(session: Session, project_id: uuid.UUID) -> Project:
 
 def by_name(session: Session, name: str) -> Project | None:
     """The project of this name, or None (a filter by name that matches nothing)."""
+    if "\x00" in name:  # no name has it, and Postgres text cannot hold U+0000
+        return None
     return repository.by_name(session, name)
 
 
@@ -68,9 +70,7 @@ def resolve(session: Session, ref: str | uuid.UUID | None, field: str = "project
 def _find(session: Session, ref: str | uuid.UUID) -> Project | None:
     if isinstance(ref, uuid.UUID):
         return repository.get(session, ref)
-    if "\x00" in ref:  # no name has it, and Postgres text cannot hold U+0000
-        return None
-    project = repository.by_name(session, ref)
+    project = by_name(session, ref)
     if project is None and _is_uuid(ref):
         project = repository.get(session, uuid.UUID(ref))
     return project

@@ -102,8 +102,9 @@ def test_the_runs_page_filters_by_project(
     assert ">in-a<" in table and ">in-default<" not in table
     none = runs_client.get("/runs/table?project=team-a&status=failed").text
     assert "No runs in state failed in project team-a" in none
-    unknown = runs_client.get("/runs?project=nope")
-    assert unknown.status_code == 200 and ">in-default<" in unknown.text  # every project's
+    for unknown in ("nope", "a\x00b"):  # every project's runs
+        shown = runs_client.get("/runs", params={"project": unknown})
+        assert shown.status_code == 200 and ">in-default<" in shown.text
 
 
 def test_the_new_run_form_makes_the_run_and_its_file_in_the_chosen_project(

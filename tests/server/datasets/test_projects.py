@@ -104,8 +104,15 @@ def test_a_run_reads_only_its_own_projects_datasets(
     assert as_eval.status_code == 422, as_eval.text
     assert as_eval.json()["code"] == "dataset_of_another_project"
     assert as_eval.json()["field"] == "eval.dataset.id"
+    base = {**BASE, "dataset": {"kind": "uploaded", "id": of_a["id"], **MAPPING}}
+    sweep = {"name": "s", "base": base, "grid": {"seed": [1, 2]}, "project": "team-b"}
+    swept = ds_client.post("/api/v1/sweeps", json=sweep, headers=admin)
+    assert swept.status_code == 422, swept.text
+    assert swept.json()["code"] == "dataset_of_another_project"
+    assert swept.json()["field"] == "dataset.id" and "combination 0" in swept.json()["detail"]
     names = [r["name"] for r in ds_client.get("/api/v1/runs", headers=admin).json()]
     assert names == [BASE["name"]]  # only the run of team-a was made
+    assert ds_client.get("/api/v1/sweeps", headers=admin).json() == []
 
 
 def test_an_hf_spec_is_loaded_once_per_project(
