@@ -64,7 +64,9 @@ def rename(
     new name in use exits 2 with 409 project_name_taken."""
 
     def rename_it(client: Any) -> dict[str, Any]:
-        found = [p for p in client.list_projects() if old in (p["name"], p["id"])]
+        listed = client.list_projects()
+        # a name first, as the server's lookup does (a slug can look like an id)
+        found = [p for p in listed if p["name"] == old] + [p for p in listed if p["id"] == old]
         if not found:
             fail(f"no project has the name or id {old!r} (asyncgrpo project list)")
         return dict(client.rename_project(found[0]["id"], new))
