@@ -67,6 +67,10 @@ def test_projects_page_lists_creates_and_renames(
         f"/projects/{team['id']}/rename", data={"name": "default", "csrf_token": csrf}
     )
     assert onto.status_code == 409
+    bad_rename = runs_client.post(
+        f"/projects/{team['id']}/rename", data={"name": "-b", "csrf_token": csrf}
+    )
+    assert bad_rename.status_code == 422 and "lowercase slug" in bad_rename.text
     assert _listed_names(runs_client, admin) == ["default", "team-b"]
 
 
@@ -127,6 +131,7 @@ def test_the_new_run_form_makes_the_run_and_its_file_in_the_chosen_project(
     run = runs_client.get("/api/v1/runs", headers=admin).json()[0]
     dataset = runs_client.get("/api/v1/datasets", headers=admin).json()[0]
     assert run["project"] == "team-a" and dataset["project"] == "team-a"
+    assert "<td>q.jsonl</td><td>team-a</td>" in runs_client.get("/runs/new").text
 
     unknown = runs_client.post("/runs/new", data={**form, "project": "nope"}, files=files)
     assert unknown.status_code == 422
