@@ -14,6 +14,8 @@ from asyncgrpo.datasets_cli import datasets_app
 from asyncgrpo.doctor.cli import doctor_app
 from asyncgrpo.help_layout import App
 from asyncgrpo.local_config import LocalSettings
+from asyncgrpo.project_cli import project_app
+from asyncgrpo.run_cli import run_app
 from asyncgrpo.settings_options import settings_command
 from asyncgrpo.sweep_cli import sweep_app
 from learner.config import LearnerSettings
@@ -33,6 +35,8 @@ app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(doctor_app, name="doctor")
 app.add_typer(sweep_app, name="sweep")
+app.add_typer(project_app, name="project")
+app.add_typer(run_app, name="run")
 app.command("plan")(plan_cli.plan)
 
 

@@ -5,50 +5,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 
+from asyncgrpo.api_cli import AS_JSON, PROJECT_FILTER, SERVER, TOKEN, call, fail
 from asyncgrpo.help_layout import App
 
 sweep_app = App(
     help="Sweeps: many runs from one base config and a grid of overrides.", no_args_is_help=True
 )
 
-SERVER = typer.Option(
-    "http://127.0.0.1:8000", "--server", envvar="ASYNCGRPO_SERVER", help="Control plane URL."
-)
-TOKEN = typer.Option(..., "--token", envvar="ASYNCGRPO_ADMIN_TOKEN", help="An admin token.")
 SWEEP_ID = typer.Argument(..., help="The sweep's id (asyncgrpo sweep list).")
-AS_JSON = typer.Option(
-    False, "--json", help="Print the API's JSON answer instead of a table.", show_default="table"
-)
 REASON = typer.Option(
     None, help="Why; shown as each moved run's status reason.", show_default="none"
 )
-
-
-def _fail(message: str) -> NoReturn:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
-
-
-def _call(server: str, token: str, call: Callable[[Any], Any]) -> Any:
-    """`call(client)`, an error answer or an unreachable server exiting 2 with its words."""
-    from protocol.client import TRANSIENT_ERRORS, ApiError, AsyncGrpoClient
-
-    try:
-        with AsyncGrpoClient(server, token, max_retries=2, retry_cap_s=2.0) as client:
-            return call(client)
-    except ApiError as exc:
-        body = exc.body if isinstance(exc.body, dict) else {}
-        code = f" {exc.code}" if exc.code else ""
-        field = f" (field: {body['field']})" if body.get("field") else ""
-        _fail(f"{exc.status_code}{code}: {exc.detail}{field}")
-    except TRANSIENT_ERRORS as exc:
-        _fail(f"{server}: {type(exc).__name__} {exc}".strip())
 
 
 def learner_env_lines(created: dict[str, Any]) -> list[str]:
@@ -95,20 +67,32 @@ LEARNER_ENV = typer.Option(
 def create(
     file: Path = SWEEP_FILE,
     learner_env: Path = LEARNER_ENV,
+    project: str = typer.Option(
+        None,
+        "--project",
+        help="The project (name or id) of the sweep and its runs, in place of the file's "
+        '"project"; 422 unknown_project when none has it.',
+        show_default="the file's, else default",
+    ),
     server: str = SERVER,
     token: str = TOKEN,
 ) -> None:
     """Create a sweep: every combination is validated before any run is made (422 naming the
-    combination and the field; nothing is created), then all its runs at once."""
+    combination and the field; nothing is created), then all its runs at once, in its
+    project."""
     try:
         body = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
-        _fail(f"{file}: not a JSON file ({exc})")
+        fail(f"{file}: not a JSON file ({exc})")
+    if project is not None:
+        body["project"] = project
     if learner_env is not None and learner_env.exists():
-        _fail(f"--learner-env {learner_env} exists: name a new file (its tokens are shown once)")
-    created = _call(server, token, lambda c: c.create_sweep(body))
+        fail(f"--learner-env {learner_env} exists: name a new file (its tokens are shown once)")
+    created = call(server, token, lambda c: c.create_sweep(body))
     sweep = created["sweep"]
-    typer.echo(f"sweep {sweep['id']}  {sweep['name']}: {sweep['n_runs']} runs")
+    typer.echo(
+        f"sweep {sweep['id']}  {sweep['name']}: {sweep['n_runs']} runs (project {sweep['project']})"
+    )
     for run in sweep["runs"]:
         typer.echo(f"  {run['id']}  {run['status']:9} {run['name']}")
     lines = learner_env_lines(created)
@@ -126,15 +110,17 @@ def create(
 
 
 @sweep_app.command("list")
-def list_sweeps(server: str = SERVER, token: str = TOKEN, as_json: bool = AS_JSON) -> None:
-    """Sweeps, newest first: id, runs, runs by status, name."""
-    sweeps = _call(server, token, lambda c: c.list_sweeps())
+def list_sweeps(
+    project: str = PROJECT_FILTER, server: str = SERVER, token: str = TOKEN, as_json: bool = AS_JSON
+) -> None:
+    """Sweeps, newest first: id, runs, runs by status, project, name."""
+    sweeps = call(server, token, lambda c: c.list_sweeps(project=project))
     if as_json:
         typer.echo(json.dumps(sweeps, indent=2))
         return
     for s in sweeps:
         statuses = ", ".join(f"{n} {status}" for status, n in sorted(s["statuses"].items()))
-        typer.echo(f"{s['id']}  {s['n_runs']:>3} runs  [{statuses}]  {s['name']}")
+        typer.echo(f"{s['id']}  {s['n_runs']:>3} runs  [{statuses}]  {s['project']}  {s['name']}")
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -155,7 +141,7 @@ def show(
     from rich.console import Console
     from rich.table import Table
 
-    sweep = _call(server, token, lambda c: c.get_sweep(sweep_id))
+    sweep = call(server, token, lambda c: c.get_sweep(sweep_id))
     if as_json:
         typer.echo(json.dumps(sweep, indent=2))
         return
@@ -184,7 +170,7 @@ def show(
 
 
 def _act(action: str, sweep_id: str, server: str, token: str, reason: str | None) -> None:
-    result = _call(server, token, lambda c: c.sweep_action(sweep_id, action, reason))
+    result = call(server, token, lambda c: c.sweep_action(sweep_id, action, reason))
     for r in result["runs"]:
         outcome = "moved" if r["moved"] else f"left ({r['code']}: {r['detail']})"
         typer.echo(f"  {r['run_id']}  {r['status']:9} {outcome}  {r['name']}")

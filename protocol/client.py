@@ -232,13 +232,20 @@ class AsyncGrpoClient:
 
     # -- admin: runs ----------------------------------------------------------------------------
 
-    def create_run(self, config: BaseModel | dict[str, Any]) -> dict[str, Any]:
-        """201 with the run and its learner token (shown once)."""
-        return dict(self._json("POST", "/api/v1/runs", json=self._body(config)))
+    def create_run(
+        self, config: BaseModel | dict[str, Any], project: str | None = None
+    ) -> dict[str, Any]:
+        """201 with the run and its learner token (shown once); in `project` (its name or id;
+        the `default` project when None)."""
+        params = {"project": project} if project else None
+        return dict(self._json("POST", "/api/v1/runs", json=self._body(config), params=params))
 
-    def list_runs(self, status: str | None = None) -> list[dict[str, Any]]:
-        params = {"status": status} if status else None
-        return list(self._json("GET", "/api/v1/runs", params=params))
+    def list_runs(
+        self, status: str | None = None, project: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Runs, newest first; of one status and one project (name or id) when given."""
+        params = _without_none({"status": status, "project": project}, "status", "project")
+        return list(self._json("GET", "/api/v1/runs", params=params or None))
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         return dict(self._json("GET", f"/api/v1/runs/{run_id}"))
@@ -273,8 +280,24 @@ class AsyncGrpoClient:
         the combination and the field when any combination is refused (nothing is created)."""
         return dict(self._json("POST", "/api/v1/sweeps", json=body))
 
-    def list_sweeps(self) -> list[dict[str, Any]]:
-        return list(self._json("GET", "/api/v1/sweeps"))
+    def list_sweeps(self, project: str | None = None) -> list[dict[str, Any]]:
+        """Sweeps, newest first; of one project (name or id) when given."""
+        params = {"project": project} if project else None
+        return list(self._json("GET", "/api/v1/sweeps", params=params))
+
+    # -- admin: projects --------------------------------------------------------------------------
+
+    def create_project(self, name: str) -> dict[str, Any]:
+        """201 with the project; 409 project_name_taken when the name is in use."""
+        return dict(self._json("POST", "/api/v1/projects", json={"name": name}))
+
+    def list_projects(self) -> list[dict[str, Any]]:
+        """Every project, by name."""
+        return list(self._json("GET", "/api/v1/projects"))
+
+    def rename_project(self, project_id: str, name: str) -> dict[str, Any]:
+        """The renamed project; 409 project_name_taken, 404 project_not_found."""
+        return dict(self._json("PATCH", f"/api/v1/projects/{project_id}", json={"name": name}))
 
     def get_sweep(self, sweep_id: str) -> dict[str, Any]:
         """The sweep and its runs: overrides, status, versions, reward, eval, waste, spend."""

@@ -87,6 +87,7 @@ class ErrorCode(StrEnum):
     dataset_not_found = "dataset_not_found"
     unknown_dataset = "unknown_dataset"  # a run names a dataset that does not exist
     dataset_failed = "dataset_failed"
+    dataset_of_another_project = "dataset_of_another_project"  # a run names another's dataset
     dataset_in_use = "dataset_in_use"
     invalid_dataset_file = "invalid_dataset_file"
     row_too_large = "row_too_large"  # a row (or JSONL line) over `datasets.max_row_bytes`
@@ -207,6 +208,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
         ErrorCode.row_unreadable,
         ErrorCode.unknown_dataset,
         ErrorCode.dataset_failed,
+        ErrorCode.dataset_of_another_project,
         ErrorCode.invalid_dataset_file,
         ErrorCode.row_too_large,
         ErrorCode.row_invalid_utf8,
@@ -339,6 +341,10 @@ MEANING: dict[ErrorCode, str] = {
     ErrorCode.dataset_not_found: "no such dataset",
     ErrorCode.unknown_dataset: "a run names a dataset that does not exist",
     ErrorCode.dataset_failed: "a run names a dataset whose check failed",
+    ErrorCode.dataset_of_another_project: (
+        "a run names an uploaded dataset of another project (`field`: `dataset.id` or "
+        "`eval.dataset.id`): upload it to the run's project"
+    ),
     ErrorCode.dataset_in_use: "deleting a dataset a run uses",
     ErrorCode.invalid_dataset_file: "an uploaded dataset file does not parse",
     ErrorCode.row_too_large: (

@@ -32,6 +32,7 @@ from server.dashboard.auth import (
 from server.dashboard.web import CsrfDep, LoginDep, refused, render
 from server.datasets import service as datasets_service
 from server.datasets import upload as dataset_upload
+from server.db import transaction
 from server.deps import SessionDep, SettingsDep, StoreDep
 from server.errors import (
     AppError,
@@ -43,6 +44,9 @@ from server.errors import (
 )
 from server.learner import trajectories
 from server.learners import service as pool_learners
+from server.models import Project
+from server.models.project import DEFAULT_PROJECT_ID
+from server.projects import service as projects
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
 from server.runs import service as runs
@@ -158,12 +162,33 @@ def _status(status: str | None) -> str | None:
     return status if status in STATUSES else None
 
 
+ProjectFilter = Annotated[
+    str | None, Query(max_length=63, description="Only this project's runs (its name).")
+]
+
+
+def _project(session: Session, name: str | None) -> Project | None:
+    """The project the runs are filtered by; none (every project's) for an unknown name."""
+    return None if not name else projects.by_name(session, name)
+
+
+def _runs_query(status: str | None, project: Project | None) -> str:
+    """The filters as the table's refresh URL carries them."""
+    given = {"status": status, "project": project.name if project else None}
+    query = urlencode({k: v for k, v in given.items() if v})
+    return f"?{query}" if query else ""
+
+
 @router.get("/runs", response_class=HTMLResponse)
 def runs_page(
-    request: Request, session: SessionDep, _user: LoginDep, status: StatusQuery = None
+    request: Request,
+    session: SessionDep,
+    _user: LoginDep,
+    status: StatusQuery = None,
+    project: ProjectFilter = None,
 ) -> HTMLResponse:
-    status = _status(status)
-    rows = dash.run_rows(session, status)
+    status, chosen = _status(status), _project(session, project)
+    rows = dash.run_rows(session, status, chosen.id if chosen else None)
     return render(
         request,
         "pages/runs.html",
@@ -172,16 +197,23 @@ def runs_page(
         statuses=STATUSES,
         page="runs",
         sweeps=compare.recent_sweeps(session),
+        project=chosen,
+        projects=projects.list_projects(session),
+        table_query=_runs_query(status, chosen),
     )
 
 
 @router.get("/runs/table", response_class=HTMLResponse)
 def runs_table(
-    request: Request, session: SessionDep, _user: LoginDep, status: StatusQuery = None
+    request: Request,
+    session: SessionDep,
+    _user: LoginDep,
+    status: StatusQuery = None,
+    project: ProjectFilter = None,
 ) -> HTMLResponse:
-    status = _status(status)
-    rows = dash.run_rows(session, status)
-    return render(request, "components/_runs_table.html", rows=rows, status=status)
+    status, chosen = _status(status), _project(session, project)
+    rows = dash.run_rows(session, status, chosen.id if chosen else None)
+    return render(request, "components/_runs_table.html", rows=rows, status=status, project=chosen)
 
 
 def _new_run_context(session: Session, values: dict[str, str] | None = None) -> dict[str, Any]:
@@ -193,6 +225,7 @@ def _new_run_context(session: Session, values: dict[str, str] | None = None) -> 
         "generators": forms.GENERATORS,
         "kinds": forms.DATASET_KINDS,
         "stored_datasets": datasets_service.list_datasets(session, 100, 0),
+        "project_names": [p.name for p in projects.list_projects(session)],
     }
 
 
@@ -213,6 +246,7 @@ async def create_run(
     if isinstance(upload, UploadFile) and not stored:
         jsonl = (await upload.read()).decode("utf-8", errors="replace")
     result = forms.parse(form, jsonl, has_file=stored)
+    project_id = _form_project(request, form.get("project"), result)
     if result.config is not None:
         try:
             result.config = runs.with_checked_webhook(result.config, settings.outbound_policy())
@@ -221,8 +255,8 @@ async def create_run(
             result.config = None
     if result.config is not None and stored:
         assert isinstance(upload, UploadFile)
-        result.config = await _upload_dataset(request, upload, result, settings)
-    created = result.config and _create(session, result)
+        result.config = await _upload_dataset(request, upload, result, settings, project_id)
+    created = result.config and _create(session, result, project_id)
     if not created:
         values = {k: v for k, v in form.items() if isinstance(v, str)}
         if stored and result.config is not None:  # uploaded: offer it again, no second upload
@@ -242,10 +276,29 @@ async def create_run(
     )
 
 
+def _form_project(request: Request, name: Any, result: forms.FormResult) -> uuid.UUID:
+    """The project the form's run (and its uploaded file) is made in; an unknown one is an
+    error on the form's `project` field, and the config is dropped. Read in a transaction of
+    its own, as the upload records its row in one: the request's session then starts after
+    it (on SQLite a read begun before another write commits cannot write)."""
+    try:
+        with transaction(request.app.state.sessionmaker) as session:
+            return projects.resolve(session, name if isinstance(name, str) and name else None)
+    except Unprocessable as exc:
+        result.add("project", exc.message)
+        result.config = None
+        return DEFAULT_PROJECT_ID
+
+
 async def _upload_dataset(
-    request: Request, upload: UploadFile, result: forms.FormResult, settings: Settings
+    request: Request,
+    upload: UploadFile,
+    result: forms.FormResult,
+    settings: Settings,
+    project_id: uuid.UUID,
 ) -> RunConfig | None:
-    """The form's file through the datasets API's upload (the same checks and limits)."""
+    """The form's file through the datasets API's upload (the same checks and limits), into
+    the run's project."""
 
     async def chunks() -> AsyncIterator[bytes]:
         while block := await upload.read(1024 * 1024):
@@ -260,6 +313,7 @@ async def _upload_dataset(
             store=request.app.state.store,
             factory=request.app.state.sessionmaker,
             limits=settings.datasets,
+            project_id=project_id,
         )
     except AppError as exc:
         result.add("dataset.file", exc.message)
@@ -269,10 +323,12 @@ async def _upload_dataset(
     return forms.with_dataset_id(result.config, str(created.id))
 
 
-def _create(session: Session, result: forms.FormResult) -> tuple[Any, str] | None:
+def _create(
+    session: Session, result: forms.FormResult, project_id: uuid.UUID
+) -> tuple[Any, str] | None:
     assert result.config is not None
     try:
-        return runs.create_run(session, result.config)
+        return runs.create_run(session, result.config, project_id=project_id)
     except Unprocessable as exc:
         session.rollback()
         result.add(str(exc.extra.get("field") or "__all__"), exc.message)

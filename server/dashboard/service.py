@@ -97,8 +97,11 @@ def drift_of(session: Session, run: Run, now: Any) -> tuple[float, list[Drift]]:
     return waste, firing
 
 
-def run_rows(session: Session, status: str | None) -> list[RunRow]:
-    listed = runs.list_runs(session, status, 200, 0)
+def run_rows(
+    session: Session, status: str | None, project_id: uuid.UUID | None = None
+) -> list[RunRow]:
+    """The runs page's rows, newest first: of one status and one project when given."""
+    listed = runs.list_runs(session, status, 200, 0, project_id)
     sparks = repo.recent_rewards(session, [r.id for r in listed], SPARK_POINTS)
     now = db_time(session)
     rows = []

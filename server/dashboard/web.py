@@ -88,6 +88,7 @@ CsrfDep = Annotated[DashboardSession, Depends(require_csrf)]
 
 def install(app: FastAPI) -> None:
     """Mount the static files, include the pages and render login/CSRF failures."""
+    from server.dashboard.projects import router as projects_router
     from server.dashboard.router import router
 
     app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
@@ -97,6 +98,7 @@ def install(app: FastAPI) -> None:
         return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     app.include_router(router)
+    app.include_router(projects_router)
 
     @app.exception_handler(LoginRequired)
     async def _login(request: Request, _exc: LoginRequired) -> Response:

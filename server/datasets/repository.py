@@ -34,8 +34,12 @@ def by_spec_key(session: Session, spec_key: str) -> Dataset | None:
     return session.execute(select(Dataset).where(Dataset.spec_key == spec_key)).scalar_one_or_none()
 
 
-def list_datasets(session: Session, limit: int, offset: int) -> list[Dataset]:
+def list_datasets(
+    session: Session, limit: int, offset: int, project_id: uuid.UUID | None = None
+) -> list[Dataset]:
     query = select(Dataset).order_by(Dataset.created_at.desc(), Dataset.id)
+    if project_id is not None:
+        query = query.where(Dataset.project_id == project_id)
     return list(session.execute(query.limit(limit).offset(offset)).scalars())
 
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
 from protocol.schemas import BIGINT_MAX
 from server.datasets import service, upload
 from server.datasets.schemas import DatasetFormat, DatasetOut
+from server.db import transaction
 from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
+from server.projects import service as projects
+from server.projects.params import ProjectQuery
 from server.routing import TransactionalRoute
 from server.wake import wake
 
@@ -36,15 +40,19 @@ async def upload_dataset(
     format: Annotated[  # noqa: A002 - the public query parameter's name
         DatasetFormat | None, Query(description="jsonl or parquet; default: from the name.")
     ] = None,
+    project: ProjectQuery = None,
 ) -> DatasetOut:
     """Upload a dataset file as the raw request body (JSONL: one JSON object per line, UTF-8;
-    or Parquet). Streamed to the bucket with its sha256; 413 over `datasets.max_upload_bytes`
-    (before reading when Content-Length says so); 422 with the reason (naming the line) for a
-    file that cannot be a dataset, and nothing is kept. Answers 202 with the dataset `pending`:
-    the `datasets` job makes it `ready` (rows, columns, fingerprint) or `failed` (reason)."""
+    or Parquet) into `project` (only its runs may read it). Streamed to the bucket with its
+    sha256; 413 over `datasets.max_upload_bytes` (before reading when Content-Length says so);
+    422 with the reason (naming the line) for a file that cannot be a dataset, 422
+    unknown_project before reading for a project that does not exist, and nothing is kept.
+    Answers 202 with the dataset `pending`: the `datasets` job makes it `ready` (rows, columns,
+    fingerprint) or `failed` (reason)."""
     limits = settings.datasets
     upload.refuse_declared(request.headers.get("content-length"), limits)
     fmt = upload.format_of(name, format)
+    project_id = await to_thread.run_sync(_project_of, request, project)
     created = await upload.receive(
         request.stream(),
         name=name,
@@ -52,9 +60,17 @@ async def upload_dataset(
         store=store,
         factory=request.app.state.sessionmaker,
         limits=limits,
+        project_id=project_id,
     )
     wake(request.app.state, "datasets")
     return created
+
+
+def _project_of(request: Request, project: str | None) -> uuid.UUID:
+    """The upload's project, resolved before the body is read (the upload records its row in
+    a transaction of its own, after the file is stored)."""
+    with transaction(request.app.state.sessionmaker) as session:
+        return projects.resolve(session, project)
 
 
 @router.get("", response_model=list[DatasetOut])
@@ -65,9 +81,12 @@ def list_datasets(
     offset: Annotated[
         int, Query(ge=0, le=BIGINT_MAX, description="Datasets to skip (newest first).")
     ] = 0,
+    project: ProjectQuery = None,
 ) -> list[DatasetOut]:
-    """Datasets, newest first, with status, row counts and columns."""
-    return service.list_datasets(session, limit, offset)
+    """Datasets, newest first, with status, row counts, columns and project; of one project
+    when `project` is given."""
+    project_id = None if project is None else projects.resolve(session, project)
+    return service.list_datasets(session, limit, offset, project_id)
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut)

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.projects.schemas import ProjectNameOf
+
 DatasetKind = Literal["uploaded", "hf"]
 DatasetStatus = Literal["pending", "ready", "failed"]
 DatasetFormat = Literal["jsonl", "parquet"]
@@ -36,3 +38,7 @@ class DatasetOut(BaseModel):
     spec: dict[str, Any] | None = Field(description="The hf spec (path, name, split, …).")
     created_at: datetime = Field(description="Creation time (database time).")
     ready_at: datetime | None = Field(description="When it became ready.")
+    project_id: uuid.UUID = Field(
+        description="Its project: only that project's runs may read it (docs/guides/projects.md)."
+    )
+    project: ProjectNameOf = Field(description="Its project's name.")

@@ -1,5 +1,6 @@
-"""Dataset rules: reads, deletion, the dataset a run names (checked at run creation), and the
-one reader of a stored dataset's rows with a run's column mapping (iter_mapped_rows)."""
+"""Dataset rules: reads, deletion, the dataset a run names (checked at run creation: it is of
+the run's project, `dataset_for_run`, the one home of that rule), and the one reader of a stored
+dataset's rows with a run's column mapping (iter_mapped_rows)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from server.datasets import files, repository
 from server.datasets.schemas import DatasetOut
 from server.errors import Conflict, NotFound, Unprocessable
 from server.models import Dataset
+from server.models.project import DEFAULT_PROJECT_ID
 
 Prompt = datasets.Prompt
 
@@ -33,8 +35,12 @@ def get(session: Session, dataset_id: uuid.UUID) -> Dataset:
     return dataset
 
 
-def list_datasets(session: Session, limit: int, offset: int) -> list[DatasetOut]:
-    return [DatasetOut.model_validate(d) for d in repository.list_datasets(session, limit, offset)]
+def list_datasets(
+    session: Session, limit: int, offset: int, project_id: uuid.UUID | None = None
+) -> list[DatasetOut]:
+    """Datasets, newest first; of one project when given (None: every project's)."""
+    found = repository.list_datasets(session, limit, offset, project_id)
+    return [DatasetOut.model_validate(d) for d in found]
 
 
 def delete(session: Session, store: ObjectStore, dataset_id: uuid.UUID) -> None:
@@ -61,21 +67,29 @@ def delete(session: Session, store: ObjectStore, dataset_id: uuid.UUID) -> None:
 # -- the dataset of a run ----------------------------------------------------------------------
 
 
-def spec_key(spec: HfDataset) -> str:
-    return hashlib.sha256(json.dumps(spec.spec(), sort_keys=True).encode()).hexdigest()
+def spec_key(spec: HfDataset, project_id: uuid.UUID = DEFAULT_PROJECT_ID) -> str:
+    """The find-or-create key of an hf spec in a project: one loaded copy per project, as every
+    dataset is one project's (docs/guides/projects.md). The default project's key is the
+    spec's alone, as before projects, so the rows loaded before revision 0014 are found."""
+    keyed: dict[str, Any] = spec.spec()
+    if project_id != DEFAULT_PROJECT_ID:
+        keyed = {"project_id": str(project_id), "spec": keyed}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
 
 
-def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
-    """The one row of this hf spec: created pending (the `datasets` job loads it), or put
-    back to pending when it failed before (the Hub may be reachable now). Two run creations
-    naming a new spec at once both try the insert: the loser's savepoint is rolled back and it
-    takes the winner's row (the unique spec_key), not a 500."""
-    key = spec_key(spec)
+def find_or_create_hf(
+    session: Session, spec: HfDataset, project_id: uuid.UUID = DEFAULT_PROJECT_ID
+) -> Dataset:
+    """The one row of this hf spec in the project: created pending (the `datasets` job loads
+    it), or put back to pending when it failed before (the Hub may be reachable now). Two run
+    creations naming a new spec at once both try the insert: the loser's savepoint is rolled
+    back and it takes the winner's row (the unique spec_key), not a 500."""
+    key = spec_key(spec, project_id)
     found = repository.by_spec_key(session, key)
     if found is None:
         try:
             with session.begin_nested():
-                return _insert_hf(session, spec, key)
+                return _insert_hf(session, spec, key, project_id)
         except IntegrityError:
             found = repository.by_spec_key(session, key)
             if found is None:
@@ -84,7 +98,7 @@ def find_or_create_hf(session: Session, spec: HfDataset) -> Dataset:
     return repository.get(session, found.id) or found
 
 
-def _insert_hf(session: Session, spec: HfDataset, key: str) -> Dataset:
+def _insert_hf(session: Session, spec: HfDataset, key: str, project_id: uuid.UUID) -> Dataset:
     dataset_id = uuid.uuid4()
     name = f"{spec.path}" + (f" ({spec.name})" if spec.name else "") + f" [{spec.split}]"
     return repository.insert(
@@ -97,18 +111,26 @@ def _insert_hf(session: Session, spec: HfDataset, key: str) -> Dataset:
         bucket_key=layout.dataset_key(dataset_id, "parquet"),
         spec=spec.spec(),
         spec_key=key,
+        project_id=project_id,
     )
 
 
 def dataset_for_run(
-    session: Session, spec: StoredDataset, epochs: int, where: str = "dataset"
+    session: Session,
+    spec: StoredDataset,
+    epochs: int,
+    where: str = "dataset",
+    project_id: uuid.UUID = DEFAULT_PROJECT_ID,
 ) -> Dataset:
-    """The dataset a new run reads, checked as far as it is known: 422 naming the field for an
-    unknown or failed dataset, a missing column (with the columns that exist) or too many
-    prompt rows. A pending one is accepted (its columns checked when known, as for an upload):
-    the run waits for it (status `preparing`). `where` is the config path of the spec (e.g.
-    `eval.dataset`), named in the errors."""
-    dataset_id = find_or_create_hf(session, spec).id if isinstance(spec, HfDataset) else spec.id
+    """The dataset a new run of `project_id` reads, checked as far as it is known: 422 naming
+    the field for an unknown or failed dataset, one of another project, a missing column (with
+    the columns that exist) or too many prompt rows. A pending one is accepted (its columns
+    checked when known, as for an upload): the run waits for it (status `preparing`). `where`
+    is the config path of the spec (e.g. `eval.dataset`), named in the errors."""
+    if isinstance(spec, HfDataset):
+        dataset_id = find_or_create_hf(session, spec, project_id).id
+    else:
+        dataset_id = spec.id
     # Locked until the run is committed: a concurrent delete waits (then sees the run), or is
     # waited for (then the dataset is not found), instead of a foreign-key error.
     found = repository.get_for_share(session, dataset_id)
@@ -117,6 +139,13 @@ def dataset_for_run(
             f"dataset {dataset_id} not found", field=f"{where}.id", code=ErrorCode.unknown_dataset
         )
     dataset = found
+    if dataset.project_id != project_id:
+        raise Unprocessable(
+            f"dataset {dataset.id} is in project {dataset.project.name!r}, not the run's: "
+            "upload it to the run's project (asyncgrpo datasets upload --project)",
+            field=f"{where}.id",
+            code=ErrorCode.dataset_of_another_project,
+        )
     if dataset.status == "failed":
         raise Unprocessable(
             f"dataset {dataset.id} failed: {dataset.reason}",

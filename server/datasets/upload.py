@@ -34,6 +34,7 @@ from server.datasets import files, repository
 from server.datasets.schemas import DatasetOut
 from server.db import transaction
 from server.errors import BadRequest, PayloadTooLarge, Unprocessable
+from server.models.project import DEFAULT_PROJECT_ID
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
@@ -127,8 +128,10 @@ async def receive(
     store: ObjectStore,
     factory: sessionmaker[Session],
     limits: DatasetSettings,
+    project_id: uuid.UUID = DEFAULT_PROJECT_ID,
 ) -> DatasetOut:
-    """Stream, check, store and record the upload (pending); nothing is left on a refusal."""
+    """Stream, check, store and record the upload (pending, in `project_id`); nothing is left
+    on a refusal."""
     tmp = _temp(store)
     jsonl = files.JsonlCheck(limits.max_row_bytes) if fmt == "jsonl" else None
     sink = _Sink(tmp, open(tmp, "wb"), limits, jsonl)  # noqa: SIM115 - closed in finally
@@ -161,6 +164,7 @@ async def receive(
                 size_bytes=sink.size,
                 row_count=rows,
                 columns=columns,
+                project_id=project_id,
             )
             session.refresh(dataset)  # created_at, from the database
             return DatasetOut.model_validate(dataset)

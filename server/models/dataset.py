@@ -7,11 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, Uuid
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from server.db_types import JSONType, UTCDateTime
 from server.models.base import Base, CreatedAt, UUIDPk
-from server.models.project import DEFAULT_PROJECT_ID
+from server.models.project import DEFAULT_PROJECT_ID, Project
 
 
 class Dataset(UUIDPk, CreatedAt, Base):
@@ -34,10 +34,13 @@ class Dataset(UUIDPk, CreatedAt, Base):
     columns: Mapped[list[str] | None] = mapped_column(JSONType)
     fingerprint: Mapped[str | None] = mapped_column(String(128))
     spec: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    # sha256 of the canonical hf spec (None for uploads): the find-or-create key.
+    # sha256 of the canonical hf spec and its project (None for uploads): the find-or-create
+    # key (server/datasets/service.py spec_key: one row per spec in each project).
     spec_key: Mapped[str | None] = mapped_column(String(64))
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Its project (server/projects/); the default project when created without one.
     project_id: Mapped[uuid.UUID] = mapped_column(
         Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True, default=DEFAULT_PROJECT_ID
     )
+    # Loaded when read (listings show its name).
+    project: Mapped[Project] = relationship(lazy="select")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.models import Project
+from server.models import Project, Run
 
 
 def get(session: Session, project_id: uuid.UUID) -> Project | None:
@@ -21,6 +21,12 @@ def by_name(session: Session, name: str) -> Project | None:
 
 def list_all(session: Session) -> list[Project]:
     return list(session.execute(select(Project).order_by(Project.name)).scalars())
+
+
+def run_counts(session: Session) -> dict[uuid.UUID, int]:
+    """Runs per project (a project with none is absent)."""
+    query = select(Run.project_id, func.count()).group_by(Run.project_id)
+    return {project_id: int(n) for project_id, n in session.execute(query).all()}
 
 
 def insert(session: Session, name: str) -> Project | None:

@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, status
 
 from server.projects import service
-from server.projects.schemas import ProjectCreate, ProjectOut, ProjectRename
+from server.projects.schemas import ProjectCreate, ProjectListed, ProjectOut, ProjectRename
 from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
 from server.tokens.auth import AdminDep
@@ -21,9 +21,9 @@ def create_project(body: ProjectCreate, session: SessionDep, _admin: AdminDep) -
     return service.create(session, body.name)
 
 
-@router.get("", response_model=list[ProjectOut])
-def list_projects(session: SessionDep, _admin: AdminDep) -> list[ProjectOut]:
-    """Every project, by name."""
+@router.get("", response_model=list[ProjectListed])
+def list_projects(session: SessionDep, _admin: AdminDep) -> list[ProjectListed]:
+    """Every project, by name, with its run count."""
     return service.list_projects(session)
 
 

@@ -43,6 +43,10 @@ class ProjectOut(BaseModel):
     created_at: datetime = Field(description="When it was created (database time).")
 
 
+class ProjectListed(ProjectOut):
+    runs: int = Field(description="How many runs it has.")
+
+
 def _name_of(value: object) -> object:
     return getattr(value, "name", value)
 

@@ -14,7 +14,7 @@ from server.errors import Conflict, NotFound, Unprocessable
 from server.models import Project
 from server.models.project import DEFAULT_PROJECT_ID
 from server.projects import repository
-from server.projects.schemas import ProjectOut
+from server.projects.schemas import ProjectListed, ProjectOut
 
 
 def create(session: Session, name: str) -> ProjectOut:
@@ -24,8 +24,13 @@ def create(session: Session, name: str) -> ProjectOut:
     return ProjectOut.model_validate(project)
 
 
-def list_projects(session: Session) -> list[ProjectOut]:
-    return [ProjectOut.model_validate(p) for p in repository.list_all(session)]
+def list_projects(session: Session) -> list[ProjectListed]:
+    """Every project, by name, with its run count."""
+    counts = repository.run_counts(session)
+    return [
+        ProjectListed(**ProjectOut.model_validate(p).model_dump(), runs=counts.get(p.id, 0))
+        for p in repository.list_all(session)
+    ]
 
 
 def get(session: Session, project_id: uuid.UUID) -> Project:
@@ -33,6 +38,13 @@ def get(session: Session, project_id: uuid.UUID) -> Project:
     if project is None:
         raise NotFound(f"project {project_id} not found", code=ErrorCode.project_not_found)
     return project
+
+
+def by_name(session: Session, name: str) -> Project | None:
+    """The project of this name, or None (a filter by name that matches nothing)."""
+    if "\x00" in name:  # no name has it, and Postgres text cannot hold U+0000
+        return None
+    return repository.by_name(session, name)
 
 
 def rename(session: Session, project_id: uuid.UUID, name: str) -> ProjectOut:
@@ -47,16 +59,21 @@ def resolve(session: Session, ref: str | uuid.UUID | None, field: str = "project
     An unknown one is a 422 unknown_project naming `field`."""
     if ref is None:
         return DEFAULT_PROJECT_ID
-    project = None
-    if isinstance(ref, uuid.UUID):
-        project = repository.get(session, ref)
-    else:
-        project = repository.by_name(session, ref)
-        if project is None and _is_uuid(ref):
-            project = repository.get(session, uuid.UUID(ref))
+    project = _find(session, ref)
     if project is None:
-        raise Unprocessable(f"project {ref} not found", code=ErrorCode.unknown_project, field=field)
+        raise Unprocessable(
+            f"project {str(ref)[:80]} not found", code=ErrorCode.unknown_project, field=field
+        )
     return project.id
+
+
+def _find(session: Session, ref: str | uuid.UUID) -> Project | None:
+    if isinstance(ref, uuid.UUID):
+        return repository.get(session, ref)
+    project = by_name(session, ref)
+    if project is None and _is_uuid(ref):
+        project = repository.get(session, uuid.UUID(ref))
+    return project
 
 
 def _is_uuid(text: str) -> bool:

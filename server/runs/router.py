@@ -11,21 +11,13 @@ from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
 from server.deps import AdminDep, SessionDep, SettingsDep
 from server.projects import service as projects
+from server.projects.params import ProjectQuery
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
 from server.wake import wake
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=TransactionalRoute)
-
-ProjectQuery = Annotated[
-    str | None,
-    Query(
-        max_length=63,
-        description="A project's name or id (docs/guides/projects.md); on create, the "
-        "run's project (default: `default`); on a listing, only its runs.",
-    ),
-]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunCreated)

@@ -155,12 +155,14 @@ def create_run(
     ds = config.dataset
     dataset_id = eval_dataset_id = None
     if isinstance(ds, UploadedDataset | HfDataset):
-        train = datasets_service.dataset_for_run(session, ds, config.epochs)
+        train = datasets_service.dataset_for_run(session, ds, config.epochs, project_id=project_id)
         _check_reward_columns(config, train, ds, "the dataset")
         dataset_id = train.id
     eval_ds = config.eval.dataset if config.eval is not None else None
     if isinstance(eval_ds, UploadedDataset | HfDataset):
-        held_out = datasets_service.dataset_for_run(session, eval_ds, 0, "eval.dataset")
+        held_out = datasets_service.dataset_for_run(
+            session, eval_ds, 0, "eval.dataset", project_id=project_id
+        )
         _check_eval_rows(config, held_out.row_count)
         _check_reward_columns(config, held_out, eval_ds, "the eval dataset")
         eval_dataset_id = held_out.id

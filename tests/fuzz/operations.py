@@ -13,6 +13,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from server import deps
+from server.models.project import DEFAULT_PROJECT_ID
 from server.tokens.auth import ALL_KINDS
 from tests.fuzz.seed import Seeded
 
@@ -94,6 +95,8 @@ def real_path_ids(seeded: Seeded, method: str, path: str) -> dict[str, str]:
         "token_id": "00000000-0000-4000-8000-000000000000",
         # No pool learner is seeded: its revoke answers 404.
         "learner_id": "00000000-0000-4000-8000-000000000000",
+        # The default project, which every database has (the dashboard's rename form).
+        "project_id": str(DEFAULT_PROJECT_ID),
     }
 
 

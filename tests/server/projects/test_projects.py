@@ -113,6 +113,8 @@ def test_runs_take_a_project_by_name_or_id_and_are_listed_by_it(
     assert sorted(r["name"] for r in everything) == ["i", "n", "p"]
     shown = runs_client.get(f"/api/v1/runs/{plain.json()['run']['id']}", headers=admin).json()
     assert shown["project"] == "default"
+    counted = {p["name"]: p["runs"] for p in runs_client.get(URL, headers=admin).json()}
+    assert counted == {"default": 1, "team-a": 2}
 
 
 def test_an_unknown_project_is_422_naming_it_and_makes_nothing(
