@@ -12,6 +12,7 @@ import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
@@ -65,16 +66,26 @@ def run_model(session: Session, token: Token, run_id: uuid.UUID) -> RunModel:
 
 
 def _hidden(session: Session, token: Token, run: Run) -> bool:
-    if token.kind == "learner":
-        return token.scope_id != run.id
-    if token.kind == "pool_learner":
-        return run.pool_learner_id != token.scope_id
-    if token.kind == "worker":
-        worker = session.get(Worker, token.scope_id)
-        return worker is None or not serves_project(worker.project_id, run.project_id)
-    if token.kind == "registration":
-        return not serves_project(token.project_id, run.project_id)
-    return False
+    """Whether the run is out of the bearer's reach (an admin's: never)."""
+    out_of_reach = _OUT_OF_REACH.get(token.kind)
+    return out_of_reach is not None and out_of_reach(session, token, run)
+
+
+def _worker_out_of_reach(session: Session, token: Token, run: Run) -> bool:
+    worker = session.get(Worker, token.scope_id)
+    return worker is None or not serves_project(worker.project_id, run.project_id)
+
+
+# By token kind: a learner's own run, a pool learner's held runs, the runs of the projects a
+# worker or a registration token serves (server/projects/fleet.py).
+_OUT_OF_REACH: dict[str, Callable[[Session, Token, Run], bool]] = {
+    "learner": lambda _session, token, run: token.scope_id != run.id,
+    "pool_learner": lambda _session, token, run: run.pool_learner_id != token.scope_id,
+    "worker": _worker_out_of_reach,
+    "registration": lambda _session, token, run: (
+        not serves_project(token.project_id, run.project_id)
+    ),
+}
 
 
 def _content(secret: str, probe_id: str) -> bytes:
