@@ -38,6 +38,14 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _invalid_fields(body: dict[str, Any]) -> str:
+    """A validation failure's fields and reasons (`errors`), one per line."""
+    errors = body.get("errors") if isinstance(body.get("errors"), list) else []
+    return "".join(
+        f"\n  {e.get('field')}: {e.get('message')}" for e in errors if isinstance(e, dict)
+    )
+
+
 def call(server: str, token: str, action: Callable[[Any], Any]) -> Any:
     """`action(client)`, an error answer (its status, code, words and field) or an unreachable
     server exiting 2."""
@@ -50,6 +58,6 @@ def call(server: str, token: str, action: Callable[[Any], Any]) -> Any:
         body = exc.body if isinstance(exc.body, dict) else {}
         code = f" {exc.code}" if exc.code else ""
         field = f" (field: {body['field']})" if body.get("field") else ""
-        fail(f"{exc.status_code}{code}: {exc.detail}{field}")
+        fail(f"{exc.status_code}{code}: {exc.detail}{field}{_invalid_fields(body)}")
     except TRANSIENT_ERRORS as exc:
         fail(f"{server}: {type(exc).__name__} {exc}".strip())

@@ -299,6 +299,22 @@ class AsyncGrpoClient:
         """The renamed project; 409 project_name_taken, 404 project_not_found."""
         return dict(self._json("PATCH", f"/api/v1/projects/{project_id}", json={"name": name}))
 
+    def create_project_token(
+        self, project_id: str, name: str, role: str, ttl_hours: float | None = None
+    ) -> dict[str, Any]:
+        """201 with a project token of `role` (the token itself only in this answer)."""
+        body = {"name": name, "role": role, "ttl_hours": ttl_hours}
+        return dict(self._json("POST", f"/api/v1/projects/{project_id}/tokens", json=body))
+
+    def list_project_tokens(self, project_id: str) -> list[dict[str, Any]]:
+        """The project's API tokens, newest first (never the tokens themselves)."""
+        return list(self._json("GET", f"/api/v1/projects/{project_id}/tokens"))
+
+    def revoke_project_token(self, project_id: str, token_id: str) -> dict[str, Any]:
+        """The revoked token; 404 token_not_found for a token of another project."""
+        url = f"/api/v1/projects/{project_id}/tokens/{token_id}/revoke"
+        return dict(self._json("POST", url))
+
     def get_sweep(self, sweep_id: str) -> dict[str, Any]:
         """The sweep and its runs: overrides, status, versions, reward, eval, waste, spend."""
         return dict(self._json("GET", f"/api/v1/sweeps/{sweep_id}"))

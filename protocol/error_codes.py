@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     token_revoked = "token_revoked"
     token_expired = "token_expired"
     token_kind_forbidden = "token_kind_forbidden"  # a valid token of another kind
+    role_forbidden = "role_forbidden"  # a project token whose role lacks the right
     csrf_failed = "csrf_failed"  # a dashboard form without its session's (or login's) CSRF token
     registration_token_exhausted = "registration_token_exhausted"
     token_not_found = "token_not_found"
@@ -141,6 +142,7 @@ _BY_STATUS: dict[int | None, tuple[ErrorCode, ...]] = {
     ),
     403: (
         ErrorCode.token_kind_forbidden,
+        ErrorCode.role_forbidden,
         ErrorCode.run_not_held,
         ErrorCode.csrf_failed,
         ErrorCode.signature_invalid,
@@ -260,6 +262,10 @@ MEANING: dict[ErrorCode, str] = {
     ErrorCode.token_expired: "the token expired",
     ErrorCode.token_kind_forbidden: (
         "a valid token of another kind (e.g. a worker token on an admin call)"
+    ),
+    ErrorCode.role_forbidden: (
+        "a project token whose role may not make this call, or a `ci` token on a run it did not "
+        "create"
     ),
     ErrorCode.csrf_failed: (
         "a dashboard form (or POST) without its session's CSRF token, or the login form without "

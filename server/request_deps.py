@@ -36,7 +36,7 @@ def _bearer_scheme(kind: str) -> HTTPBearer:
 
 BEARER_SCHEMES = {
     kind: _bearer_scheme(kind)
-    for kind in ("admin", "registration", "worker", "learner", "pool_learner")
+    for kind in ("admin", "project", "registration", "worker", "learner", "pool_learner")
 }
 
 
@@ -64,6 +64,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[ObjectStore, Depends(get_store)]
 Credentials = HTTPAuthorizationCredentials | None
 AdminCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["admin"])]
+ProjectCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["project"])]
 RegistrationCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["registration"])]
 WorkerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["worker"])]
 LearnerCredentials = Annotated[Credentials, Depends(BEARER_SCHEMES["learner"])]

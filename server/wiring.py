@@ -54,4 +54,4 @@ def wire() -> None:
     workers.end_leases_with(expiry.end_revoked_worker_leases)
     ledger.register(EVAL)
     waste.count_batches_with(ledger.trained)
-    tokens.resolve_projects_with(projects.resolve)
+    tokens.resolve_projects_with(projects.resolve_within)

@@ -9,8 +9,9 @@ from fastapi import APIRouter, Path
 
 from server.adapters import service
 from server.adapters.schemas import AdapterVersionDetail, AdapterVersionOut
-from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
+from server.deps import SessionDep, SettingsDep, StoreDep
 from server.routing import TransactionalRoute
+from server.tokens.access import RunReader
 
 router = APIRouter(prefix="/api/v1/runs", tags=["adapters"], route_class=TransactionalRoute)
 
@@ -19,7 +20,7 @@ DOWNLOAD_TTL_S = 900
 
 @router.get("/{run_id}/adapters", response_model=list[AdapterVersionOut])
 def list_adapters(
-    run_id: uuid.UUID, session: SessionDep, _admin: AdminDep
+    run_id: uuid.UUID, session: SessionDep, _caller: RunReader
 ) -> list[AdapterVersionOut]:
     """The run's published versions, oldest first (404 for an unknown run)."""
     return service.list_versions(session, run_id)
@@ -39,7 +40,7 @@ def get_adapter(
     session: SessionDep,
     store: StoreDep,
     settings: SettingsDep,
-    _admin: AdminDep,
+    _caller: RunReader,
 ) -> AdapterVersionDetail:
     """One version with short-lived download URLs; 404 when there is none, 410 when retention
     deleted its files."""

@@ -236,7 +236,7 @@ def new_run_page(request: Request, session: SessionDep, _user: LoginDep) -> HTML
 
 @router.post("/runs/new", response_class=HTMLResponse)
 async def create_run(
-    request: Request, session: SessionDep, settings: SettingsDep, _user: CsrfDep
+    request: Request, session: SessionDep, settings: SettingsDep, user: CsrfDep
 ) -> HTMLResponse:
     form = await request.form()
     upload = form.get("dataset.file")
@@ -256,7 +256,7 @@ async def create_run(
     if result.config is not None and stored:
         assert isinstance(upload, UploadFile)
         result.config = await _upload_dataset(request, upload, result, settings, project_id)
-    created = result.config and _create(session, result, project_id)
+    created = result.config and _create(session, result, project_id, user.token_id)
     if not created:
         values = {k: v for k, v in form.items() if isinstance(v, str)}
         if stored and result.config is not None:  # uploaded: offer it again, no second upload
@@ -324,11 +324,14 @@ async def _upload_dataset(
 
 
 def _create(
-    session: Session, result: forms.FormResult, project_id: uuid.UUID
+    session: Session,
+    result: forms.FormResult,
+    project_id: uuid.UUID,
+    created_by: uuid.UUID | None,
 ) -> tuple[Any, str] | None:
     assert result.config is not None
     try:
-        return runs.create_run(session, result.config, project_id=project_id)
+        return runs.create_run(session, result.config, project_id=project_id, created_by=created_by)
     except Unprocessable as exc:
         session.rollback()
         result.add(str(exc.extra.get("field") or "__all__"), exc.message)

@@ -3,6 +3,7 @@ static mount. `install(app)` wires it into the app."""
 
 from __future__ import annotations
 
+import dataclasses
 from html import escape
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,10 +68,11 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 
 def require_login(request: Request, session: SessionDep, settings: SettingsDep) -> DashboardSession:
     user = read_session(request, settings)
-    if user is None or tokens.dashboard_session_token(session, user.session_id) is None:
+    token_id = None if user is None else tokens.dashboard_session_token(session, user.session_id)
+    if user is None or token_id is None:
         raise LoginRequired()
     request.state.csrf = user.csrf
-    return released(session, user)
+    return released(session, dataclasses.replace(user, token_id=token_id))
 
 
 LoginDep = Annotated[DashboardSession, Depends(require_login)]

@@ -1,4 +1,5 @@
-"""Datasets API (admin): upload a JSONL or Parquet file, list, read, delete."""
+"""Datasets API (admin and project tokens, server/tokens/access.py): upload a JSONL or Parquet
+file, list, read, delete."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ from protocol.schemas import BIGINT_MAX
 from server.datasets import service, upload
 from server.datasets.schemas import DatasetFormat, DatasetOut
 from server.db import transaction
-from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
+from server.deps import SessionDep, SettingsDep, StoreDep
 from server.projects import service as projects
 from server.projects.params import ProjectQuery
 from server.routing import TransactionalRoute
+from server.tokens.access import (
+    Caller,
+    DatasetDeleter,
+    DatasetReader,
+    DatasetUploader,
+    Reader,
+)
 from server.wake import wake
 
 DATASETS_PATH = "/api/v1/datasets"
@@ -27,7 +35,7 @@ async def upload_dataset(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    _admin: AdminDep,
+    caller: DatasetUploader,
     name: Annotated[
         str,
         Query(
@@ -52,7 +60,7 @@ async def upload_dataset(
     limits = settings.datasets
     upload.refuse_declared(request.headers.get("content-length"), limits)
     fmt = upload.format_of(name, format)
-    project_id = await to_thread.run_sync(_project_of, request, project)
+    project_id = await to_thread.run_sync(_project_of, request, caller, project)
     created = await upload.receive(
         request.stream(),
         name=name,
@@ -66,17 +74,17 @@ async def upload_dataset(
     return created
 
 
-def _project_of(request: Request, project: str | None) -> uuid.UUID:
-    """The upload's project, resolved before the body is read (the upload records its row in
-    a transaction of its own, after the file is stored)."""
+def _project_of(request: Request, caller: Caller, project: str | None) -> uuid.UUID:
+    """The upload's project (within the caller's reach), resolved before the body is read
+    (the upload records its row in a transaction of its own, after the file is stored)."""
     with transaction(request.app.state.sessionmaker) as session:
-        return projects.resolve(session, project)
+        return projects.resolve_for(session, caller, project)
 
 
 @router.get("", response_model=list[DatasetOut])
 def list_datasets(
     session: SessionDep,
-    _admin: AdminDep,
+    caller: Reader,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
     offset: Annotated[
         int, Query(ge=0, le=BIGINT_MAX, description="Datasets to skip (newest first).")
@@ -84,20 +92,20 @@ def list_datasets(
     project: ProjectQuery = None,
 ) -> list[DatasetOut]:
     """Datasets, newest first, with status, row counts, columns and project; of one project
-    when `project` is given."""
-    project_id = None if project is None else projects.resolve(session, project)
+    when `project` is given (a project token's: its own project's only)."""
+    project_id = projects.listing_scope(session, caller, project)
     return service.list_datasets(session, limit, offset, project_id)
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut)
-def get_dataset(dataset_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> DatasetOut:
+def get_dataset(dataset_id: uuid.UUID, session: SessionDep, _caller: DatasetReader) -> DatasetOut:
     """One dataset with its status, row count and columns (and why a failed one failed)."""
     return DatasetOut.model_validate(service.get(session, dataset_id))
 
 
 @router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_dataset(
-    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, _admin: AdminDep
+    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, _caller: DatasetDeleter
 ) -> Response:
     """Delete a dataset and its file; 409 while a run uses it."""
     service.delete(session, store, dataset_id)

@@ -11,13 +11,13 @@ from server.evals import service
 from server.evals.schemas import EvalsOut, EvalVersionOut
 from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
-from server.tokens.auth import AdminDep
+from server.tokens.access import RunReader
 
 router = APIRouter(prefix="/api/v1/runs/{run_id}", tags=["evals"], route_class=TransactionalRoute)
 
 
 @router.get("/evals", response_model=EvalsOut)
-def get_evals(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> EvalsOut:
+def get_evals(run_id: uuid.UUID, session: SessionDep, _caller: RunReader) -> EvalsOut:
     """Eval results per version: mean reward, accuracy, pass@n (pending until scored)."""
     config, results = service.results(session, run_id)
     ev = config.eval

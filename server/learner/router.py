@@ -38,7 +38,6 @@ from server import wakeups
 from server.config import Settings
 from server.db import transaction
 from server.deps import (
-    AdminDep,
     LearnerCredentials,
     LearnerDep,
     SessionDep,
@@ -56,6 +55,7 @@ from server.long_poll import long_poll
 from server.models import Token
 from server.request_deps import Credentials
 from server.routing import TransactionalRoute
+from server.tokens.access import RunReader
 from server.versions import service as versions
 
 # The answers of the claim kinds (server/learner/claims.py).
@@ -289,7 +289,7 @@ def spot_check(
 def get_metrics(
     run_id: uuid.UUID,
     session: SessionDep,
-    _admin: AdminDep,
+    _caller: RunReader,
     since_step: int | None = Query(
         None, ge=0, le=INT_MAX, description="Only points with step ≥ this."
     ),
@@ -303,7 +303,7 @@ def get_trajectory_sample(
     run_id: uuid.UUID,
     session: SessionDep,
     store: StoreDep,
-    _admin: AdminDep,
+    _caller: RunReader,
     batch_id: uuid.UUID | None = Query(
         None, description="A format 2 batch of the run (default: its latest consumed one)."
     ),
@@ -316,7 +316,7 @@ def get_trajectory_sample(
 
 
 @router.get("/ledger", response_model=Ledger)
-def get_ledger(run_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> Ledger:
+def get_ledger(run_id: uuid.UUID, session: SessionDep, _caller: RunReader) -> Ledger:
     """The run's prompt rows by state, drop reason and epoch, and whether they balance."""
     return ledger_model(session, run_id)
 

@@ -29,3 +29,8 @@ class Sweep(UUIDPk, CreatedAt, Base):
         Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True, default=DEFAULT_PROJECT_ID
     )
     project: Mapped[Project] = relationship(lazy="select")
+    # The admin or project token that created it (a `ci` token may pause and cancel only the
+    # runs it created: server/tokens/roles.py); None for one created before revision 0015.
+    created_by_token_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("tokens.id", ondelete="SET NULL"), index=True
+    )

@@ -16,7 +16,8 @@ class Token(UUIDPk, CreatedAt, Base):
 
     __tablename__ = "tokens"
 
-    kind: Mapped[str] = mapped_column(String(16))  # admin|registration|worker|learner|pool_learner
+    # admin|project|registration|worker|learner|pool_learner
+    kind: Mapped[str] = mapped_column(String(16))
     digest: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(24))  # shown in listings, e.g. agr_wkr_ab12
     name: Mapped[str | None] = mapped_column(String(200))
@@ -29,9 +30,13 @@ class Token(UUIDPk, CreatedAt, Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # A registration token's project, given to the workers and pool learners it registers
-    # (server/projects/); None: a shared token, they join the shared fleet.
+    # (server/projects/); None: a shared token, they join the shared fleet. A project token's
+    # project: the one it acts in.
     project_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("projects.id", ondelete="RESTRICT"), index=True
     )
     # Loaded when read (listings show its name): one query per project in a session.
     project: Mapped[Project | None] = relationship(lazy="select")
+    # A project token's role (server/tokens/roles.py: owner, member, ci, viewer); None for every
+    # other kind (an admin token acts in every project).
+    role: Mapped[str | None] = mapped_column(String(16))

@@ -15,6 +15,7 @@ from server.models import Project
 from server.models.project import DEFAULT_PROJECT_ID
 from server.projects import repository
 from server.projects.schemas import ProjectListed, ProjectOut
+from server.tokens.access import Caller
 
 
 def create(session: Session, name: str) -> ProjectOut:
@@ -24,12 +25,14 @@ def create(session: Session, name: str) -> ProjectOut:
     return ProjectOut.model_validate(project)
 
 
-def list_projects(session: Session) -> list[ProjectListed]:
-    """Every project, by name, with its run count."""
+def list_projects(session: Session, caller: Caller | None = None) -> list[ProjectListed]:
+    """Every project, by name, with its run count; a project token's own only (None: an
+    admin's, as the dashboard's login is)."""
     counts = repository.run_counts(session)
     return [
         ProjectListed(**ProjectOut.model_validate(p).model_dump(), runs=counts.get(p.id, 0))
         for p in repository.list_all(session)
+        if caller is None or caller.sees(p.id)
     ]
 
 
@@ -61,9 +64,7 @@ def resolve(session: Session, ref: str | uuid.UUID | None, field: str = "project
         return DEFAULT_PROJECT_ID
     project = _find(session, ref)
     if project is None:
-        raise Unprocessable(
-            f"project {str(ref)[:80]} not found", code=ErrorCode.unknown_project, field=field
-        )
+        raise _unknown(ref, field)
     return project.id
 
 
@@ -74,6 +75,39 @@ def _find(session: Session, ref: str | uuid.UUID) -> Project | None:
     if project is None and _is_uuid(ref):
         project = repository.get(session, uuid.UUID(ref))
     return project
+
+
+def resolve_within(
+    session: Session, reach: uuid.UUID | None, ref: str | uuid.UUID | None, field: str = "project"
+) -> uuid.UUID:
+    """`resolve` within a reach (a project token's project; None: every project): the reach
+    itself when `ref` is None; a project out of it is as unknown as one that does not exist
+    (422), so its existence is never confirmed."""
+    if ref is None and reach is not None:
+        return reach
+    project_id = resolve(session, ref, field)
+    if reach is not None and project_id != reach:
+        raise _unknown(ref, field)
+    return project_id
+
+
+def resolve_for(
+    session: Session, caller: Caller, ref: str | uuid.UUID | None, field: str = "project"
+) -> uuid.UUID:
+    """`resolve_within` the caller's reach."""
+    return resolve_within(session, caller.project_id, ref, field)
+
+
+def listing_scope(session: Session, caller: Caller, ref: str | None) -> uuid.UUID | None:
+    """The project a listing covers: the one named (in reach), else a project token's own,
+    else None (an admin's listing of every project)."""
+    return caller.project_id if ref is None else resolve_for(session, caller, ref)
+
+
+def _unknown(ref: object, field: str) -> Unprocessable:
+    return Unprocessable(
+        f"project {str(ref)[:80]} not found", code=ErrorCode.unknown_project, field=field
+    )
 
 
 def _is_uuid(text: str) -> bool:

@@ -1,20 +1,23 @@
-"""Runs API (admin): create, list, read with live stats, pause / resume / cancel."""
+"""Runs API (admin and project tokens, server/tokens/access.py): create, list, read with live
+stats, pause / resume / cancel."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
-from server.deps import AdminDep, SessionDep, SettingsDep
+from server.deps import SessionDep, SettingsDep
 from server.projects import service as projects
 from server.projects.params import ProjectQuery
 from server.routing import TransactionalRoute
 from server.runs import lifecycle, service
 from server.runs.schemas import RunAction, RunCreated, RunDetail, RunOut, RunStatus
+from server.tokens.access import Caller, Reader, RunCreator, RunReader, run_allowed
+from server.tokens.roles import RUN_ACTIONS
 from server.wake import wake
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], route_class=TransactionalRoute)
@@ -26,15 +29,17 @@ def create_run(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    _admin: AdminDep,
+    caller: RunCreator,
     project: ProjectQuery = None,
 ) -> RunCreated:
     """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
     `preparing` until its prompt rows are made); the learner token is shown once."""
     config = service.with_checked_webhook(config, settings.outbound_policy())
     service.check_judge_urls(config, settings.outbound_policy())
-    project_id = projects.resolve(session, project)
-    run, learner_token = service.create_run(session, config, project_id=project_id)
+    project_id = projects.resolve_for(session, caller, project)
+    run, learner_token = service.create_run(
+        session, config, project_id=project_id, created_by=caller.token.id
+    )
     silent_s = settings.jobs.worker_silent_s
     created = RunCreated(run=service.detail(session, run, silent_s), learner_token=learner_token)
     if run.status == "preparing":
@@ -46,7 +51,7 @@ def create_run(
 @router.get("", response_model=list[RunOut])
 def list_runs(
     session: SessionDep,
-    _admin: AdminDep,
+    caller: Reader,
     status: Annotated[RunStatus | None, Query(description="Only runs in this state.")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
     offset: Annotated[
@@ -54,14 +59,15 @@ def list_runs(
     ] = 0,
     project: ProjectQuery = None,
 ) -> list[RunOut]:
-    """Runs, newest first, optionally of one status and of one project."""
-    project_id = None if project is None else projects.resolve(session, project)
+    """Runs, newest first, optionally of one status and of one project (a project token's:
+    its project's only)."""
+    project_id = projects.listing_scope(session, caller, project)
     return service.list_runs(session, status, limit, offset, project_id)
 
 
 @router.get("/{run_id}", response_model=RunDetail)
 def get_run(
-    run_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _admin: AdminDep
+    run_id: uuid.UUID, session: SessionDep, settings: SettingsDep, _caller: RunReader
 ) -> RunDetail:
     """One run with its config and live figures, and `serving` when no live worker can serve
     it (no_worker_can_serve)."""
@@ -74,8 +80,8 @@ def _action(action: str):  # type: ignore[no-untyped-def]
         run_id: uuid.UUID,
         session: SessionDep,
         settings: SettingsDep,
-        _admin: AdminDep,
         body: RunAction | None = None,
+        _caller: Caller = Depends(run_allowed(RUN_ACTIONS[action])),  # noqa: B008
     ) -> RunDetail:
         reason = body.reason if body is not None else None
         run = lifecycle.admin_action(session, run_id, action, reason)

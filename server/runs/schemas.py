@@ -51,6 +51,9 @@ class RunOut(BaseModel):
     )
     project_id: uuid.UUID = Field(description="The run's project.")
     project: ProjectNameOf = Field(description="Its project's name.")
+    created_by_token_id: uuid.UUID | None = Field(
+        None, description="The admin or project token that created it (null before 0015)."
+    )
     overrides: dict[str, Any] | None = Field(
         None,
         description="The overrides of the sweep's base config that made this run's config "

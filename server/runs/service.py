@@ -145,6 +145,7 @@ def create_run(
     *,
     sweep: SweepTag | None = None,
     project_id: uuid.UUID = DEFAULT_PROJECT_ID,
+    created_by: uuid.UUID | None = None,
 ) -> tuple[Run, str]:
     """Insert the run and mint its learner token (shown once); a sweep's run carries its tag
     (server/sweeps/service.py). Generator and inline kinds:
@@ -177,6 +178,7 @@ def create_run(
         dataset_id=dataset_id,
         eval_dataset_id=eval_dataset_id,
         project_id=project_id,
+        created_by_token_id=created_by,
         **({} if sweep is None else sweep.columns()),
     )
     if isinstance(ds, GeneratorDataset | InlineDataset):

@@ -1,15 +1,16 @@
-"""Sweeps API (admin): create a sweep of runs from a base config and a grid (or a list of
-overrides), list and read sweeps with their runs, pause / resume / cancel every run of one."""
+"""Sweeps API (admin and project tokens, server/tokens/access.py): create a sweep of runs from a
+base config and a grid (or a list of overrides), list and read sweeps with their runs, pause /
+resume / cancel every run of one."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 
 from protocol.schemas import BIGINT_MAX
-from server.deps import AdminDep, SessionDep, SettingsDep
+from server.deps import SessionDep, SettingsDep
 from server.projects import service as projects
 from server.routing import TransactionalRoute
 from server.runs import lifecycle
@@ -22,6 +23,8 @@ from server.sweeps.schemas import (
     SweepDetail,
     SweepOut,
 )
+from server.tokens.access import Caller, Reader, RunCreator, SweepReader, sweep_allowed
+from server.tokens.roles import RUN_ACTIONS
 from server.wake import wake
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], route_class=TransactionalRoute)
@@ -33,14 +36,14 @@ def create_sweep(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    _admin: AdminDep,
+    caller: RunCreator,
 ) -> SweepCreated:
     """Create a sweep: every combination of the grid (or each listed override) applied to the
     base config and validated before any run is made (422 naming the combination and the
     field), then all its runs in one transaction, each named after its overrides; each run's
     learner token is shown once, here. At most `sweeps.max_runs` runs (422 sweep_too_large)."""
     created, preparing = service.create_sweep(
-        session, body, settings.sweeps.max_runs, settings.outbound_policy()
+        session, body, settings.sweeps.max_runs, settings.outbound_policy(), caller
     )
     if preparing:
         session.commit()  # the job must see the runs
@@ -51,7 +54,7 @@ def create_sweep(
 @router.get("", response_model=list[SweepOut])
 def list_sweeps(
     session: SessionDep,
-    _admin: AdminDep,
+    caller: Reader,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 100,
     offset: Annotated[
         int, Query(ge=0, le=BIGINT_MAX, description="Sweeps to skip (newest first).")
@@ -62,12 +65,12 @@ def list_sweeps(
     ] = None,
 ) -> list[SweepOut]:
     """Sweeps, newest first, with their runs counted by status; of one project if given."""
-    project_id = None if project is None else projects.resolve(session, project)
+    project_id = projects.listing_scope(session, caller, project)
     return service.list_sweeps(session, limit, offset, project_id)
 
 
 @router.get("/{sweep_id}", response_model=SweepDetail)
-def get_sweep(sweep_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> SweepDetail:
+def get_sweep(sweep_id: uuid.UUID, session: SessionDep, _caller: SweepReader) -> SweepDetail:
     """One sweep and its runs in order: overrides, status, current and best version, latest
     reward, latest eval accuracy, stale waste and spend of each."""
     return service.detail(session, service.get_sweep(session, sweep_id))
@@ -77,8 +80,8 @@ def _action(action: str):  # type: ignore[no-untyped-def]
     def handler(
         sweep_id: uuid.UUID,
         session: SessionDep,
-        _admin: AdminDep,
         body: SweepActionBody | None = None,
+        _caller: Caller = Depends(sweep_allowed(RUN_ACTIONS[action])),  # noqa: B008
     ) -> SweepActionResult:
         reason = body.reason if body is not None else None
         return service.act(session, sweep_id, action, reason)

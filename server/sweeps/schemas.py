@@ -96,6 +96,9 @@ class SweepOut(BaseModel):
     statuses: dict[str, int] = Field(description="Its runs by status.")
     project_id: uuid.UUID = Field(description="The sweep's project (its runs').")
     project: str = Field(description="Its project's name.")
+    created_by_token_id: uuid.UUID | None = Field(
+        None, description="The admin or project token that created it (null before 0015)."
+    )
 
 
 class SweepDetail(SweepOut):

@@ -32,13 +32,15 @@ from server.sweeps.schemas import (
     SweepRun,
     SweepRunToken,
 )
+from server.tokens.access import Caller
 
 
 def create_sweep(
-    session: Session, body: SweepCreate, max_runs: int, policy: OutboundPolicy
+    session: Session, body: SweepCreate, max_runs: int, policy: OutboundPolicy, caller: Caller
 ) -> tuple[SweepCreated, bool]:
-    """The sweep and its runs (all or none), and whether a run is `preparing` (its stored
-    dataset's rows are made by the run_prep job)."""
+    """The sweep and its runs (all or none), created by the caller's token in a project within
+    its reach, and whether a run is `preparing` (its stored dataset's rows are made by the
+    run_prep job)."""
     combos = expand.combinations(body.grid, body.overrides, max_runs)
     source = "grid" if body.grid is not None else "overrides"
     configs = expand.validated(body.name, body.base, combos, source)
@@ -48,7 +50,8 @@ def create_sweep(
             config = runs.with_checked_webhook(config, policy)
             runs.check_judge_urls(config, policy)
         checked.append(config)
-    project_id = projects.resolve(session, body.project)
+    project_id = projects.resolve_for(session, caller, body.project)
+    created_by = caller.token.id
     sweep = repository.insert_sweep(
         session,
         name=body.name,
@@ -56,13 +59,16 @@ def create_sweep(
         grid=body.grid,
         n_runs=len(combos),
         project_id=project_id,
+        created_by_token_id=created_by,
     )
     tokens: list[SweepRunToken] = []
     preparing = False
     for index, (config, overrides) in enumerate(zip(checked, combos, strict=True)):
         tag = runs.SweepTag(sweep.id, index, overrides)
         with _naming(index, overrides):
-            run, token = runs.create_run(session, config, sweep=tag, project_id=project_id)
+            run, token = runs.create_run(
+                session, config, sweep=tag, project_id=project_id, created_by=created_by
+            )
         preparing = preparing or run.status == "preparing"
         tokens.append(
             SweepRunToken(run_id=run.id, name=run.name, overrides=overrides, learner_token=token)
@@ -113,6 +119,7 @@ def _out(sweep: Sweep, statuses: dict[str, int]) -> SweepOut:
         statuses=statuses,
         project_id=sweep.project_id,
         project=sweep.project.name,
+        created_by_token_id=sweep.created_by_token_id,
     )
 
 

@@ -96,12 +96,12 @@ def by_id(session: Session, token_id: uuid.UUID) -> Token | None:
     return session.get(Token, token_id)
 
 
-def list_kind(session: Session, kind: str) -> list[Token]:
-    return list(
-        session.execute(
-            select(Token).where(Token.kind == kind).order_by(Token.created_at.desc())
-        ).scalars()
-    )
+def list_kind(session: Session, kind: str, *, project_id: uuid.UUID | None = None) -> list[Token]:
+    """Tokens of one kind, newest first; with `project_id`, only that project's."""
+    query = select(Token).where(Token.kind == kind)
+    if project_id is not None:
+        query = query.where(Token.project_id == project_id)
+    return list(session.execute(query.order_by(Token.created_at.desc())).scalars())
 
 
 def revoke_id(session: Session, token_id: uuid.UUID) -> bool:

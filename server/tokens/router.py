@@ -3,12 +3,14 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Depends, Query, status
 
 from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
 from server.tokens import service
+from server.tokens.access import Caller, allowed
 from server.tokens.auth import AdminDep
+from server.tokens.roles import Action
 from server.tokens.schemas import (
     RegistrationTokenCreate,
     RegistrationTokenCreated,
@@ -18,6 +20,10 @@ from server.tokens.schemas import (
 
 router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalRoute)
 
+# An admin, or a project's owner or member for that project's registration tokens
+# (server/tokens/roles.py).
+RegistrationTokenManager = Annotated[Caller, Depends(allowed(Action.manage_registration_tokens))]
+
 
 @router.post(
     "/registration-tokens",
@@ -25,12 +31,13 @@ router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalR
     response_model=RegistrationTokenCreated,
 )
 def create_registration_token(
-    body: RegistrationTokenCreate, session: SessionDep, _admin: AdminDep
+    body: RegistrationTokenCreate, session: SessionDep, caller: RegistrationTokenManager
 ) -> RegistrationTokenCreated:
     """Create a registration token (name, lifetime, uses, project); the token is answered once.
     With a project (name or id; 422 unknown_project) its workers and pool learners serve only
-    that project's runs; without one it is shared: they serve every project."""
-    return service.create_registration_token(session, body)
+    that project's runs; without one it is shared: they serve every project (an admin's call;
+    a project token's tokens are of its own project)."""
+    return service.create_registration_token(session, body, caller.project_id)
 
 
 ForceQuery = Annotated[
@@ -43,18 +50,23 @@ ForceQuery = Annotated[
 
 
 @router.get("/registration-tokens", response_model=list[TokenOut])
-def list_registration_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
+def list_registration_tokens(
+    session: SessionDep, caller: RegistrationTokenManager
+) -> list[TokenOut]:
     """Registration tokens (prefix, name, expiry, uses, project, revoked or live), never the
-    token."""
-    return [TokenOut.model_validate(t) for t in service.list_tokens(session, "registration")]
+    token; a project token's: its project's only."""
+    found = service.list_tokens(session, "registration", caller.project_id)
+    return [TokenOut.model_validate(t) for t in found]
 
 
 @router.post("/registration-tokens/{token_id}/revoke", response_model=TokenOut)
 def revoke_registration_token(
-    token_id: uuid.UUID, session: SessionDep, _admin: AdminDep
+    token_id: uuid.UUID, session: SessionDep, caller: RegistrationTokenManager
 ) -> TokenOut:
-    """Revoke a registration token: no more workers register with it."""
-    return TokenOut.model_validate(service.revoke(session, "registration", token_id))
+    """Revoke a registration token: no more workers register with it (a project token: one
+    of its project's; any other is 404 token_not_found)."""
+    revoked = service.revoke(session, "registration", token_id, reach=caller.project_id)
+    return TokenOut.model_validate(revoked)
 
 
 @router.get("/admin-tokens", response_model=list[TokenOut])

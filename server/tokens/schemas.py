@@ -5,6 +5,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from server.tokens.roles import Role
+
 
 class RegistrationTokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -33,12 +35,12 @@ class RegistrationTokenCreated(BaseModel):
 
 
 class TokenOut(BaseModel):
-    """An admin or registration token as listed: never the token itself."""
+    """An admin, project or registration token as listed: never the token itself."""
 
     model_config = ConfigDict(from_attributes=True)
 
     id: uuid.UUID = Field(description="The token's id (what revoke takes).")
-    kind: str = Field(description="admin or registration.")
+    kind: str = Field(description="admin, project or registration.")
     prefix: str = Field(description="The token's first characters, to recognise it.")
     name: str | None = Field(description="Its label.")
     created_at: datetime = Field(description="When it was minted.")
@@ -49,9 +51,11 @@ class TokenOut(BaseModel):
     revoked_at: datetime | None = Field(description="When it was revoked; null: live.")
     project_id: uuid.UUID | None = Field(
         description="A registration token's project: the workers and pool learners it "
-        "registers serve only that project's runs; null: shared (every project)."
+        "registers serve only that project's runs; null: shared (every project). A project "
+        "token's: the one it acts in; null for an admin token."
     )
     project: str | None = Field(description="That project's name; null: shared.")
+    role: Role | None = Field(None, description="A project token's role; null otherwise.")
 
     @field_validator("project", mode="before")
     @classmethod
@@ -61,3 +65,19 @@ class TokenOut(BaseModel):
 
 class SessionsEnded(BaseModel):
     ended: int = Field(description="Dashboard sessions ended by this call.")
+
+
+class ProjectTokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(
+        min_length=1, max_length=200, description="Who or what holds it, e.g. `ci-main`."
+    )
+    role: Role = Field(description="What it may do in the project (docs/guides/projects.md).")
+    ttl_hours: float | None = Field(
+        None, gt=0, le=24 * 365 * 5, description="Hours until it expires; null: never."
+    )
+
+
+class ProjectTokenCreated(TokenOut):
+    token: str = Field(description="The token itself; shown only in this response.")

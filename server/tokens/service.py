@@ -17,10 +17,17 @@ from protocol.error_codes import ErrorCode
 from server.errors import Conflict, Forbidden, NotFound, Unauthorized
 from server.models import Token
 from server.tokens import repository
-from server.tokens.schemas import RegistrationTokenCreate, RegistrationTokenCreated
+from server.tokens.schemas import (
+    ProjectTokenCreate,
+    ProjectTokenCreated,
+    RegistrationTokenCreate,
+    RegistrationTokenCreated,
+    TokenOut,
+)
 
 PREFIXES = {
     "admin": "agr_adm_",
+    "project": "agr_prj_",
     "registration": "agr_reg_",
     "worker": "agr_wkr_",
     "learner": "agr_lrn_",
@@ -49,6 +56,7 @@ def mint(
     max_uses: int | None = None,
     now: datetime | None = None,
     project_id: uuid.UUID | None = None,
+    role: str | None = None,
 ) -> MintedToken:
     plaintext = PREFIXES[kind] + secrets.token_urlsafe(32)
     expires_at = (now or repository.db_time(session)) + ttl if ttl else None
@@ -62,14 +70,15 @@ def mint(
         expires_at=expires_at,
         max_uses=max_uses,
         project_id=project_id,
+        role=role,
     )
     return MintedToken(token, plaintext)
 
 
-# A registration token's project is named by name or id: the projects feature's `resolve`
-# (server/projects/service.py), above tokens in the feature order, which the composition root
-# hands in (server/wiring.py).
-ProjectResolver = Callable[[Session, str, str], uuid.UUID]
+# A registration token's project is named by name or id, within its creator's reach: the
+# projects feature's `resolve_for` (server/projects/service.py), above tokens in the feature
+# order, which the composition root hands in (server/wiring.py).
+ProjectResolver = Callable[[Session, uuid.UUID | None, str | None, str], uuid.UUID]
 _project_resolver: list[ProjectResolver] = []
 
 
@@ -77,24 +86,25 @@ def resolve_projects_with(resolver: ProjectResolver) -> None:
     _project_resolver[:] = [resolver]
 
 
-def _project_of(session: Session, ref: str | None) -> uuid.UUID | None:
-    """The project a registration token names (422 unknown_project naming `project`); None:
-    a shared token."""
-    if ref is None:
+def _project_of(session: Session, ref: str | None, reach: uuid.UUID | None) -> uuid.UUID | None:
+    """The project a registration token names (422 unknown_project naming `project`, also for
+    one out of the creator's reach: a project token's project; None: every project). None: a
+    shared token, which only an admin makes. A project token's token is of its own project."""
+    if ref is None and reach is None:
         return None
     if not _project_resolver:
         raise RuntimeError("no project resolver: call server.wiring.wire() at start")
-    return _project_resolver[0](session, ref, "project")
+    return _project_resolver[0](session, reach, ref, "project")
 
 
 def create_registration_token(
-    session: Session, body: RegistrationTokenCreate
+    session: Session, body: RegistrationTokenCreate, reach: uuid.UUID | None = None
 ) -> RegistrationTokenCreated:
-    """A registration token with the body's name, lifetime, uses and project (none: shared;
-    only admins create tokens, so only admins make shared ones); its plaintext is in the
-    answer, the only place it is ever shown (POST /api/v1/registration-tokens and
-    `asyncgrpo registration-token create`)."""
-    project_id = _project_of(session, body.project)
+    """A registration token with the body's name, lifetime, uses and project (none: shared,
+    which only an admin makes; a project token's creator, `reach` its project: its own
+    project); its plaintext is in the answer, the only place it is ever shown
+    (POST /api/v1/registration-tokens and `asyncgrpo registration-token create`)."""
+    project_id = _project_of(session, body.project, reach)
     minted = mint(
         session,
         "registration",
@@ -108,6 +118,35 @@ def create_registration_token(
         id=t.id, token=minted.plaintext, prefix=t.prefix, expires_at=t.expires_at,
         max_uses=t.max_uses, project_id=t.project_id,
     )  # fmt: skip
+
+
+def create_project_token(
+    session: Session, project_id: uuid.UUID, body: ProjectTokenCreate
+) -> ProjectTokenCreated:
+    """A project token of one role (server/tokens/roles.py), with the body's name and optional
+    lifetime; its plaintext is in the answer only (POST /api/v1/projects/{id}/tokens)."""
+    ttl = timedelta(hours=body.ttl_hours) if body.ttl_hours is not None else None
+    minted = mint(
+        session, "project", name=body.name, ttl=ttl, project_id=project_id, role=body.role
+    )
+    out = TokenOut.model_validate(minted.token)
+    return ProjectTokenCreated(**out.model_dump(), token=minted.plaintext)
+
+
+def list_project_tokens(session: Session, project_id: uuid.UUID) -> list[Token]:
+    return repository.list_kind(session, "project", project_id=project_id)
+
+
+def revoke_project_token(session: Session, project_id: uuid.UUID, token_id: uuid.UUID) -> Token:
+    """Revoke one of a project's tokens (idempotent); a token of another project or kind is
+    not found. Its dashboard sessions end with it."""
+    token = repository.by_id(session, token_id)
+    if token is None or token.kind != "project" or token.project_id != project_id:
+        raise NotFound(f"no token {token_id} in this project", code=ErrorCode.token_not_found)
+    repository.revoke_id(session, token_id)
+    repository.revoke_dashboard_sessions(session, token_id=token_id)
+    session.refresh(token)
+    return token
 
 
 def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> Token:
@@ -161,16 +200,26 @@ def admin_token_count(session: Session) -> int:
 # -- revocation and dashboard sessions -----------------------------------------------------------
 
 
-def list_tokens(session: Session, kind: str) -> list[Token]:
-    return repository.list_kind(session, kind)
+def list_tokens(session: Session, kind: str, project_id: uuid.UUID | None = None) -> list[Token]:
+    """Tokens of one kind, newest first; of one project when given (None: every one)."""
+    return repository.list_kind(session, kind, project_id=project_id)
 
 
-def revoke(session: Session, kind: str, token_id: uuid.UUID, *, force: bool = False) -> Token:
-    """Revoke an admin or registration token (idempotent). Revoking an admin token ends its
-    dashboard sessions. The last live admin token is kept unless `force`: without it nobody
+def revoke(
+    session: Session,
+    kind: str,
+    token_id: uuid.UUID,
+    *,
+    force: bool = False,
+    reach: uuid.UUID | None = None,
+) -> Token:
+    """Revoke an admin or registration token (idempotent); with `reach` (a project token's
+    project), only one of that project: any other is not found. Revoking an admin token ends
+    its dashboard sessions. The last live admin token is kept unless `force`: without it nobody
     could call the API or log in until `asyncgrpo admin-token create` is run on the server."""
     token = repository.by_id(session, token_id)
-    if token is None or token.kind != kind:
+    out_of_reach = reach is not None and (token is None or token.project_id != reach)
+    if token is None or token.kind != kind or out_of_reach:
         raise NotFound(f"no {kind} token {token_id}", code=ErrorCode.token_not_found)
     if kind == "admin" and not force and token.revoked_at is None:
         live = repository.live_admin_ids(session)

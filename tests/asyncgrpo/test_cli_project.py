@@ -90,3 +90,41 @@ def test_project_commands_and_project_options(sqlite_url: str, tmp_path: Path) -
         assert "409 project_name_taken" in onto
         names = [p["name"] for p in json.loads(invoke("project", "list", "--json"))]
         assert names == ["default", "team-c"]
+
+
+def test_project_token_commands(sqlite_url: str, tmp_path: Path) -> None:
+    """`asyncgrpo project token create | list | revoke`: the minted token works with the run
+    commands in its project only, a bad role exits 2 naming `role`, a revoked one is 401."""
+    from server.app import create_app
+
+    application = create_app(make_settings(sqlite_url, tmp_path / "bucket"), migrate=True)
+    admin = mint_token(application, "admin", name="cli")
+    runner = CliRunner()
+    with serve_in_thread(application) as base:
+
+        def invoke(*args: str, token: str = admin, code: int = 0) -> str:
+            argv = [*args, "--server", base, "--token", token]
+            result = runner.invoke(cli, argv, env={"COLUMNS": "160"})
+            assert result.exit_code == code, result.output
+            return result.output
+
+        invoke("project", "create", "team-a")
+        made = invoke("project", "token", "create", "team-a", "--role", "ci", "--name", "ci-main")
+        ci = made.split()[0]
+        assert ci.startswith("agr_prj_") and "(ci of team-a" in made
+        bad = invoke(
+            "project", "token", "create", "team-a", "--role", "boss", "--name", "x", code=2
+        )
+        assert "422 validation_failed" in bad and "role" in bad
+        unknown = invoke("project", "token", "list", "team-z", code=2)
+        assert "team-z" in unknown
+        run = invoke("run", "create", str(EXAMPLE), token=ci)
+        assert "project team-a" in run
+        invoke("run", "create", str(EXAMPLE))  # the admin's, in default
+        assert len(invoke("run", "list", token=ci).strip().splitlines()) == 1
+        listed = json.loads(invoke("project", "token", "list", "team-a", "--json"))
+        assert [(t["name"], t["role"]) for t in listed] == [("ci-main", "ci")]
+        revoked = invoke("project", "token", "revoke", "team-a", listed[0]["id"])
+        assert "revoked agr_prj_" in revoked and "(ci)" in revoked
+        refused = invoke("run", "list", token=ci, code=2)
+        assert "401 token_revoked" in refused

@@ -14,16 +14,21 @@ from fastapi.routing import APIRoute
 
 from server import deps
 from server.models.project import DEFAULT_PROJECT_ID
+from server.tokens.access import CALLER_KINDS as CALLER
 from server.tokens.auth import ALL_KINDS
 from tests.fuzz.seed import Seeded
 
-KINDS = ("admin", "registration", "worker", "learner", "pool_learner")
+KINDS = ("admin", "project", "registration", "worker", "learner", "pool_learner")
 # Kinds a scheme's guard takes beside its own: a run's learner calls (the LearnerToken scheme)
 # take a pool learner's token too, whose reach (the runs it holds, else 403 run_not_held, after
 # the body is validated) the service checks: tests/server/learners/test_reach.py.
 ALSO_ACCEPTED = {"learner": frozenset({"pool_learner"})}
 # The host checks' `require_any_token` reads these schemes.
 ANY_TOKEN_KINDS = frozenset(ALL_KINDS)
+# The calls of runs, sweeps, datasets and projects read both (server/tokens/access.py); the
+# fuzzer calls them with its admin token; a project token's answers there (404 for another
+# project's objects, 403 for a role's missing right) are tests/server/tokens/test_access.py's.
+CALLER_KINDS = frozenset(CALLER)
 
 # Operations that take no bearer token (docs/architecture/protocol.md, "Open calls and the
 # dashboard": /healthz and /metrics are open; /blobs/* URLs carry their own signature). /docs and
@@ -57,14 +62,15 @@ def _api_routes(app: FastAPI) -> Iterator[Any]:
 
 def bearer_kinds(app: FastAPI) -> dict[tuple[str, str], frozenset[str]]:
     """(METHOD, path) -> the token kinds whose bearer schemes (server/request_deps.py
-    BEARER_SCHEMES) its dependencies read: one kind for nearly every operation, every kind for
-    the host checks (server/tokens/auth.py `require_any_token`), none for the open ones."""
+    BEARER_SCHEMES) its dependencies read: one kind for most operations, admin and project for
+    the calls a project token may make, every process kind for the host checks
+    (server/tokens/auth.py `require_any_token`), none for the open ones."""
     schemes = deps.BEARER_SCHEMES.items()
     found: dict[tuple[str, str], frozenset[str]] = {}
     for route in _api_routes(app):
         calls = list(_calls(route.dependant))
         kinds = frozenset(kind for kind, scheme in schemes if any(c is scheme for c in calls))
-        assert len(kinds) <= 1 or kinds == ANY_TOKEN_KINDS, (route.path, kinds)
+        assert len(kinds) <= 1 or kinds in (ANY_TOKEN_KINDS, CALLER_KINDS), (route.path, kinds)
         for method in route.methods:
             # Starlette's `{key:path}` converter appears as `{key}` in the OpenAPI schema.
             found[(method, route.path_format)] = kinds

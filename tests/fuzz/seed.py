@@ -1,6 +1,7 @@
 """Real objects for the API fuzzer, made through the API itself on a fresh Postgres database.
 
-`seed(app)` leaves behind: an admin token; the `arithmetic` example run (created with
+`seed(app)` leaves behind: an admin token; an owner's token of another project (`fuzz-other`,
+where none of these objects is); the `arithmetic` example run (created with
 POST /api/v1/runs, its learner attached so it is `running`) and its learner token; a
 registration token; a registered worker and its token; a registered pool learner's token (its
 model is no run's, so the fuzzer's takes leave the runs alone); one accepted batch (lease acquired,
@@ -29,6 +30,7 @@ FINGERPRINT = "fuzz-tokenizer-fp"
 @dataclass
 class Seeded:
     admin: str
+    project: str
     learner: str
     registration: str
     pool_learner: str
@@ -80,6 +82,17 @@ def seed(app: Any) -> Seeded:
     with TestClient(app) as client:
         run_id, learner = _create_run(client, admin, "fuzz-live")
         victim_run_id, _ = _create_run(client, admin, "fuzz-victim")
+        other = _ok(
+            client.post("/api/v1/projects", json={"name": "fuzz-other"}, headers=_bearer(admin)),
+            201,
+        )
+        owner = {"name": "fuzz-owner", "role": "owner"}
+        project = _ok(
+            client.post(
+                f"/api/v1/projects/{other['id']}/tokens", json=owner, headers=_bearer(admin)
+            ),
+            201,
+        )["token"]
         reg_body = {"name": "fuzz", "ttl_hours": 24, "max_uses": 10}
         reg = _ok(
             client.post("/api/v1/registration-tokens", json=reg_body, headers=_bearer(admin)), 201
@@ -105,6 +118,7 @@ def seed(app: Any) -> Seeded:
         lease = _ok(client.post("/api/v1/leases/acquire", json={}, headers=_bearer(worker)))
     return Seeded(
         admin=admin,
+        project=project,
         learner=learner,
         registration=reg,
         pool_learner=pool_learner,

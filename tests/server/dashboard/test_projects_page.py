@@ -131,6 +131,8 @@ def test_the_new_run_form_makes_the_run_and_its_file_in_the_chosen_project(
     run = runs_client.get("/api/v1/runs", headers=admin).json()[0]
     dataset = runs_client.get("/api/v1/datasets", headers=admin).json()[0]
     assert run["project"] == "team-a" and dataset["project"] == "team-a"
+    dash_token = runs_client.get("/api/v1/admin-tokens", headers=admin).json()
+    assert run["created_by_token_id"] == next(t["id"] for t in dash_token if t["name"] == "dash")
     assert "<td>q.jsonl</td><td>team-a</td>" in runs_client.get("/runs/new").text
 
     unknown = runs_client.post("/runs/new", data={**form, "project": "nope"}, files=files)
