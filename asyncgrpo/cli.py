@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import typer
 
 from asyncgrpo import plan_cli
+from asyncgrpo.audit_cli import audit_app
 from asyncgrpo.datasets_cli import datasets_app
 from asyncgrpo.doctor.cli import doctor_app
 from asyncgrpo.help_layout import App
@@ -33,6 +34,7 @@ app.add_typer(registration_token_app, name="registration-token")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(doctor_app, name="doctor")
 app.add_typer(sweep_app, name="sweep")
+app.add_typer(audit_app, name="audit")
 app.command("plan")(plan_cli.plan)
 
 
@@ -85,14 +87,23 @@ def server(
 
         application = create_app(settings)  # migrates the embedded database
         _refuse_another_bucket(settings, first=True)
-        uvicorn.run(application, host=host, port=port, log_level="info")
+        uvicorn.run(application, host=host, port=port, log_level="info", proxy_headers=False)
         return
     _refuse_an_old_schema(settings)
     # checked here too, once: a worker process failing its startup would be restarted in a loop
     _refuse_another_bucket(settings, first=True)
     if settings.print_admin_token:  # once, before the processes start (each would mint one)
         _print_first_admin_token(settings)
-    uvicorn.run("server.main:app", host=host, port=port, workers=workers, log_level="info")
+    # proxy_headers off: the connection's own address reaches the app; the audit log reads
+    # X-Forwarded-For itself, from `audit.trusted_proxies` only (server/audit/source.py)
+    uvicorn.run(
+        "server.main:app",
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="info",
+        proxy_headers=False,
+    )
 
 
 @app.command()

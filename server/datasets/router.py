@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response, status
 
 from protocol.schemas import BIGINT_MAX
+from server.audit.recorder import AuditDep
 from server.datasets import service, upload
 from server.datasets.schemas import DatasetFormat, DatasetOut
 from server.deps import AdminDep, SessionDep, SettingsDep, StoreDep
@@ -23,7 +24,8 @@ async def upload_dataset(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    _admin: AdminDep,
+    admin: AdminDep,
+    audit: AuditDep,
     name: Annotated[
         str,
         Query(
@@ -52,6 +54,9 @@ async def upload_dataset(
         store=store,
         factory=request.app.state.sessionmaker,
         limits=limits,
+        on_recorded=lambda session, dataset: audit.record(
+            session, admin.id, "dataset", dataset.id, detail={"name": dataset.name}
+        ),
     )
     wake(request.app.state, "datasets")
     return created
@@ -78,8 +83,10 @@ def get_dataset(dataset_id: uuid.UUID, session: SessionDep, _admin: AdminDep) ->
 
 @router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_dataset(
-    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, _admin: AdminDep
+    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, admin: AdminDep, audit: AuditDep
 ) -> Response:
     """Delete a dataset and its file; 409 while a run uses it."""
+    project_id = service.get(session, dataset_id).project_id
     service.delete(session, store, dataset_id)
+    audit.record(session, admin, "dataset", dataset_id, project_id=project_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -15,7 +15,7 @@ import hashlib
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +34,7 @@ from server.datasets import files, repository
 from server.datasets.schemas import DatasetOut
 from server.db import transaction
 from server.errors import BadRequest, PayloadTooLarge, Unprocessable
+from server.models import Dataset
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
@@ -127,8 +128,10 @@ async def receive(
     store: ObjectStore,
     factory: sessionmaker[Session],
     limits: DatasetSettings,
+    on_recorded: Callable[[Session, Dataset], object] | None = None,
 ) -> DatasetOut:
-    """Stream, check, store and record the upload (pending); nothing is left on a refusal."""
+    """Stream, check, store and record the upload (pending); nothing is left on a refusal.
+    `on_recorded` runs in the recording transaction (the upload's audit entry)."""
     tmp = _temp(store)
     jsonl = files.JsonlCheck(limits.max_row_bytes) if fmt == "jsonl" else None
     sink = _Sink(tmp, open(tmp, "wb"), limits, jsonl)  # noqa: SIM115 - closed in finally
@@ -163,6 +166,8 @@ async def receive(
                 columns=columns,
             )
             session.refresh(dataset)  # created_at, from the database
+            if on_recorded is not None:
+                on_recorded(session, dataset)
             return DatasetOut.model_validate(dataset)
 
     try:

@@ -6,6 +6,7 @@ import uuid
 
 from fastapi import APIRouter, status
 
+from server.audit.recorder import AuditDep
 from server.projects import service
 from server.projects.schemas import ProjectCreate, ProjectOut, ProjectRename
 from server.request_deps import SessionDep
@@ -16,9 +17,13 @@ router = APIRouter(prefix="/api/v1/projects", tags=["projects"], route_class=Tra
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ProjectOut)
-def create_project(body: ProjectCreate, session: SessionDep, _admin: AdminDep) -> ProjectOut:
+def create_project(
+    body: ProjectCreate, session: SessionDep, admin: AdminDep, audit: AuditDep
+) -> ProjectOut:
     """Create a project; 409 project_name_taken when the name is in use."""
-    return service.create(session, body.name)
+    project = service.create(session, body.name)
+    audit.record(session, admin, "project", project.id, detail={"name": project.name})
+    return project
 
 
 @router.get("", response_model=list[ProjectOut])
@@ -35,8 +40,14 @@ def get_project(project_id: uuid.UUID, session: SessionDep, _admin: AdminDep) ->
 
 @router.patch("/{project_id}", response_model=ProjectOut)
 def rename_project(
-    project_id: uuid.UUID, body: ProjectRename, session: SessionDep, _admin: AdminDep
+    project_id: uuid.UUID,
+    body: ProjectRename,
+    session: SessionDep,
+    admin: AdminDep,
+    audit: AuditDep,
 ) -> ProjectOut:
     """Rename a project (its runs, sweeps, datasets, workers and tokens keep it); 409
     project_name_taken, 404 project_not_found."""
-    return service.rename(session, project_id, body.name)
+    project = service.rename(session, project_id, body.name)
+    audit.record(session, admin, "project", project.id, detail={"name": project.name})
+    return project

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, status
 
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
+from server.audit.recorder import AuditDep
 from server.deps import AdminDep, SessionDep, SettingsDep
 from server.projects import service as projects
 from server.routing import TransactionalRoute
@@ -34,7 +35,8 @@ def create_run(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    _admin: AdminDep,
+    admin: AdminDep,
+    audit: AuditDep,
     project: ProjectQuery = None,
 ) -> RunCreated:
     """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
@@ -43,6 +45,7 @@ def create_run(
     service.check_judge_urls(config, settings.outbound_policy())
     project_id = projects.resolve(session, project)
     run, learner_token = service.create_run(session, config, project_id=project_id)
+    audit.record(session, admin, "run", run.id)
     silent_s = settings.jobs.worker_silent_s
     created = RunCreated(run=service.detail(session, run, silent_s), learner_token=learner_token)
     if run.status == "preparing":
@@ -77,16 +80,22 @@ def get_run(
     return service.detail(session, run, settings.jobs.worker_silent_s)
 
 
+def _reason(reason: str | None) -> dict[str, str] | None:
+    return None if reason is None else {"reason": reason}
+
+
 def _action(action: str):  # type: ignore[no-untyped-def]
     def handler(
         run_id: uuid.UUID,
         session: SessionDep,
         settings: SettingsDep,
-        _admin: AdminDep,
+        admin: AdminDep,
+        audit: AuditDep,
         body: RunAction | None = None,
     ) -> RunDetail:
         reason = body.reason if body is not None else None
         run = lifecycle.admin_action(session, run_id, action, reason)
+        audit.record(session, admin, "run", run.id, detail=_reason(reason))
         return service.detail(session, run, settings.jobs.worker_silent_s)
 
     handler.__name__ = f"{action}_run"

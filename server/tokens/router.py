@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
+from server.audit.recorder import AuditDep
 from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
 from server.tokens import service
@@ -25,10 +26,12 @@ router = APIRouter(prefix="/api/v1", tags=["tokens"], route_class=TransactionalR
     response_model=RegistrationTokenCreated,
 )
 def create_registration_token(
-    body: RegistrationTokenCreate, session: SessionDep, _admin: AdminDep
+    body: RegistrationTokenCreate, session: SessionDep, admin: AdminDep, audit: AuditDep
 ) -> RegistrationTokenCreated:
     """Create a registration token (name, lifetime, uses); the token is answered once."""
-    return service.create_registration_token(session, body)
+    created = service.create_registration_token(session, body)
+    audit.record(session, admin, "token", created.id, detail={"kind": "registration"})
+    return created
 
 
 ForceQuery = Annotated[
@@ -48,10 +51,12 @@ def list_registration_tokens(session: SessionDep, _admin: AdminDep) -> list[Toke
 
 @router.post("/registration-tokens/{token_id}/revoke", response_model=TokenOut)
 def revoke_registration_token(
-    token_id: uuid.UUID, session: SessionDep, _admin: AdminDep
+    token_id: uuid.UUID, session: SessionDep, admin: AdminDep, audit: AuditDep
 ) -> TokenOut:
     """Revoke a registration token: no more workers register with it."""
-    return TokenOut.model_validate(service.revoke(session, "registration", token_id))
+    revoked = service.revoke(session, "registration", token_id)
+    audit.record(session, admin, "token", token_id, detail={"kind": "registration"})
+    return TokenOut.model_validate(revoked)
 
 
 @router.get("/admin-tokens", response_model=list[TokenOut])
@@ -62,14 +67,22 @@ def list_admin_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
 
 @router.post("/admin-tokens/{token_id}/revoke", response_model=TokenOut)
 def revoke_admin_token(
-    token_id: uuid.UUID, session: SessionDep, _admin: AdminDep, force: ForceQuery = False
+    token_id: uuid.UUID,
+    session: SessionDep,
+    admin: AdminDep,
+    audit: AuditDep,
+    force: ForceQuery = False,
 ) -> TokenOut:
     """Revoke an admin token and end its dashboard sessions; 409 for the last live one unless
     force=true."""
-    return TokenOut.model_validate(service.revoke(session, "admin", token_id, force=force))
+    revoked = service.revoke(session, "admin", token_id, force=force)
+    audit.record(session, admin, "token", token_id, detail={"kind": "admin", "force": force})
+    return TokenOut.model_validate(revoked)
 
 
 @router.post("/dashboard-sessions/revoke-all", response_model=SessionsEnded)
-def log_out_everywhere(session: SessionDep, _admin: AdminDep) -> SessionsEnded:
+def log_out_everywhere(session: SessionDep, admin: AdminDep, audit: AuditDep) -> SessionsEnded:
     """End every dashboard session (log out everywhere)."""
-    return SessionsEnded(ended=service.end_all_dashboard_sessions(session))
+    ended = service.end_all_dashboard_sessions(session)
+    audit.record(session, admin, "dashboard_session", None, detail={"ended": ended})
+    return SessionsEnded(ended=ended)
