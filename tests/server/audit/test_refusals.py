@@ -60,6 +60,15 @@ def test_refusals_are_recorded_with_the_token_when_known(audit_app: Any) -> None
     assert {e.source for e in (missing, wrong_kind, project)} == {"192.0.2.7"}
 
 
+def test_a_refused_worker_call_is_recorded_though_worker_calls_are_not(audit_app: Any) -> None:
+    """The lease calls are not audited (the hot path), but a refused one is a refusal."""
+    with _client(audit_app, "192.0.2.10") as client:
+        answer = client.post("/api/v1/leases/acquire", json={}, headers=bearer("agr_wkr_nope"))
+        assert answer.status_code == 401
+    [entry] = entries(audit_app)
+    assert (entry.action, entry.outcome) == ("POST /api/v1/leases/acquire", "unauthorized")
+
+
 def test_refusals_past_the_limit_are_counted_in_one_entry(audit_app: Any) -> None:
     worker = mint_token(audit_app, "worker", name="w", scope_id=uuid.uuid4())
     with _client(audit_app, "192.0.2.8") as client:
