@@ -1,4 +1,4 @@
-"""Writing the audit log (docs/architecture/security.md, "The audit log").
+"""Writing the audit log (invariant 28; docs/architecture/security.md, "The audit log").
 
 A state-changing call records its entry with `Audit.record` on the request's own session, so
 the entry commits with the change and rolls back with it: a change without its entry, or an

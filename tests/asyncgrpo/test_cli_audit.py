@@ -56,3 +56,26 @@ def test_audit_list(sqlite_url: str, tmp_path: Path) -> None:
             cli, ["audit", "list", "--outcome", "unauthorized", "--json", *common]
         )
         assert [e["action"] for e in json.loads(again.output)["entries"]] == ["GET /api/v1/audit"]
+
+
+@pytest.mark.integration  # `asyncgrpo server` migrates its SQLite file before serving
+def test_the_server_leaves_forwarded_headers_to_the_audit_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """uvicorn's own proxy headers would rewrite the peer address from X-Forwarded-For for
+    connections from 127.0.0.1 before the app (and `audit.trusted_proxies`) sees it."""
+    import os
+
+    import uvicorn
+
+    for name in [n for n in os.environ if n.startswith("ASYNCGRPO_")]:
+        monkeypatch.delenv(name)
+    served: dict[str, object] = {}
+    monkeypatch.setattr(
+        uvicorn, "run", lambda application, **kw: served.update(kw, app=application)
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["server", "--port", "8125"])
+    assert result.exit_code == 0, result.output
+    served["app"].state.engine.dispose()  # type: ignore[attr-defined]
+    assert served["proxy_headers"] is False

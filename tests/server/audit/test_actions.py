@@ -1,6 +1,6 @@
-"""Every state-changing route is in exactly one of server/audit/actions.py's tables, and every
-audited one records through the request's audit (docs/architecture/security.md, "The audit
-log"): a new route that decides neither fails here."""
+"""Invariant 28: every state-changing route is in exactly one of server/audit/actions.py's
+tables, and every audited one records through the request's audit
+(docs/architecture/security.md, "The audit log"): a new route that decides neither fails here."""
 
 from __future__ import annotations
 
