@@ -6,6 +6,9 @@ the decision. An action name may take a path parameter, e.g. `run.{action}`."""
 
 from __future__ import annotations
 
+import re
+import string
+
 Route = tuple[str, str]  # (method, path as the app declares it)
 
 AUDITED: dict[Route, str] = {
@@ -85,13 +88,19 @@ NOT_AUDITED: dict[Route, str] = {
 }
 
 
+# A path parameter fills an action name only when it looks like one: a refused call's path
+# parameters were never validated, and the log must not carry whatever a caller typed.
+_NAME_PART = re.compile(r"^[a-z_]{1,32}$")
+
+
 def action_of(method: str, path: str, path_params: dict[str, str]) -> str | None:
     """The action name of an audited route with its path parameters filled in; None for a
     route that is not audited."""
     name = AUDITED.get((method, path))
     if name is None:
         return None
-    try:
-        return name.format(**path_params)[:64]
-    except (KeyError, IndexError):
-        return name[:64]
+    fields = [field for _, field, _, _ in string.Formatter().parse(name) if field]
+    values = {field: str(path_params.get(field, "")) for field in fields}
+    if not all(_NAME_PART.match(value) for value in values.values()):
+        return name
+    return name.format(**values)

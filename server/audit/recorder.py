@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -134,7 +134,7 @@ class Refusal:
     code: str
     action: str
     source: str | None
-    bearer: str | None  # the presented token, only to identify it (never stored)
+    bearer: str | None = field(repr=False)  # the presented token, to identify it (never stored)
 
 
 def refusal_of(request: Request, status: int, code: str) -> Refusal:

@@ -64,3 +64,6 @@ def test_an_action_takes_its_path_parameter() -> None:
     assert actions.action_of("POST", "/runs/{run_id}/{action}", {"action": "pause"}) == "run.pause"
     assert actions.action_of("POST", "/api/v1/runs", {}) == "run.create"
     assert actions.action_of("POST", "/api/v1/leases/acquire", {}) is None
+    # a refused call's unvalidated path parameter never becomes part of a name
+    bogus = {"run_id": "x", "action": "Robert'); DROP"}
+    assert actions.action_of("POST", "/runs/{run_id}/{action}", bogus) == "run.{action}"
