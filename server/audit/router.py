@@ -5,7 +5,6 @@ audit log sits below the tokens feature."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -14,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from protocol.schemas import BIGINT_MAX
 from server.audit import service
 from server.audit.repository import Filters
-from server.audit.schemas import AuditPage, Outcome
+from server.audit.schemas import AuditPage, FilterTime, Outcome
 from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
 
@@ -38,8 +37,12 @@ def filters(
         str | None, Query(max_length=64, pattern=TEXT, description="Only this object.")
     ] = None,
     outcome: Annotated[Outcome | None, Query(description="Only this outcome.")] = None,
-    since: Annotated[datetime | None, Query(description="Entries at or after this time.")] = None,
-    until: Annotated[datetime | None, Query(description="Entries before this time.")] = None,
+    since: Annotated[
+        FilterTime | None, Query(description="Entries at or after this time (no zone: UTC).")
+    ] = None,
+    until: Annotated[
+        FilterTime | None, Query(description="Entries before this time (no zone: UTC).")
+    ] = None,
 ) -> Filters:
     return Filters(action, project_id, token_id, object_type, object_id, outcome, since, until)
 

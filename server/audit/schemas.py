@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 Outcome = Literal["ok", "unauthorized", "forbidden", "suppressed"]
+
+
+def as_utc(value: datetime) -> datetime:
+    """A filter's time in UTC (no zone: UTC); ValueError for one UTC cannot hold (e.g.
+    9999-12-31T23:00-14:00), which would otherwise fail at the query."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("a time outside the years 1 to 9999 in UTC") from None
+
+
+FilterTime = Annotated[datetime, AfterValidator(as_utc)]
 
 
 class AuditEntryOut(BaseModel):

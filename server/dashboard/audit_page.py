@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 
 from server.audit import service as audit
 from server.audit.repository import Filters
+from server.audit.schemas import as_utc
 from server.dashboard.web import LoginDep, render
 from server.deps import SessionDep
 from server.routing import TransactionalRoute
@@ -33,7 +34,7 @@ def _uuid(value: str, field: str, errors: list[str]) -> uuid.UUID | None:
 
 def _time(value: str, field: str, errors: list[str]) -> datetime | None:
     try:
-        return datetime.fromisoformat(value) if value else None
+        return as_utc(datetime.fromisoformat(value)) if value else None
     except ValueError:
         errors.append(f"{field}: not a time (ISO 8601, e.g. 2026-12-08T09:00)")
         return None

@@ -95,6 +95,8 @@ def test_filters(runs_client: TestClient, runs_app: Any, admin: dict[str, str]) 
         ({"outcome": "maybe"}, "outcome"),
         ({"project_id": "nope"}, "project_id"),
         ({"since": "yesterday"}, "since"),
+        ({"until": "9999-12-31T23:59:59-14:00"}, "until"),  # past year 9999 in UTC
+        ({"since": "0001-01-01T00:00:00+14:00"}, "since"),
         ({"action": "a" * 65}, "action"),
     ],
 )
@@ -156,8 +158,9 @@ def test_the_dashboard_page_lists_filters_and_exports(
     assert 'data-action="dashboard.login"' in page.text
     one = runs_client.get("/audit/table", params={"object_id": first, "project_id": ""})
     assert one.text.count("data-audit-entry=") == 1 and "project.create" in one.text
-    bad = runs_client.get("/audit/table", params={"project_id": "nope", "since": "then"})
-    assert bad.status_code == 200 and bad.text.count('role="alert"') == 2
+    wrong = {"project_id": "nope", "since": "then", "until": "9999-12-31T23:59:59-14:00"}
+    bad = runs_client.get("/audit/table", params=wrong)
+    assert bad.status_code == 200 and bad.text.count('role="alert"') == 3
     exported = runs_client.get("/audit.csv", params={"action": "project.create"})
     assert len(list(csv.DictReader(io.StringIO(exported.text)))) == 2
     assert runs_client.post("/logout", data={"csrf_token": csrf}).status_code == 200
