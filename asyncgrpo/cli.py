@@ -237,11 +237,14 @@ def _migrate(step: Any, revision: str) -> None:
 @admin_token_app.command("create")
 def admin_token_create(name: str = typer.Option("cli", help="A label for the token.")) -> None:
     """Create an admin token and print it once."""
+    from server.audit.recorder import on_the_server
     from server.db import transaction
     from server.tokens import service as tokens
 
     with _database() as factory, transaction(factory) as session:
         minted = tokens.mint(session, "admin", name=name)
+        via = {"kind": "admin", "via": "asyncgrpo admin-token create"}
+        on_the_server("token.create").record(session, None, "token", minted.token.id, detail=via)
     typer.echo(minted.plaintext)
 
 
@@ -277,6 +280,7 @@ def _revoke_token(kind: str, token_id: str, force: bool) -> None:
     """Revoke a token straight in the database (works with no admin token left)."""
     import uuid
 
+    from server.audit.recorder import on_the_server
     from server.db import transaction
     from server.errors import AppError
     from server.tokens import service as tokens
@@ -288,6 +292,8 @@ def _revoke_token(kind: str, token_id: str, force: bool) -> None:
     try:
         with _database() as factory, transaction(factory) as session:
             token = tokens.revoke(session, kind, wanted, force=force)
+            via = {"kind": kind, "via": f"asyncgrpo {kind}-token revoke"}
+            on_the_server("token.revoke").record(session, None, "token", token.id, detail=via)
             typer.echo(f"revoked {kind} token {token.prefix}… ({token.id})")
     except AppError as exc:
         _fail(exc.message)
@@ -344,6 +350,7 @@ def registration_token_create(
     (ASYNCGRPO_DATABASE_URL), so it runs where the server's settings are."""
     from pydantic import ValidationError
 
+    from server.audit.recorder import on_the_server
     from server.db import transaction
     from server.tokens import service as tokens
     from server.tokens.schemas import RegistrationTokenCreate
@@ -354,6 +361,8 @@ def registration_token_create(
         _fail("; ".join(f"--{_flag(e['loc'])}: {e['msg']}" for e in exc.errors()))
     with _database() as factory, transaction(factory) as session:
         created = tokens.create_registration_token(session, body)
+        via = {"kind": "registration", "via": "asyncgrpo registration-token create"}
+        on_the_server("token.create").record(session, None, "token", created.id, detail=via)
     if as_json:
         typer.echo(created.model_dump_json())
         return

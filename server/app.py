@@ -217,6 +217,10 @@ def mint_first_admin_token(factory: sessionmaker[Session]) -> None:
         if tokens.admin_token_count(session) > 0:
             return
         minted = tokens.mint(session, "admin", name="bootstrap")
+        first_start = {"kind": "admin", "via": "the first start"}
+        audit.on_the_server("token.create").record(
+            session, None, "token", minted.token.id, detail=first_start
+        )
     print(
         "\n  asyncgrpo: first start — admin token (shown once, keep it):\n"
         f"    {minted.plaintext}\n",

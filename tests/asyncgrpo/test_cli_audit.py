@@ -79,3 +79,34 @@ def test_the_server_leaves_forwarded_headers_to_the_audit_log(
     assert result.exit_code == 0, result.output
     served["app"].state.engine.dispose()  # type: ignore[attr-defined]
     assert served["proxy_headers"] is False
+
+
+def test_the_server_hosts_token_commands_are_recorded(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str, tmp_path: Path
+) -> None:
+    """`asyncgrpo admin-token create | revoke` and `registration-token create` write the
+    database directly, not through the API: recorded as made on the server, with no token."""
+    from server.db import make_engine, make_sessionmaker
+    from tests.server.audit.conftest import entries_in
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ASYNCGRPO_DATABASE_URL", sqlite_url)
+    runner = CliRunner()
+    made = [runner.invoke(cli, ["admin-token", "create", "--name", f"a{i}"]) for i in range(2)]
+    assert all(r.exit_code == 0 for r in made), [r.output for r in made]
+    assert runner.invoke(cli, ["registration-token", "create"]).exit_code == 0
+    engine = make_engine(sqlite_url)
+    factory = make_sessionmaker(engine)
+    [first, _second, registration] = entries_in(factory)
+    revoked = runner.invoke(cli, ["admin-token", "revoke", str(first.object_id)])
+    assert revoked.exit_code == 0, revoked.output
+    rows = entries_in(factory)
+    engine.dispose()
+    assert [(r.action, r.detail["kind"], r.detail["via"]) for r in rows] == [  # type: ignore[index]
+        ("token.create", "admin", "asyncgrpo admin-token create"),
+        ("token.create", "admin", "asyncgrpo admin-token create"),
+        ("token.create", "registration", "asyncgrpo registration-token create"),
+        ("token.revoke", "admin", "asyncgrpo admin-token revoke"),
+    ]
+    assert {(r.source, r.token_id, r.outcome) for r in rows} == {("server", None, "ok")}
+    assert rows[3].object_id == first.object_id and registration.object_type == "token"

@@ -140,3 +140,20 @@ def test_the_entry_and_the_change_commit_or_roll_back_together(
         names = [p["name"] for p in client.get("/api/v1/projects", headers=admin).json()]
     assert names == ["default"]
     assert entries(runs_app, outcome="ok") == []
+
+
+def test_the_first_starts_admin_token_is_recorded(sqlite_url: str) -> None:
+    from server.app import mint_first_admin_token
+    from server.db import make_engine, make_sessionmaker
+    from server.migrate import upgrade
+    from tests.server.audit.conftest import entries_in
+
+    engine = make_engine(sqlite_url)
+    upgrade(engine)
+    factory = make_sessionmaker(engine)
+    mint_first_admin_token(factory)
+    mint_first_admin_token(factory)  # there is one now: nothing minted, nothing recorded
+    [entry] = entries_in(factory)
+    engine.dispose()
+    assert (entry.action, entry.source, entry.token_id) == ("token.create", "server", None)
+    assert entry.detail == {"kind": "admin", "via": "the first start"}
