@@ -158,6 +158,7 @@ def test_the_dashboard_page_lists_filters_and_exports(
     assert 'data-action="dashboard.login"' in page.text
     one = runs_client.get("/audit/table", params={"object_id": first, "project_id": ""})
     assert one.text.count("data-audit-entry=") == 1 and "project.create" in one.text
+    assert f'href="/audit.csv?object_id={first}"' in one.text  # the export of these filters
     wrong = {"project_id": "nope", "since": "then", "until": "9999-12-31T23:59:59-14:00"}
     bad = runs_client.get("/audit/table", params=wrong)
     assert bad.status_code == 200 and bad.text.count('role="alert"') == 3
