@@ -117,8 +117,10 @@ def audit_of(request: Request) -> Audit:
     return Audit(route_action(request), source_of(request))
 
 
-# What a command run where the database is (not an API call) is recorded under: no token, no
-# address, and the command in `detail`.
+AuditDep = Annotated[Audit, Depends(audit_of)]
+
+# The source of a change made by a command run where the database is, not by an API call
+# (recorded with no token, the command in `detail`).
 ON_THE_SERVER = "server"
 
 
@@ -126,9 +128,6 @@ def on_the_server(action: str) -> Audit:
     """The audit of a change made on the server's host (`asyncgrpo admin-token create`, the
     first start's admin token): the action named as the API's is (actions.AUDITED)."""
     return Audit(action, ON_THE_SERVER)
-
-
-AuditDep = Annotated[Audit, Depends(audit_of)]
 
 
 # -- refusals ------------------------------------------------------------------------------------
