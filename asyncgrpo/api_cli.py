@@ -40,7 +40,9 @@ def fail(message: str) -> NoReturn:
 
 def _invalid_fields(body: dict[str, Any]) -> str:
     """A validation failure's fields and reasons (`errors`), one per line."""
-    errors = body.get("errors") if isinstance(body.get("errors"), list) else []
+    errors = body.get("errors")
+    if not isinstance(errors, list):
+        return ""
     return "".join(
         f"\n  {e.get('field')}: {e.get('message')}" for e in errors if isinstance(e, dict)
     )
