@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import typer
 
 from asyncgrpo import plan_cli
+from asyncgrpo.audit_cli import audit_app
 from asyncgrpo.datasets_cli import datasets_app
 from asyncgrpo.doctor.cli import doctor_app
 from asyncgrpo.help_layout import App
@@ -37,6 +38,7 @@ app.add_typer(doctor_app, name="doctor")
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(project_app, name="project")
 app.add_typer(run_app, name="run")
+app.add_typer(audit_app, name="audit")
 app.command("plan")(plan_cli.plan)
 
 
@@ -89,14 +91,23 @@ def server(
 
         application = create_app(settings)  # migrates the embedded database
         _refuse_another_bucket(settings, first=True)
-        uvicorn.run(application, host=host, port=port, log_level="info")
+        uvicorn.run(application, host=host, port=port, log_level="info", proxy_headers=False)
         return
     _refuse_an_old_schema(settings)
     # checked here too, once: a worker process failing its startup would be restarted in a loop
     _refuse_another_bucket(settings, first=True)
     if settings.print_admin_token:  # once, before the processes start (each would mint one)
         _print_first_admin_token(settings)
-    uvicorn.run("server.main:app", host=host, port=port, workers=workers, log_level="info")
+    # proxy_headers off: the connection's own address reaches the app; the audit log reads
+    # X-Forwarded-For itself, from `audit.trusted_proxies` only (server/audit/source.py)
+    uvicorn.run(
+        "server.main:app",
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="info",
+        proxy_headers=False,
+    )
 
 
 @app.command()
@@ -230,11 +241,14 @@ def _migrate(step: Any, revision: str) -> None:
 @admin_token_app.command("create")
 def admin_token_create(name: str = typer.Option("cli", help="A label for the token.")) -> None:
     """Create an admin token and print it once."""
+    from server.audit.recorder import on_the_server
     from server.db import transaction
     from server.tokens import service as tokens
 
     with _database() as factory, transaction(factory) as session:
         minted = tokens.mint(session, "admin", name=name)
+        via = {"kind": "admin", "via": "asyncgrpo admin-token create"}
+        on_the_server("token.create").record(session, None, "token", minted.token.id, detail=via)
     typer.echo(minted.plaintext)
 
 
@@ -270,6 +284,7 @@ def _revoke_token(kind: str, token_id: str, force: bool) -> None:
     """Revoke a token straight in the database (works with no admin token left)."""
     import uuid
 
+    from server.audit.recorder import on_the_server
     from server.db import transaction
     from server.errors import AppError
     from server.tokens import service as tokens
@@ -281,6 +296,8 @@ def _revoke_token(kind: str, token_id: str, force: bool) -> None:
     try:
         with _database() as factory, transaction(factory) as session:
             token = tokens.revoke(session, kind, wanted, force=force)
+            via = {"kind": kind, "via": f"asyncgrpo {kind}-token revoke"}
+            on_the_server("token.revoke").record(session, None, "token", token.id, detail=via)
             typer.echo(f"revoked {kind} token {token.prefix}… ({token.id})")
     except AppError as exc:
         _fail(exc.message)
@@ -344,6 +361,7 @@ def registration_token_create(
     (ASYNCGRPO_DATABASE_URL), so it runs where the server's settings are."""
     from pydantic import ValidationError
 
+    from server.audit.recorder import on_the_server
     from server.db import transaction
     from server.errors import AppError
     from server.tokens import service as tokens
@@ -360,6 +378,8 @@ def registration_token_create(
     try:
         with _database() as factory, transaction(factory) as session:
             created = tokens.create_registration_token(session, body)
+            via = {"kind": "registration", "via": "asyncgrpo registration-token create"}
+            on_the_server("token.create").record(session, None, "token", created.id, detail=via)
     except AppError as exc:
         _fail(f"--project: {exc.message}")  # the one refusal: an unknown project
     if as_json:

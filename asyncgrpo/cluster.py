@@ -291,6 +291,9 @@ class Cluster:
             # on SIGTERM, cancel the calls still open after this long (long-polls of clients
             # that were stopped first) instead of waiting them out
             "--timeout-graceful-shutdown", str(SERVER_SHUTDOWN_S),
+            # the peer's own address, never one read from a header: the audit log reads
+            # X-Forwarded-For itself, from trusted proxies only (server/audit/source.py)
+            "--no-proxy-headers",
         ]  # fmt: skip
         env = process_env(self.server_env())
         log = self.dir / "logs" / "server.log"

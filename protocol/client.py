@@ -325,6 +325,18 @@ class AsyncGrpoClient:
         body = {"reason": reason} if reason else None
         return dict(self._json("POST", f"/api/v1/sweeps/{sweep_id}/{action}", json=body))
 
+    # -- admin: audit ---------------------------------------------------------------------------
+
+    def list_audit(self, *, limit: int = 100, cursor: int | None = None, **filters: Any) -> Any:
+        """One page of the audit log, newest first: `entries` and `next_cursor` (None on the
+        last page). Filters: action, project_id, token_id, object_type, object_id, outcome,
+        since, until (docs/guides/audit.md); a None filter is left out."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        return dict(self._json("GET", "/api/v1/audit", params=params))
+
     # -- admin: fleet ---------------------------------------------------------------------------
 
     def create_registration_token(

@@ -16,6 +16,8 @@ from protocol.error_codes import ErrorCode
 from protocol.requirements import release
 from server.adapters.router import router as adapters_router
 from server.api_docs import install as install_api_docs
+from server.audit import recorder as audit
+from server.audit.router import router as audit_router
 from server.blobs.router import router as blobs_router
 from server.bucket import BucketWatch
 from server.config import Settings, get_settings
@@ -42,6 +44,7 @@ from server.runs.router import router as runs_router
 from server.security_headers import SecurityHeaders
 from server.storage_factory import make_store
 from server.sweeps.router import router as sweeps_router
+from server.tokens import auth as tokens_auth
 from server.tokens import service as tokens
 from server.tokens.router import router as tokens_router
 from server.versions.router import router as versions_router
@@ -116,7 +119,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     app.state.version_watch = make_watch(app.state)
     app.state.store = make_store(settings)
     app.state.bucket_watch = BucketWatch(app.state.sessionmaker, app.state.store, settings)
-    install_error_handler(app)
+    install_error_handler(app, on_refusal=_audit_refusal)
     _install_validation_handler(app)
     document_errors(app)
     _include_routers(app)
@@ -131,6 +134,15 @@ def create_app(settings: Settings | None = None, *, migrate: bool | None = None)
     )
     app.add_middleware(SecurityHeaders)  # outermost: the 413s carry the headers too
     return app
+
+
+async def _audit_refusal(request: Request, status: int, code: str) -> None:
+    """A refused call into the audit log, in a transaction of its own (off the event loop)."""
+    refusal = audit.refusal_of(request, status, code)
+    per_minute = request.app.state.settings.audit.refusals_per_minute
+    await to_thread.run_sync(
+        audit.record_refusal, request.app.state.sessionmaker, refusal, tokens.identify, per_minute
+    )
 
 
 def _start_wakeups(settings: Settings) -> Listener | None:
@@ -169,6 +181,9 @@ def _include_routers(app: FastAPI) -> None:
     # Not a JSON API router: an upload's body (e.g. application/x-ndjson) is streamed, never
     # read whole by refuse_unstorable_text; its rows are checked as they stream.
     app.include_router(datasets_router)
+    # server/audit sits below tokens (every feature's handlers record into it), so its read
+    # API takes its admin guard here, from the composition root.
+    app.include_router(audit_router, dependencies=[*json_api, Depends(tokens_auth.require_admin)])
     app.include_router(health_router)
     app.include_router(blobs_router)
     app.include_router(metrics_router)
@@ -202,6 +217,10 @@ def mint_first_admin_token(factory: sessionmaker[Session]) -> None:
         if tokens.admin_token_count(session) > 0:
             return
         minted = tokens.mint(session, "admin", name="bootstrap")
+        first_start = {"kind": "admin", "via": "the first start"}
+        audit.on_the_server("token.create").record(
+            session, None, "token", minted.token.id, detail=first_start
+        )
     print(
         "\n  asyncgrpo: first start — admin token (shown once, keep it):\n"
         f"    {minted.plaintext}\n",

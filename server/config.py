@@ -160,6 +160,36 @@ class DashboardSettings(BaseModel):
     )
 
 
+class AuditSettings(BaseModel):
+    """The audit log (docs/guides/audit.md): who changed what, and the refused calls."""
+
+    retention_days: float = Field(
+        365.0,
+        gt=0,
+        le=36_500,
+        description="Entries older than this many days are deleted by the `audit` job.",
+    )
+    refusals_per_minute: int = Field(
+        20,
+        ge=0,
+        le=100_000,
+        description="Refused calls (401, 403) recorded per minute from one source address "
+        "with one token prefix; the rest of that minute are counted in one `suppressed` "
+        "entry, not written one by one.",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Networks (CIDRs) of the reverse proxies in front of the server, e.g. "
+        '["10.0.0.0/8"]: only a connection from one of them has its X-Forwarded-For read '
+        "for an entry's source address; any other connection's own address is recorded.",
+    )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, cidrs: list[str]) -> list[str]:
+        return check_networks(cidrs)
+
+
 class Settings(BaseSettings):
     """Root settings. Nested groups use `__`, e.g. ASYNCGRPO_S3__ENDPOINT_URL."""
 
@@ -230,6 +260,9 @@ class Settings(BaseSettings):
     )
     dashboard: DashboardSettings = Field(
         default_factory=DashboardSettings, description="The browser dashboard."
+    )
+    audit: AuditSettings = Field(
+        default_factory=AuditSettings, description="The audit log: retention, refusals, proxies."
     )
     lease_long_poll_s: float = Field(
         10.0, description="Longest time acquire and claim wait for work before answering."

@@ -90,6 +90,27 @@ def _now_plus_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
     return f"strftime('%Y-%m-%d %H:%M:%f','now', printf('%+.3f seconds', {sec}))"
 
 
+class db_time_of(FunctionElement[datetime]):  # noqa: N801
+    """A bound time as the database writes its own (db_now), to compare with stored times:
+    on SQLite db_now's text has milliseconds, a bound datetime's text microseconds, so the
+    same instant would compare as two (`'…06.201' < '…06.201000'`)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+
+@compiles(db_time_of)
+def _time_of_default(element: Any, compiler: Any, **kw: Any) -> str:
+    (value,) = list(element.clauses)
+    return str(compiler.process(value, **kw))
+
+
+@compiles(db_time_of, "sqlite")
+def _time_of_sqlite(element: Any, compiler: Any, **kw: Any) -> str:
+    (value,) = list(element.clauses)
+    return f"strftime('%Y-%m-%d %H:%M:%f', {compiler.process(value, **kw)})"
+
+
 def postgres_text(expression: Any) -> str:
     """A SQL expression as Postgres text with its constants inlined, for the statements kept as
     text (docs/decisions/0020-hot-statements-once.md): one rule, rendered, not rewritten."""

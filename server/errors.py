@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -87,9 +87,16 @@ _FRAMEWORK_CODES = {
 }
 
 
-def install_error_handler(app: FastAPI) -> None:
+# Told of every refused call (401, 403) before it is answered: the audit log's refusals
+# (server/app.py passes server/audit's recorder; docs/architecture/security.md, "The audit log").
+OnRefusal = Callable[[Request, int, str], Awaitable[None]]
+
+
+def install_error_handler(app: FastAPI, on_refusal: OnRefusal | None = None) -> None:
     @app.exception_handler(AppError)
-    async def _handle(_request: Request, exc: AppError) -> JSONResponse:
+    async def _handle(request: Request, exc: AppError) -> JSONResponse:
+        if on_refusal is not None and exc.status_code in (401, 403):
+            await on_refusal(request, exc.status_code, exc.code.value)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 

@@ -67,6 +67,7 @@ FEATURE_ORDER = [
     "idempotency",
     "installation",
     "bucket",
+    "audit",
     "tokens",
     "projects",
     "workers",

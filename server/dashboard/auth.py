@@ -42,7 +42,7 @@ class CsrfFailed(Exception):
 class DashboardSession:
     session_id: uuid.UUID
     csrf: str
-    token_id: uuid.UUID | None = None  # the admin token that logged in, once its row is checked
+    token_id: uuid.UUID | None = None  # its admin token, once the session row is checked
 
 
 def _serializer(settings: Settings) -> URLSafeTimedSerializer:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
+from server.audit.recorder import AuditDep
 from server.dashboard.web import CsrfDep, LoginDep, render
 from server.deps import SessionDep
 from server.errors import AppError
@@ -55,15 +56,16 @@ def projects_page(request: Request, session: SessionDep, _user: LoginDep) -> HTM
 
 @router.post("/projects", response_class=HTMLResponse)
 def create_project(
-    request: Request, session: SessionDep, _user: CsrfDep, name: NameForm = ""
+    request: Request, session: SessionDep, user: CsrfDep, audit: AuditDep, name: NameForm = ""
 ) -> Response:
     refusal = _name_refusal(name.strip())
     if refusal is not None:
         return _page(request, session, refusal, 422)
     try:
-        projects.create(session, name.strip())
+        made = projects.create(session, name.strip())
     except AppError as exc:
         return _page(request, session, exc.message, exc.status_code)
+    audit.record(session, user.token_id, "project", made.id, detail={"name": made.name})
     return RedirectResponse("/projects", status_code=303)
 
 
@@ -72,14 +74,16 @@ def rename_project(
     request: Request,
     project_id: uuid.UUID,
     session: SessionDep,
-    _user: CsrfDep,
+    user: CsrfDep,
+    audit: AuditDep,
     name: NameForm = "",
 ) -> Response:
     refusal = _name_refusal(name.strip())
     if refusal is not None:
         return _page(request, session, refusal, 422)
     try:
-        projects.rename(session, project_id, name.strip())
+        renamed = projects.rename(session, project_id, name.strip())
     except AppError as exc:
         return _page(request, session, exc.message, exc.status_code)
+    audit.record(session, user.token_id, "project", renamed.id, detail={"name": renamed.name})
     return RedirectResponse("/projects", status_code=303)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
@@ -18,11 +19,14 @@ from protocol.gpu_prices import LEARNER_EXAMPLE, WORKER_EXAMPLES
 from protocol.run_config import RunConfig
 from protocol.schemas import INT_MAX
 from server.adapters import service as adapters
+from server.audit import recorder as audit_log
+from server.audit.recorder import Audit, AuditDep
 from server.config import Settings
 from server.dashboard import compare, costs, forms, planner, planner_form
 from server.dashboard import service as dash
 from server.dashboard.auth import (
     LOGIN_CSRF_COOKIE,
+    DashboardSession,
     clear_session,
     new_csrf,
     same,
@@ -82,14 +86,17 @@ def login(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
+    audit: AuditDep,
     token: Annotated[str, Form()] = "",
     csrf_token: Annotated[str, Form()] = "",
 ) -> Response:
     if not same(csrf_token, request.cookies.get(LOGIN_CSRF_COOKIE)):
+        _refusal(request, session, 403, ErrorCode.csrf_failed, token)
         return refused(request, "reload the login page and try again.", ErrorCode.csrf_failed)
     try:
         admin = tokens.authenticate(session, token.strip(), ("admin",))
     except AppError as exc:
+        _refusal(request, session, exc.status_code, exc.code, token)
         reason = "not an admin token" if not isinstance(exc, Unauthorized) else exc.message
         csrf = new_csrf()
         response = render(request, "pages/login.html", 401, csrf=csrf, error=reason)
@@ -99,14 +106,23 @@ def login(
     session_id = tokens.start_dashboard_session(
         session, admin.id, settings.dashboard.session_max_age_s
     )
+    audit.record(session, admin, "dashboard_session", session_id)
     set_session(redirect, settings, session_id)
     redirect.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
     return redirect
 
 
+def _refusal(request: Request, session: Session, status: int, code: ErrorCode, bearer: str) -> None:
+    """A refused login, in the request's own transaction (it commits: the page is answered)."""
+    refusal = replace(audit_log.refusal_of(request, status, code.value), bearer=bearer.strip())
+    per_minute = request.app.state.settings.audit.refusals_per_minute
+    audit_log.record_refusal_in(session, refusal, tokens.identify, per_minute)
+
+
 @router.post("/logout")
-def logout(session: SessionDep, user: CsrfDep) -> Response:
+def logout(session: SessionDep, user: CsrfDep, audit: AuditDep) -> Response:
     tokens.end_dashboard_session(session, user.session_id)
+    audit.record(session, user.token_id, "dashboard_session", user.session_id)
     response = RedirectResponse("/login", status_code=303)
     clear_session(response)
     return response
@@ -136,18 +152,25 @@ def tokens_page(request: Request, session: SessionDep, _user: LoginDep) -> HTMLR
 
 @router.post("/tokens/{kind}/{token_id}/revoke", response_class=HTMLResponse)
 def revoke_token(
-    request: Request, kind: RevocableKind, token_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+    request: Request,
+    kind: RevocableKind,
+    token_id: uuid.UUID,
+    session: SessionDep,
+    user: CsrfDep,
+    audit: AuditDep,
 ) -> Response:
     try:
         tokens.revoke(session, kind, token_id)
     except Conflict as exc:
         return _tokens_page(request, session, flash=exc.message)
+    audit.record(session, user.token_id, "token", token_id, detail={"kind": kind})
     return RedirectResponse("/tokens", status_code=303)
 
 
 @router.post("/sessions/revoke-all")
-def log_out_everywhere(session: SessionDep, _user: CsrfDep) -> Response:
-    tokens.end_all_dashboard_sessions(session)
+def log_out_everywhere(session: SessionDep, user: CsrfDep, audit: AuditDep) -> Response:
+    ended = tokens.end_all_dashboard_sessions(session)
+    audit.record(session, user.token_id, "dashboard_session", None, detail={"ended": ended})
     response = RedirectResponse("/login", status_code=303)
     clear_session(response)
     return response
@@ -236,7 +259,7 @@ def new_run_page(request: Request, session: SessionDep, _user: LoginDep) -> HTML
 
 @router.post("/runs/new", response_class=HTMLResponse)
 async def create_run(
-    request: Request, session: SessionDep, settings: SettingsDep, user: CsrfDep
+    request: Request, session: SessionDep, settings: SettingsDep, user: CsrfDep, audit: AuditDep
 ) -> HTMLResponse:
     form = await request.form()
     upload = form.get("dataset.file")
@@ -255,8 +278,13 @@ async def create_run(
             result.config = None
     if result.config is not None and stored:
         assert isinstance(upload, UploadFile)
-        result.config = await _upload_dataset(request, upload, result, settings, project_id)
+        uploaded = replace(audit, action="dataset.upload")
+        result.config = await _upload_dataset(
+            request, upload, result, settings, project_id, uploaded, user
+        )
     created = result.config and _create(session, result, project_id, user.token_id)
+    if created:
+        audit.record(session, user.token_id, "run", created[0].id)
     if not created:
         values = {k: v for k, v in form.items() if isinstance(v, str)}
         if stored and result.config is not None:  # uploaded: offer it again, no second upload
@@ -296,6 +324,8 @@ async def _upload_dataset(
     result: forms.FormResult,
     settings: Settings,
     project_id: uuid.UUID,
+    audit: Audit,
+    user: DashboardSession,
 ) -> RunConfig | None:
     """The form's file through the datasets API's upload (the same checks and limits), into
     the run's project."""
@@ -314,6 +344,9 @@ async def _upload_dataset(
             factory=request.app.state.sessionmaker,
             limits=settings.datasets,
             project_id=project_id,
+            on_recorded=lambda session, dataset: audit.record(
+                session, user.token_id, "dataset", dataset.id, detail={"name": dataset.name}
+            ),
         )
     except AppError as exc:
         result.add("dataset.file", exc.message)
@@ -444,7 +477,12 @@ def _trajectory(request: Request, sample: Any = None, error: str | None = None) 
 
 @router.post("/runs/{run_id}/{action}", response_class=HTMLResponse)
 def run_action(
-    request: Request, run_id: uuid.UUID, action: Action, session: SessionDep, _user: CsrfDep
+    request: Request,
+    run_id: uuid.UUID,
+    action: Action,
+    session: SessionDep,
+    user: CsrfDep,
+    audit: AuditDep,
 ) -> Response:
     flash = None
     try:
@@ -453,6 +491,8 @@ def run_action(
         raise
     except AppError as exc:
         flash = exc.message
+    else:
+        audit.record(session, user.token_id, "run", run_id)
     if not request.headers.get("HX-Request"):
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
     live = dash.run_live(session, run_id, _silent_s(request))
@@ -510,9 +550,10 @@ def workers_table(request: Request, session: SessionDep, _user: LoginDep) -> HTM
 
 @router.post("/workers/{worker_id}/revoke", response_class=HTMLResponse)
 def revoke_worker(
-    request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+    request: Request, worker_id: uuid.UUID, session: SessionDep, user: CsrfDep, audit: AuditDep
 ) -> Response:
     workers.revoke(session, worker_id, _silent_s(request))
+    audit.record(session, user.token_id, "worker", worker_id)
     if not request.headers.get("HX-Request"):
         return RedirectResponse("/workers", status_code=303)
     return render(request, "components/_workers_table.html", **_workers_context(request, session))
@@ -520,16 +561,20 @@ def revoke_worker(
 
 @router.post("/workers/{worker_id}/trust", response_class=HTMLResponse)
 def trust_worker(
-    request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+    request: Request, worker_id: uuid.UUID, session: SessionDep, user: CsrfDep, audit: AuditDep
 ) -> Response:
-    return _mark_trusted(request, worker_id, session, True)
+    response = _mark_trusted(request, worker_id, session, True)
+    audit.record(session, user.token_id, "worker", worker_id)
+    return response
 
 
 @router.post("/workers/{worker_id}/untrust", response_class=HTMLResponse)
 def untrust_worker(
-    request: Request, worker_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+    request: Request, worker_id: uuid.UUID, session: SessionDep, user: CsrfDep, audit: AuditDep
 ) -> Response:
-    return _mark_trusted(request, worker_id, session, False)
+    response = _mark_trusted(request, worker_id, session, False)
+    audit.record(session, user.token_id, "worker", worker_id)
+    return response
 
 
 def _mark_trusted(
@@ -546,7 +591,8 @@ def create_registration_token(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    _user: CsrfDep,
+    user: CsrfDep,
+    audit: AuditDep,
     name: Annotated[str, Form(max_length=200, pattern=NO_NUL)] = "",
     ttl_hours: Annotated[float, Form(gt=0, le=24 * 365)] = 24.0,
     max_uses: Annotated[int, Form(ge=1, le=10_000)] = 1,
@@ -558,6 +604,8 @@ def create_registration_token(
         ttl=timedelta(hours=ttl_hours),
         max_uses=max_uses,
     )
+    kind = {"kind": "registration"}
+    audit.record(session, user.token_id, "token", minted.token.id, detail=kind)
     return render(
         request,
         "pages/workers.html",
@@ -587,9 +635,10 @@ def learners_table(request: Request, session: SessionDep, _user: LoginDep) -> HT
 
 @router.post("/learners/{learner_id}/revoke", response_class=HTMLResponse)
 def revoke_learner(
-    request: Request, learner_id: uuid.UUID, session: SessionDep, _user: CsrfDep
+    request: Request, learner_id: uuid.UUID, session: SessionDep, user: CsrfDep, audit: AuditDep
 ) -> Response:
     pool_learners.revoke(session, learner_id)
+    audit.record(session, user.token_id, "learner", learner_id)
     if not request.headers.get("HX-Request"):
         return RedirectResponse("/learners", status_code=303)
     return render(request, "components/_learners_table.html", **_learners_context(session))

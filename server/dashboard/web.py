@@ -3,17 +3,19 @@ static mount. `install(app)` wires it into the app."""
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 from html import escape
 from pathlib import Path
 from typing import Annotated, Any
 
+from anyio import to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from protocol.error_codes import ErrorCode
+from server.audit import recorder as audit
 from server.dashboard.auth import (
     CsrfFailed,
     DashboardSession,
@@ -72,7 +74,7 @@ def require_login(request: Request, session: SessionDep, settings: SettingsDep) 
     if user is None or token_id is None:
         raise LoginRequired()
     request.state.csrf = user.csrf
-    return released(session, dataclasses.replace(user, token_id=token_id))
+    return released(session, replace(user, token_id=token_id))
 
 
 LoginDep = Annotated[DashboardSession, Depends(require_login)]
@@ -90,6 +92,7 @@ CsrfDep = Annotated[DashboardSession, Depends(require_csrf)]
 
 def install(app: FastAPI) -> None:
     """Mount the static files, include the pages and render login/CSRF failures."""
+    from server.dashboard.audit_page import router as audit_router
     from server.dashboard.projects import router as projects_router
     from server.dashboard.router import router
 
@@ -101,6 +104,7 @@ def install(app: FastAPI) -> None:
 
     app.include_router(router)
     app.include_router(projects_router)
+    app.include_router(audit_router)
 
     @app.exception_handler(LoginRequired)
     async def _login(request: Request, _exc: LoginRequired) -> Response:
@@ -111,6 +115,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(CsrfFailed)
     async def _csrf(request: Request, _exc: CsrfFailed) -> Response:
         message = "the form's CSRF token is missing or wrong. Reload the page."
+        refusal = audit.refusal_of(request, 403, ErrorCode.csrf_failed.value)
+        per_minute = request.app.state.settings.audit.refusals_per_minute
+        factory = request.app.state.sessionmaker
+        await to_thread.run_sync(
+            audit.record_refusal, factory, refusal, tokens.identify, per_minute
+        )
         return refused(request, message, ErrorCode.csrf_failed)
 
 

@@ -10,6 +10,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Query, Request, Response, status
 
 from protocol.schemas import BIGINT_MAX
+from server.audit.recorder import AuditDep
 from server.datasets import service, upload
 from server.datasets.schemas import DatasetFormat, DatasetOut
 from server.db import transaction
@@ -36,6 +37,7 @@ async def upload_dataset(
     store: StoreDep,
     settings: SettingsDep,
     caller: DatasetUploader,
+    audit: AuditDep,
     name: Annotated[
         str,
         Query(
@@ -69,6 +71,9 @@ async def upload_dataset(
         factory=request.app.state.sessionmaker,
         limits=limits,
         project_id=project_id,
+        on_recorded=lambda session, dataset: audit.record(
+            session, caller.token.id, "dataset", dataset.id, detail={"name": dataset.name}
+        ),
     )
     wake(request.app.state, "datasets")
     return created
@@ -105,8 +110,14 @@ def get_dataset(dataset_id: uuid.UUID, session: SessionDep, _caller: DatasetRead
 
 @router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
 def delete_dataset(
-    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, _caller: DatasetDeleter
+    dataset_id: uuid.UUID,
+    session: SessionDep,
+    store: StoreDep,
+    caller: DatasetDeleter,
+    audit: AuditDep,
 ) -> Response:
     """Delete a dataset and its file; 409 while a run uses it."""
+    project_id = service.get(session, dataset_id).project_id
     service.delete(session, store, dataset_id)
+    audit.record(session, caller.token, "dataset", dataset_id, project_id=project_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -15,7 +15,7 @@ import hashlib
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +34,7 @@ from server.datasets import files, repository
 from server.datasets.schemas import DatasetOut
 from server.db import transaction
 from server.errors import BadRequest, PayloadTooLarge, Unprocessable
+from server.models import Dataset
 from server.models.project import DEFAULT_PROJECT_ID
 
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
@@ -129,9 +130,10 @@ async def receive(
     factory: sessionmaker[Session],
     limits: DatasetSettings,
     project_id: uuid.UUID = DEFAULT_PROJECT_ID,
+    on_recorded: Callable[[Session, Dataset], object] | None = None,
 ) -> DatasetOut:
     """Stream, check, store and record the upload (pending, in `project_id`); nothing is left
-    on a refusal."""
+    on a refusal. `on_recorded` runs in the recording transaction (the upload's audit entry)."""
     tmp = _temp(store)
     jsonl = files.JsonlCheck(limits.max_row_bytes) if fmt == "jsonl" else None
     sink = _Sink(tmp, open(tmp, "wb"), limits, jsonl)  # noqa: SIM115 - closed in finally
@@ -167,6 +169,8 @@ async def receive(
                 project_id=project_id,
             )
             session.refresh(dataset)  # created_at, from the database
+            if on_recorded is not None:
+                on_recorded(session, dataset)
             return DatasetOut.model_validate(dataset)
 
     try:

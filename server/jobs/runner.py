@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from protocol.storage import ObjectStore
+from server.audit import service as audit
 from server.config import Settings
 from server.datasets.jobs import check_pending
 from server.db import transaction
@@ -101,6 +102,12 @@ def forget_idempotent_answers(ctx: JobContext) -> int:
         return idempotency.purge(session, ctx.settings.idempotency_retention_s)
 
 
+def forget_old_audit_entries(ctx: JobContext) -> int:
+    """Audit entries older than `audit.retention_days` deleted."""
+    with transaction(ctx.factory) as session:
+        return audit.purge(session, ctx.settings.audit.retention_days)
+
+
 def retain(ctx: JobContext) -> int:
     deleted = retention.apply_all(ctx.factory, ctx.store)
     return sum(len(keys) for keys in deleted.values())
@@ -114,6 +121,7 @@ JOBS: dict[str, Callable[[JobContext], Any]] = {
     "webhooks": deliver,
     "retention": retain,
     "idempotency": forget_idempotent_answers,
+    "audit": forget_old_audit_entries,
     "datasets": check_datasets,
     "run_prep": prepare_runs,
 }
@@ -130,6 +138,7 @@ def intervals(settings: Settings) -> dict[str, float]:
         "webhooks": jobs.webhook_interval_s,
         "retention": jobs.retention_interval_s,
         "idempotency": jobs.retention_interval_s,
+        "audit": jobs.retention_interval_s,
         "datasets": jobs.datasets_interval_s,
         "run_prep": jobs.datasets_interval_s,
     }

@@ -6,6 +6,7 @@ import uuid
 
 from fastapi import APIRouter, status
 
+from server.audit.recorder import AuditDep
 from server.learners import service
 from server.learners.schemas import (
     LearnerRegister,
@@ -23,11 +24,13 @@ router = APIRouter(prefix="/api/v1/learners", tags=["learners"], route_class=Tra
 
 @router.post("/register", status_code=status.HTTP_201_CREATED, response_model=LearnerRegistered)
 def register(
-    body: LearnerRegister, session: SessionDep, registration: RegistrationDep
+    body: LearnerRegister, session: SessionDep, registration: RegistrationDep, audit: AuditDep
 ) -> LearnerRegistered:
     """Register a pool learner with a registration token (one use counted); answers its id and
     its pool_learner token, once."""
-    return service.register(session, registration, body)
+    registered = service.register(session, registration, body)
+    audit.record(session, registration, "learner", registered.learner_id)
+    return registered
 
 
 @router.post("/take", response_model=TakeResponse)
@@ -47,6 +50,10 @@ def list_learners(session: SessionDep, _admin: AdminDep) -> list[PoolLearnerOut]
 
 
 @router.post("/{learner_id}/revoke", response_model=PoolLearnerOut)
-def revoke(learner_id: uuid.UUID, session: SessionDep, _admin: AdminDep) -> PoolLearnerOut:
+def revoke(
+    learner_id: uuid.UUID, session: SessionDep, admin: AdminDep, audit: AuditDep
+) -> PoolLearnerOut:
     """Revoke the pool learner and its token: its calls answer 401, its runs are takeable."""
-    return service.revoke(session, learner_id)
+    learner = service.revoke(session, learner_id)
+    audit.record(session, admin, "learner", learner_id)
+    return learner

@@ -1,6 +1,7 @@
 """All tables; importing this module registers them on Base.metadata."""
 
 from server.models.adapter import AdapterVersion
+from server.models.audit import AuditEntry
 from server.models.base import Base
 from server.models.dataset import Dataset
 from server.models.evals import EvalItem, EvalResult, EvalRow
@@ -19,6 +20,7 @@ from server.models.worker import GpuPrice, Worker
 
 __all__ = [
     "AdapterVersion",
+    "AuditEntry",
     "AlarmState",
     "CostMark",
     "WebhookDelivery",

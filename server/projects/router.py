@@ -8,6 +8,7 @@ import uuid
 
 from fastapi import APIRouter, status
 
+from server.audit.recorder import AuditDep
 from server.projects import service
 from server.projects.schemas import ProjectCreate, ProjectListed, ProjectOut, ProjectRename
 from server.request_deps import SessionDep
@@ -21,9 +22,13 @@ router = APIRouter(prefix="/api/v1/projects", tags=["projects"], route_class=Tra
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ProjectOut)
-def create_project(body: ProjectCreate, session: SessionDep, _admin: AdminDep) -> ProjectOut:
+def create_project(
+    body: ProjectCreate, session: SessionDep, admin: AdminDep, audit: AuditDep
+) -> ProjectOut:
     """Create a project; 409 project_name_taken when the name is in use."""
-    return service.create(session, body.name)
+    project = service.create(session, body.name)
+    audit.record(session, admin, "project", project.id, detail={"name": project.name})
+    return project
 
 
 @router.get("", response_model=list[ProjectListed])
@@ -40,11 +45,17 @@ def get_project(project_id: uuid.UUID, session: SessionDep, _caller: ProjectRead
 
 @router.patch("/{project_id}", response_model=ProjectOut)
 def rename_project(
-    project_id: uuid.UUID, body: ProjectRename, session: SessionDep, _admin: AdminDep
+    project_id: uuid.UUID,
+    body: ProjectRename,
+    session: SessionDep,
+    admin: AdminDep,
+    audit: AuditDep,
 ) -> ProjectOut:
     """Rename a project (its runs, sweeps, datasets, workers and tokens keep it); 409
     project_name_taken, 404 project_not_found."""
-    return service.rename(session, project_id, body.name)
+    project = service.rename(session, project_id, body.name)
+    audit.record(session, admin, "project", project.id, detail={"name": project.name})
+    return project
 
 
 @router.post(
@@ -54,12 +65,17 @@ def create_project_token(
     project_id: uuid.UUID,
     body: ProjectTokenCreate,
     session: SessionDep,
-    _caller: ProjectTokenManager,
+    caller: ProjectTokenManager,
+    audit: AuditDep,
 ) -> ProjectTokenCreated:
     """Mint an API token of the project with one role (owner, member, ci, viewer); the token
     is in this answer only. An admin's or the project owner's call."""
     service.get(session, project_id)
-    return tokens.create_project_token(session, project_id, body)
+    made = tokens.create_project_token(session, project_id, body)
+    audit.record(
+        session, caller.token, "token", made.id, detail={"kind": "project", "role": made.role}
+    )
+    return made
 
 
 @router.get("/{project_id}/tokens", response_model=list[TokenOut])
@@ -73,8 +89,14 @@ def list_project_tokens(
 
 @router.post("/{project_id}/tokens/{token_id}/revoke", response_model=TokenOut)
 def revoke_project_token(
-    project_id: uuid.UUID, token_id: uuid.UUID, session: SessionDep, _caller: ProjectTokenManager
+    project_id: uuid.UUID,
+    token_id: uuid.UUID,
+    session: SessionDep,
+    caller: ProjectTokenManager,
+    audit: AuditDep,
 ) -> TokenOut:
     """Revoke one of the project's tokens (idempotent); its dashboard sessions end with it.
     404 token_not_found for a token of another project."""
-    return TokenOut.model_validate(tokens.revoke_project_token(session, project_id, token_id))
+    revoked = tokens.revoke_project_token(session, project_id, token_id)
+    audit.record(session, caller.token, "token", token_id, detail={"kind": "project"})
+    return TokenOut.model_validate(revoked)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, status
 
 from protocol.run_config import RunConfig
 from protocol.schemas import BIGINT_MAX
+from server.audit.recorder import AuditDep
 from server.deps import SessionDep, SettingsDep
 from server.projects import service as projects
 from server.projects.params import ProjectQuery
@@ -30,6 +31,7 @@ def create_run(
     session: SessionDep,
     settings: SettingsDep,
     caller: RunCreator,
+    audit: AuditDep,
     project: ProjectQuery = None,
 ) -> RunCreated:
     """Create a run (pending until its learner attaches; on an uploaded or hf dataset,
@@ -40,6 +42,7 @@ def create_run(
     run, learner_token = service.create_run(
         session, config, project_id=project_id, created_by=caller.token.id
     )
+    audit.record(session, caller.token, "run", run.id)
     silent_s = settings.jobs.worker_silent_s
     created = RunCreated(run=service.detail(session, run, silent_s), learner_token=learner_token)
     if run.status == "preparing":
@@ -75,16 +78,22 @@ def get_run(
     return service.detail(session, run, settings.jobs.worker_silent_s)
 
 
+def _reason(reason: str | None) -> dict[str, str] | None:
+    return None if reason is None else {"reason": reason}
+
+
 def _action(action: str):  # type: ignore[no-untyped-def]
     def handler(
         run_id: uuid.UUID,
         session: SessionDep,
         settings: SettingsDep,
+        audit: AuditDep,
         body: RunAction | None = None,
-        _caller: Caller = Depends(run_allowed(RUN_ACTIONS[action])),  # noqa: B008
+        caller: Caller = Depends(run_allowed(RUN_ACTIONS[action])),  # noqa: B008
     ) -> RunDetail:
         reason = body.reason if body is not None else None
         run = lifecycle.admin_action(session, run_id, action, reason)
+        audit.record(session, caller.token, "run", run.id, detail=_reason(reason))
         return service.detail(session, run, settings.jobs.worker_silent_s)
 
     handler.__name__ = f"{action}_run"

@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, status
 
 from protocol.schemas import BIGINT_MAX
+from server.audit.recorder import AuditDep
 from server.deps import SessionDep, SettingsDep
 from server.projects import service as projects
 from server.routing import TransactionalRoute
@@ -37,6 +38,7 @@ def create_sweep(
     session: SessionDep,
     settings: SettingsDep,
     caller: RunCreator,
+    audit: AuditDep,
 ) -> SweepCreated:
     """Create a sweep: every combination of the grid (or each listed override) applied to the
     base config and validated before any run is made (422 naming the combination and the
@@ -45,6 +47,8 @@ def create_sweep(
     created, preparing = service.create_sweep(
         session, body, settings.sweeps.max_runs, settings.outbound_policy(), caller
     )
+    sweep = created.sweep
+    audit.record(session, caller.token, "sweep", sweep.id, detail={"runs": len(created.learners)})
     if preparing:
         session.commit()  # the job must see the runs
         wake(request.app.state, "datasets", "run_prep")
@@ -80,11 +84,17 @@ def _action(action: str):  # type: ignore[no-untyped-def]
     def handler(
         sweep_id: uuid.UUID,
         session: SessionDep,
+        audit: AuditDep,
         body: SweepActionBody | None = None,
-        _caller: Caller = Depends(sweep_allowed(RUN_ACTIONS[action])),  # noqa: B008
+        caller: Caller = Depends(sweep_allowed(RUN_ACTIONS[action])),  # noqa: B008
     ) -> SweepActionResult:
         reason = body.reason if body is not None else None
-        return service.act(session, sweep_id, action, reason)
+        result = service.act(session, sweep_id, action, reason)
+        detail: dict[str, object] = {"moved": result.moved, "refused": result.refused}
+        if reason is not None:
+            detail["reason"] = reason
+        audit.record(session, caller.token, "sweep", sweep_id, detail=detail)
+        return result
 
     handler.__name__ = f"{action}_sweep"
     return handler

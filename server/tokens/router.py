@@ -5,6 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, status
 
+from server.audit.recorder import AuditDep
 from server.request_deps import SessionDep
 from server.routing import TransactionalRoute
 from server.tokens import service
@@ -31,13 +32,18 @@ RegistrationTokenManager = Annotated[Caller, Depends(allowed(Action.manage_regis
     response_model=RegistrationTokenCreated,
 )
 def create_registration_token(
-    body: RegistrationTokenCreate, session: SessionDep, caller: RegistrationTokenManager
+    body: RegistrationTokenCreate,
+    session: SessionDep,
+    caller: RegistrationTokenManager,
+    audit: AuditDep,
 ) -> RegistrationTokenCreated:
     """Create a registration token (name, lifetime, uses, project); the token is answered once.
     With a project (name or id; 422 unknown_project) its workers and pool learners serve only
     that project's runs; without one it is shared: they serve every project (an admin's call;
     a project token's tokens are of its own project)."""
-    return service.create_registration_token(session, body, caller.project_id)
+    created = service.create_registration_token(session, body, caller.project_id)
+    audit.record(session, caller.token, "token", created.id, detail={"kind": "registration"})
+    return created
 
 
 ForceQuery = Annotated[
@@ -61,11 +67,12 @@ def list_registration_tokens(
 
 @router.post("/registration-tokens/{token_id}/revoke", response_model=TokenOut)
 def revoke_registration_token(
-    token_id: uuid.UUID, session: SessionDep, caller: RegistrationTokenManager
+    token_id: uuid.UUID, session: SessionDep, caller: RegistrationTokenManager, audit: AuditDep
 ) -> TokenOut:
     """Revoke a registration token: no more workers register with it (a project token: one
     of its project's; any other is 404 token_not_found)."""
     revoked = service.revoke(session, "registration", token_id, reach=caller.project_id)
+    audit.record(session, caller.token, "token", token_id, detail={"kind": "registration"})
     return TokenOut.model_validate(revoked)
 
 
@@ -77,14 +84,22 @@ def list_admin_tokens(session: SessionDep, _admin: AdminDep) -> list[TokenOut]:
 
 @router.post("/admin-tokens/{token_id}/revoke", response_model=TokenOut)
 def revoke_admin_token(
-    token_id: uuid.UUID, session: SessionDep, _admin: AdminDep, force: ForceQuery = False
+    token_id: uuid.UUID,
+    session: SessionDep,
+    admin: AdminDep,
+    audit: AuditDep,
+    force: ForceQuery = False,
 ) -> TokenOut:
     """Revoke an admin token and end its dashboard sessions; 409 for the last live one unless
     force=true."""
-    return TokenOut.model_validate(service.revoke(session, "admin", token_id, force=force))
+    revoked = service.revoke(session, "admin", token_id, force=force)
+    audit.record(session, admin, "token", token_id, detail={"kind": "admin", "force": force})
+    return TokenOut.model_validate(revoked)
 
 
 @router.post("/dashboard-sessions/revoke-all", response_model=SessionsEnded)
-def log_out_everywhere(session: SessionDep, _admin: AdminDep) -> SessionsEnded:
+def log_out_everywhere(session: SessionDep, admin: AdminDep, audit: AuditDep) -> SessionsEnded:
     """End every dashboard session (log out everywhere)."""
-    return SessionsEnded(ended=service.end_all_dashboard_sessions(session))
+    ended = service.end_all_dashboard_sessions(session)
+    audit.record(session, admin, "dashboard_session", None, detail={"ended": ended})
+    return SessionsEnded(ended=ended)

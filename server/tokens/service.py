@@ -156,6 +156,15 @@ def authenticate(session: Session, plaintext: str, allowed: tuple[str, ...]) -> 
     return check(repository.by_digest(session, wanted), wanted, allowed)
 
 
+def identify(session: Session, plaintext: str) -> Token | None:
+    """The token a bearer string is, live or not, or None: who a refused call presented
+    (server/audit/recorder.py). Never authenticates anything."""
+    if not plaintext.startswith(tuple(KIND_BY_PREFIX)):
+        return None
+    found = repository.by_digest(session, digest(plaintext))
+    return None if found is None else found.token
+
+
 def digest_of_bearer(plaintext: str) -> str:
     """The digest to look up; a string without one of our prefixes is refused unread."""
     if not plaintext.startswith(tuple(KIND_BY_PREFIX)):

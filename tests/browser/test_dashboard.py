@@ -335,6 +335,13 @@ def test_dashboard_in_chromium(server: tuple[str, Any], chromium: tuple[Any, lis
     page.press("#p-rank", "Tab")
     _wait_text(page, "#plan-adapter-mb", r"^80\.0 MB$")
     _shot(page, "10-planner")
+    # the Audit page: the workers' registrations are there; its filter form swaps the table
+    page.goto(f"{base}/audit")
+    assert page.locator('tr[data-action="worker.register"]').count() >= 1
+    page.fill('#audit-filters input[name="action"]', "dashboard.login")
+    page.click('#audit-filters button[type="submit"]')
+    _wait_text(page, "#audit-table", r"^(?![\s\S]*worker\.register)[\s\S]*dashboard\.login")
+    _shot(page, "11-audit")
     for c in (anon, learner, *workers):
         c.close()
 
