@@ -106,28 +106,26 @@ def test_listings_show_only_the_tokens_project(
     assert {"a-run", "b-run"} <= everything  # and b's sweep's runs
 
 
-@pytest.mark.parametrize("project", ["team-b", "default", "no-such-project"])
 def test_naming_a_project_out_of_reach_is_as_unknown_as_none(
-    runs_client: TestClient, two_projects: dict[str, Any], db: Session, project: str
+    runs_client: TestClient, two_projects: dict[str, Any], db: Session
 ) -> None:
     before = _counts(db)
     owner = two_projects["tokens"]["owner"]
-    for answer in (
-        _run(runs_client, owner, project=project),
-        runs_client.get("/api/v1/runs", params={"project": project}, headers=owner),
-        runs_client.post("/api/v1/sweeps", json=sweep_body(project=project), headers=owner),
-    ):
-        assert answer.status_code == 422, answer.text
-        assert answer.json()["code"] == "unknown_project"
-        assert answer.json()["field"] == "project"
+    for project in ("team-b", "default", "no-such-project"):  # one fixture: its cost is the file's
+        for answer in (
+            _run(runs_client, owner, project=project),
+            runs_client.get("/api/v1/runs", params={"project": project}, headers=owner),
+            runs_client.post("/api/v1/sweeps", json=sweep_body(project=project), headers=owner),
+        ):
+            assert answer.status_code == 422, (project, answer.text)
+            assert answer.json()["code"] == "unknown_project"
+            assert answer.json()["field"] == "project"
     assert _counts(db) == before
 
 
-@pytest.mark.parametrize("role", ["owner", "member", "ci", "viewer"])
 def test_another_projects_objects_are_404_before_any_role_check(
-    runs_client: TestClient, two_projects: dict[str, Any], db: Session, role: str
+    runs_client: TestClient, two_projects: dict[str, Any], db: Session
 ) -> None:
-    headers = two_projects["tokens"][role]
     run, sweep = two_projects["b_run"]["id"], two_projects["b_sweep"]["sweep"]["id"]
     b = two_projects["b"]
     before = _counts(db)
@@ -145,10 +143,12 @@ def test_another_projects_objects_are_404_before_any_role_check(
         ("GET", f"/api/v1/projects/{b}/tokens"): "project_not_found",
         ("POST", f"/api/v1/projects/{b}/tokens"): "project_not_found",
     }
-    for (method, url), code in expected.items():
-        answer = runs_client.request(method, url, headers=headers, json={"name": "x", "role": "ci"})
-        assert answer.status_code == 404, (url, answer.text)
-        assert answer.json()["code"] == code, url
+    for role, headers in two_projects["tokens"].items():
+        for (method, url), code in expected.items():
+            body = {"name": "x", "role": "ci"}
+            answer = runs_client.request(method, url, headers=headers, json=body)
+            assert answer.status_code == 404, (role, url, answer.text)
+            assert answer.json()["code"] == code, (role, url)
     assert _counts(db) == before
 
 
@@ -199,41 +199,35 @@ def test_a_ci_token_pauses_and_cancels_only_its_own_runs(
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
 
 
-@pytest.mark.parametrize(
-    ("method", "url", "body"),
-    [
-        ("GET", "/api/v1/admin-tokens", None),
-        ("POST", "/api/v1/admin-tokens/{token}/revoke", None),
-        ("POST", "/api/v1/dashboard-sessions/revoke-all", None),
-        ("GET", "/api/v1/workers", None),
-        ("POST", "/api/v1/workers/{token}/revoke", None),
-        ("GET", "/api/v1/learners", None),
-        ("POST", "/api/v1/learners/{token}/revoke", None),
-        ("POST", "/api/v1/projects", {"name": "team-c"}),
-        ("PATCH", "/api/v1/projects/{project}", {"name": "team-c"}),
-    ],
-)
+ADMIN_ONLY: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("GET", "/api/v1/admin-tokens", None),
+    ("POST", "/api/v1/admin-tokens/{token}/revoke", None),
+    ("POST", "/api/v1/dashboard-sessions/revoke-all", None),
+    ("GET", "/api/v1/workers", None),
+    ("POST", "/api/v1/workers/{token}/revoke", None),
+    ("GET", "/api/v1/learners", None),
+    ("POST", "/api/v1/learners/{token}/revoke", None),
+    ("POST", "/api/v1/projects", {"name": "team-c"}),
+    ("PATCH", "/api/v1/projects/{project}", {"name": "team-c"}),
+]
+
+
 def test_a_project_token_gets_403_on_every_admin_worker_and_learner_route(
-    runs_client: TestClient,
-    two_projects: dict[str, Any],
-    db: Session,
-    method: str,
-    url: str,
-    body: dict[str, Any] | None,
+    runs_client: TestClient, two_projects: dict[str, Any], db: Session
 ) -> None:
     """Admin-only routes take no project token at all (token_kind_forbidden), whatever its role
     and whatever the id, and nothing changes."""
     db.rollback()
     some_token = db.scalar(select(Token.id).where(Token.kind == "admin"))
     db.rollback()
-    target = url.format(token=some_token, project=two_projects["a"])
     before = _counts(db)
-    for role in ("ci", "owner"):
-        answer = runs_client.request(
-            method, target, json=body, headers=two_projects["tokens"][role]
-        )
-        assert answer.status_code == 403, (role, target, answer.text)
-        assert answer.json()["code"] == "token_kind_forbidden"
+    for method, url, body in ADMIN_ONLY:
+        target = url.format(token=some_token, project=two_projects["a"])
+        for role in ("ci", "owner"):
+            headers = two_projects["tokens"][role]
+            answer = runs_client.request(method, target, json=body, headers=headers)
+            assert answer.status_code == 403, (role, target, answer.text)
+            assert answer.json()["code"] == "token_kind_forbidden"
     assert _counts(db) == before
 
 
